@@ -1,0 +1,112 @@
+"""Defaults shared by every config; variants import this file and override a few fields.
+
+Not a runnable experiment on its own (it trains nothing useful); see configs/digits_cnn.py.
+"""
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def get_config(arg=None):
+  """Returns the full default config. Every key a run reads is defined here."""
+  parse_arg(arg)  # base takes no arguments; rejects any.
+  c = ml_collections.ConfigDict()
+  c.seed = 0
+  c.deterministic = False  # tf.config.experimental.enable_op_determinism()
+
+  # one_device | mirrored (multi_worker_mirrored, parameter_server, central_storage, tpu: see WORKSPACE.md).
+  c.strategy = "one_device"
+  c.cpu_replicas = 0  # >0: N logical CPU devices (mirrored on a CPU-only machine). 0 = off.
+  c.num_gpus = config_dict.placeholder(int)  # None = all visible GPUs.
+
+  c.data = ml_collections.ConfigDict()
+  c.data.name = "digits"  # digits | synthetic | mnist | cifar10 | quickdraw_bitmap | any tfds name
+  c.data.train_split = "train"
+  c.data.eval_split = "test"
+  c.data.data_dir = config_dict.placeholder(str)  # tfds data_dir; None = tfds default (~/tensorflow_datasets).
+  c.data.download = True  # let tfds try to download when the data is not on disk.
+  c.data.image_size = config_dict.placeholder(int)  # resize to (size, size); None = keep.
+  c.data.mean = config_dict.placeholder(tuple)  # per-channel mean after scaling to [0, 1]; None = no shift.
+  c.data.std = config_dict.placeholder(tuple)
+  c.data.random_flip = False  # random left-right flip of training images.
+  # Load whole tfds splits into memory: full per-epoch shuffles and exact resume. False streams from disk
+  # through a shuffle buffer of data.shuffle_buffer examples (for datasets larger than memory).
+  c.data.in_memory = True
+  c.data.shuffle_buffer = 50_000
+  c.data.synthetic = ml_collections.ConfigDict()
+  c.data.synthetic.image_shape = (28, 28, 1)
+  c.data.synthetic.num_classes = 10
+  c.data.synthetic.train_examples = 2048
+  c.data.synthetic.eval_examples = 512
+
+  c.model = ml_collections.ConfigDict()
+  c.model.name = "digits_cnn"
+
+  c.loss = ml_collections.ConfigDict()
+  c.loss.name = "sparse_categorical_crossentropy"  # or "package.module:function"
+  c.loss.label_smoothing = 0.0
+  c.loss.kwargs = ml_collections.ConfigDict()
+
+  c.optimizer = ml_collections.ConfigDict()
+  c.optimizer.name = "sgd"  # sgd | adam | adamw
+  c.optimizer.learning_rate = 0.01  # base learning rate, before lr_scaling.
+  # none | linear_replicas (lr x replicas, the seeds' rule) | linear_batch_256 | sqrt_replicas
+  c.optimizer.lr_scaling = "none"
+  c.optimizer.momentum = 0.9
+  c.optimizer.nesterov = False
+  c.optimizer.weight_decay = config_dict.placeholder(float)
+  c.optimizer.global_clipnorm = config_dict.placeholder(float)
+
+  c.train = ml_collections.ConfigDict()
+  # The global batch is the unit. If global_batch_size is None, it is per_replica_batch_size x replicas.
+  c.train.global_batch_size = config_dict.placeholder(int)
+  c.train.per_replica_batch_size = config_dict.placeholder(int)
+  # Length: train.steps if set, else train.epochs x steps per epoch.
+  c.train.steps = config_dict.placeholder(int)
+  c.train.epochs = config_dict.placeholder(float)
+  c.train.steps_per_loop = 10  # steps per compiled call; summaries/progress at this interval.
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.every_steps = 0  # 0 = only at the end. Must be a multiple of train.steps_per_loop.
+
+  c.checkpoint = ml_collections.ConfigDict()
+  c.checkpoint.every_steps = 1000  # 0 = only at the end. Must be a multiple of train.steps_per_loop.
+  c.checkpoint.keep = 3
+  return c
+
+
+def parse_arg(arg, **defaults):
+  """Parses a config argument "a=1,b,c=x" (big_vision style) against typed defaults.
+
+  A bare key means True. Unknown keys and badly typed values raise ValueError naming the valid keys.
+  Returns a ConfigDict with every key of `defaults`.
+  """
+  parsed = ml_collections.ConfigDict(defaults)
+  if not arg:
+    return parsed
+  for item in arg.split(","):
+    key, _, value = item.partition("=")
+    key = key.strip()
+    if key not in defaults:
+      valid = ", ".join(sorted(defaults)) or "(none)"
+      raise ValueError(f"unknown config argument '{key}'; valid arguments: {valid}")
+    default = defaults[key]
+    if not _:
+      value = "true" if isinstance(default, bool) else None
+      if value is None:
+        raise ValueError(f"config argument '{key}' needs a value: {key}=<{type(default).__name__}>")
+    parsed[key] = _convert(key, value, default)
+  return parsed
+
+
+def _convert(key, value, default):
+  if isinstance(default, bool):
+    if value.lower() in ("1", "true", "yes"):
+      return True
+    if value.lower() in ("0", "false", "no"):
+      return False
+    raise ValueError(f"config argument '{key}' takes true/false, got '{value}'")
+  try:
+    return type(default)(value)
+  except ValueError:
+    raise ValueError(f"config argument '{key}' takes a {type(default).__name__}, got '{value}'") from None

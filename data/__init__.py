@@ -1,0 +1,6 @@
+"""Datasets: sources (digits, synthetic, tfds) and the train/eval input pipelines. A leaf: imports no loops/."""
+
+from data.pipeline import eval_dataset, output_shape, train_dataset
+from data.sources import SOURCES, Source, load
+
+__all__ = ["SOURCES", "Source", "eval_dataset", "load", "output_shape", "train_dataset"]

@@ -1,0 +1,114 @@
+"""Input pipelines: preprocessing, then seeded per-epoch shuffle -> shard -> batch -> prefetch.
+
+For in-memory data the train stream is a pure function of (seed, start_step): epoch e is a permutation
+keyed on (seed, e) and random flips are keyed on (seed, epoch, example), so a resumed run sees exactly the
+batches an uninterrupted run would have seen. Shuffling happens before sharding, with the same seed on
+every input pipeline, so the shards of one epoch are disjoint and together cover it.
+"""
+
+import math
+
+import tensorflow as tf
+
+_EPOCH_SEED_STRIDE = 1_000_003
+_MAX_EPOCHS = 1 << 40  # the train stream is unbounded; the loop decides when to stop.
+
+
+def output_shape(source, data_config):
+  """Image shape after preprocessing."""
+  height, width, channels = source.image_shape
+  if data_config.image_size:
+    height = width = int(data_config.image_size)
+  return (height, width, channels)
+
+
+def make_preprocess(source, data_config, *, training, seed=0):
+  """Returns fn(image, label, key) -> (float32 image, label); `key` seeds this example's random flip."""
+  channels = source.image_shape[-1]
+  mean, std = data_config.mean, data_config.std
+  if (mean is None) != (std is None):
+    raise ValueError("data.mean and data.std must be set together (or both None)")
+  if mean is not None and not (len(mean) == len(std) == channels):
+    raise ValueError(f"data.mean and data.std need {channels} values (one per channel), "
+                     f"got {len(mean)} and {len(std)}")
+  if data_config.image_size is not None and data_config.image_size < 1:
+    raise ValueError(f"data.image_size must be a positive number of pixels or None, got {data_config.image_size}")
+  flip = training and data_config.random_flip
+  size = data_config.image_size
+
+  def preprocess(image, label, key):
+    image = tf.cast(image, tf.float32) / source.max_value
+    if size and tuple(source.image_shape[:2]) != (size, size):
+      image = tf.image.resize(image, (size, size))
+    if flip:
+      flip_seed = tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)])
+      image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+    if mean is not None:
+      image = (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+    return image, label
+
+  return preprocess
+
+
+def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, start_step=0,
+                  num_shards=1, shard_index=0):
+  """Unbounded stream of (images, labels) batches of `batch_size` (this pipeline's share of the global batch).
+
+  Every epoch has exactly `steps_per_epoch` batches on every shard; the stream starts at `start_step`.
+  In-memory sources get a full per-epoch permutation keyed on (seed, epoch): resume is exact and cheap.
+  Streamed sources use a shuffle buffer seeded by (seed, start_step): resume lands on the right step but
+  with a different (still seeded) example order, and skipping into an epoch reads the skipped examples.
+  """
+  if steps_per_epoch < 1:
+    raise ValueError(f"dataset '{source.name}' has {source.train_size} train examples: fewer than one global "
+                     f"batch of {batch_size * num_shards}")
+  preprocess = make_preprocess(source, data_config, training=True, seed=seed)
+  examples_per_shard = steps_per_epoch * batch_size
+  start_epoch, skip_steps = divmod(int(start_step), int(steps_per_epoch))
+  skip = skip_steps * batch_size
+  if source.train_arrays is not None:
+    images, labels = (tf.constant(a) for a in source.train_arrays)
+    size = source.train_size
+
+    def one_epoch(epoch):
+      order = tf.random.experimental.stateless_shuffle(
+          tf.range(size, dtype=tf.int64), seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+      ds = tf.data.Dataset.from_tensor_slices(order).shard(num_shards, shard_index).take(examples_per_shard)
+      ds = ds.skip(tf.where(epoch == start_epoch, tf.constant(skip, tf.int64), 0))
+      return ds.map(lambda i: (tf.gather(images, i), tf.gather(labels, i), epoch * size + i))
+
+    ds = tf.data.Dataset.range(start_epoch, _MAX_EPOCHS).flat_map(one_epoch)
+  else:
+    buffer = max(1, min(int(data_config.shuffle_buffer), source.train_size))
+    ds = source.train.shuffle(buffer, seed=seed * _EPOCH_SEED_STRIDE + int(start_step),
+                              reshuffle_each_iteration=True)
+    ds = ds.shard(num_shards, shard_index).take(examples_per_shard).repeat().skip(skip)
+    ds = ds.enumerate(start=int(start_step) * batch_size).map(lambda key, xy: (xy[0], xy[1], key))
+  ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.batch(batch_size, drop_remainder=True)
+  return _finish(ds)
+
+
+def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0):
+  """One pass over the eval split as (images, labels, weights) batches of `batch_size` per pipeline.
+
+  The split is padded with weight-0 examples to a whole number of global batches, so every replica gets
+  full, equally many batches and metrics weighted by `weights` count each real example exactly once.
+  """
+  preprocess = make_preprocess(source, data_config, training=False)
+  global_batch = batch_size * num_shards
+  padded_size = math.ceil(source.eval_size / global_batch) * global_batch
+  ds = source.eval.map(lambda image, label: preprocess(image, label, 0) + (1.0,),
+                num_parallel_calls=tf.data.AUTOTUNE)
+  padding = tf.data.Dataset.from_tensors(
+      (tf.zeros(output_shape(source, data_config)), tf.constant(0, tf.int64), 0.0))
+  ds = ds.concatenate(padding.repeat(padded_size - source.eval_size))
+  ds = ds.shard(num_shards, shard_index).batch(batch_size, drop_remainder=True)
+  return _finish(ds)
+
+
+def _finish(ds):
+  options = tf.data.Options()
+  options.deterministic = True
+  options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+  return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

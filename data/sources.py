@@ -1,0 +1,159 @@
+"""Data sources: where examples come from, before any preprocessing or batching.
+
+Each source returns unbatched `(image, label)` datasets in a fixed order, images in their stored dtype
+(uint8 for tfds and synthetic), plus the metadata the rest of the run needs.
+"""
+
+import dataclasses
+import difflib
+
+import numpy as np
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+  """train/eval: unbatched (image, label) datasets in a fixed order. When the train split is loaded in memory,
+  train_arrays holds it as numpy (images, labels) so the pipeline can shuffle all of it by index."""
+  name: str
+  train: tf.data.Dataset
+  eval: tf.data.Dataset
+  train_size: int
+  eval_size: int
+  num_classes: int
+  image_shape: tuple  # stored shape (H, W, C), before resizing.
+  max_value: float  # pixel value that maps to 1.0.
+  train_arrays: tuple = None
+
+
+def from_arrays(name, train, evaluation, num_classes, max_value):
+  """A Source held in memory: train and evaluation are (images, labels) numpy pairs."""
+  return Source(
+      name=name,
+      train=tf.data.Dataset.from_tensor_slices(train),
+      eval=tf.data.Dataset.from_tensor_slices(evaluation),
+      train_size=len(train[1]), eval_size=len(evaluation[1]), num_classes=num_classes,
+      image_shape=tuple(train[0].shape[1:]), max_value=max_value, train_arrays=train)
+
+
+def digits(data_config):
+  """scikit-learn's bundled 8x8 digits (real data, no download): fixed stratified 80/20 split."""
+  from sklearn import datasets as sk_datasets
+  from sklearn import model_selection
+
+  images, labels = sk_datasets.load_digits(return_X_y=True)
+  images = images.reshape(-1, 8, 8, 1).astype(np.uint8)  # values 0..16
+  labels = labels.astype(np.int64)
+  x_train, x_test, y_train, y_test = model_selection.train_test_split(
+      images, labels, test_size=0.2, stratify=labels, random_state=0)
+  return from_arrays("digits", (x_train, y_train), (x_test, y_test), num_classes=10, max_value=16.0)
+
+
+def synthetic(data_config):
+  """Random uint8 images and labels of the configured shape: for smoke runs and benchmarks only."""
+  cfg = data_config.synthetic
+  shape = tuple(int(d) for d in cfg.image_shape)
+  if len(shape) != 3 or min(shape) < 1:
+    raise ValueError(f"data.synthetic.image_shape must be (height, width, channels), got {shape}")
+  rng = np.random.default_rng(1234)
+
+  def make(n):
+    images = rng.integers(0, 256, size=(n,) + shape, dtype=np.uint8)
+    labels = rng.integers(0, cfg.num_classes, size=(n,), dtype=np.int64)
+    return images, labels
+
+  return from_arrays("synthetic", make(cfg.train_examples), make(cfg.eval_examples),
+                     num_classes=cfg.num_classes, max_value=255.0)
+
+
+def tfds_source(tfds_name):
+  """A tensorflow_datasets dataset with 'image' and 'label' features."""
+
+  def load(data_config):
+    import tensorflow_datasets as tfds
+
+    try:
+      builder = tfds.builder(tfds_name, data_dir=data_config.data_dir)
+    except Exception as e:  # DatasetNotFoundError and friends
+      raise LookupError(f"tfds has no dataset '{tfds_name}': {_first_line(e)}") from None
+    where = data_config.data_dir or "~/tensorflow_datasets"
+    how = (f"provide it with `tfds build {tfds_name} --data_dir=DIR` on a machine with network, copy DIR "
+           f"here and set --config.data.data_dir=DIR")
+    if not builder.is_prepared():
+      if not data_config.download:
+        raise FileNotFoundError(f"tfds dataset '{tfds_name}' is not in {where} and data.download is False; {how}")
+      try:
+        builder.download_and_prepare()
+      except Exception as e:
+        raise FileNotFoundError(f"tfds dataset '{tfds_name}' is not in {where} and could not be downloaded "
+                                f"({type(e).__name__}: {_first_line(e)}); {how}") from None
+    features = builder.info.features
+    if "image" not in features or "label" not in features:
+      raise ValueError(f"tfds dataset '{tfds_name}' has no 'image'/'label' features (it has {list(features)})")
+
+    def split(name):
+      ds = builder.as_dataset(split=name, as_supervised=False, shuffle_files=False)
+      ds = ds.map(lambda ex: (ex["image"], ex["label"]), num_parallel_calls=tf.data.AUTOTUNE)
+      size = int(ds.cardinality().numpy())
+      if size < 0:
+        size = int(ds.reduce(0, lambda n, _: n + 1).numpy())
+      return ds, size
+
+    train, train_size = split(data_config.train_split)
+    evaluation, eval_size = split(data_config.eval_split)
+    if data_config.in_memory:  # whole splits in memory: exact per-epoch shuffles and resume.
+      return from_arrays(tfds_name, _to_numpy(train), _to_numpy(evaluation),
+                         num_classes=features["label"].num_classes, max_value=255.0)
+    return Source(
+        name=tfds_name, train=train, eval=evaluation, train_size=train_size, eval_size=eval_size,
+        num_classes=features["label"].num_classes, image_shape=tuple(features["image"].shape),
+        max_value=255.0)
+
+  return load
+
+
+SOURCES = {
+    "digits": digits,
+    "synthetic": synthetic,
+    "mnist": tfds_source("mnist"),
+    "fashion_mnist": tfds_source("fashion_mnist"),
+    "cifar10": tfds_source("cifar10"),
+    "cifar100": tfds_source("cifar100"),
+    "quickdraw_bitmap": tfds_source("quickdraw_bitmap"),
+}
+TFDS_PREFIX = "tfds:"
+
+
+def load(data_config):
+  """Returns the Source named by data_config.name (a registry name or "tfds:<any tfds name>")."""
+  name = data_config.name
+  if name.startswith(TFDS_PREFIX):
+    source = tfds_source(name[len(TFDS_PREFIX):])(data_config)
+  elif name in SOURCES:
+    source = SOURCES[name](data_config)
+  else:
+    raise LookupError(unknown_name_message("dataset", name, list(SOURCES) + [TFDS_PREFIX + "<tfds name>"]))
+  if source.train_size == 0 or source.eval_size == 0:
+    raise ValueError(f"dataset '{name}' is empty: {source.train_size} train and {source.eval_size} eval examples")
+  return source
+
+
+def unknown_name_message(kind, name, valid):
+  close = difflib.get_close_matches(str(name), valid, n=1)
+  hint = f" (did you mean '{close[0]}'?)" if close else ""
+  return f"unknown {kind} '{name}'{hint}; valid: {', '.join(valid)}"
+
+
+def _to_numpy(ds):
+  images, labels = [], []
+  for x, y in ds.batch(4096).as_numpy_iterator():
+    images.append(x)
+    labels.append(y)
+  if not labels:
+    return np.zeros((0,), np.uint8), np.zeros((0,), np.int64)
+  return np.concatenate(images), np.concatenate(labels).astype(np.int64)
+
+
+def _first_line(error):
+  text = str(error).strip().splitlines()
+  return text[0] if text else type(error).__name__

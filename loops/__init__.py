@@ -1,0 +1,1 @@
+"""The engine: strategy, cluster, compiled steps, the outer loop, checkpoints, summaries, losses, optimizers."""

@@ -1,0 +1,172 @@
+"""train_and_evaluate(config, workdir): the eager outer loop around the compiled steps."""
+
+import json
+import os
+import time
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+import data
+import models
+from loops import checkpoints as checkpoints_lib
+from loops import cluster
+from loops import losses
+from loops import optimizers
+from loops import plan as plan_lib
+from loops import progress as progress_lib
+from loops import steps
+from loops import strategy as strategy_lib
+from loops import summaries as summaries_lib
+from loops.errors import ConfigError
+
+
+def train_and_evaluate(config, workdir):
+  """Trains config's model on config's data, evaluating and checkpointing as configured; returns final metrics."""
+  plan_lib.validate(config)
+  strategy_lib.configure_devices(config)
+  task = cluster.from_environment()
+  strategy = strategy_lib.build(config)
+  keras.utils.set_random_seed(config.seed)
+  if config.deterministic:
+    tf.config.experimental.enable_op_determinism()
+
+  source = data.load(config.data)
+  plan = plan_lib.derive(config, strategy.num_replicas_in_sync, source.train_size)
+  input_shape = data.output_shape(source, config.data)
+  loss_fn = losses.build(config.loss)
+  logging.info("config:\n%s", config)
+  logging.info("plan: %s; data '%s': %d train / %d eval examples, input %s, %d classes",
+               plan, source.name, source.train_size, source.eval_size, input_shape, source.num_classes)
+
+  with strategy.scope():
+    model = models.build(config.model.name, input_shape, source.num_classes)
+    optimizer = optimizers.build(config.optimizer, plan.learning_rate)
+    optimizer.build(model.trainable_variables)  # before the first step: Keras 3 + multi-replica pitfall.
+    step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",
+                               aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
+    eval_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
+    if source.num_classes > 5:
+      eval_metrics["top5_accuracy"] = keras.metrics.SparseTopKCategoricalAccuracy(k=5)
+  logging.info("model %s: %d parameters", config.model.name, model.count_params())
+  _prepare_workdir(workdir, config, task)  # only once every name and value has been accepted.
+
+  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_counter)
+  ckpts = checkpoints_lib.Checkpoints(workdir, checkpoint, step_counter, config.checkpoint.keep, task.is_chief)
+  summaries = summaries_lib.Summaries(workdir, enabled=task.is_chief)
+  try:
+    ckpts.restore_latest()
+    start_step = int(step_counter.numpy())
+    train_iter = iter(strategy.experimental_distribute_dataset(data.train_dataset(
+        source, config.data, batch_size=plan.global_batch_size, steps_per_epoch=plan.steps_per_epoch,
+        seed=config.seed, start_step=start_step)))
+    eval_data = strategy.experimental_distribute_dataset(
+        data.eval_dataset(source, config.data, batch_size=plan.global_batch_size))
+    train_fn = steps.make_train_fn(
+        strategy, steps.make_train_step(model, optimizer, loss_fn, train_metrics, plan.global_batch_size),
+        step_counter)
+    eval_fn = steps.make_eval_fn(strategy, steps.make_eval_step(model, loss_fn, eval_metrics))
+
+    def evaluate(step):
+      for metric in eval_metrics.values():
+        metric.reset_state()
+      started = time.perf_counter()
+      eval_fn(eval_data)
+      results = {f"eval/{name}": float(m.result().numpy()) for name, m in eval_metrics.items()}
+      summaries.scalars(step, results)
+      if task.is_chief:
+        logging.info("eval at step %d: %s (%.1f s)", step, _format(results), time.perf_counter() - started)
+      return results
+
+    if start_step == 0:
+      summaries.text(0, "config", "```\n" + str(config) + "\n```")
+    elif start_step >= plan.total_steps:
+      logging.info("step %d of %d already done: evaluating only", start_step, plan.total_steps)
+    progress = progress_lib.Progress(start_step, plan.total_steps, plan.global_batch_size, plan.steps_per_epoch)
+    step = start_step
+    while step < plan.total_steps:
+      num_steps = min(plan.steps_per_loop - step % plan.steps_per_loop, plan.total_steps - step)
+      started = time.perf_counter()
+      loss = train_fn(train_iter, tf.constant(num_steps, tf.int32))
+      train_results = {"train/loss": float(train_metrics["loss"].result().numpy()),
+                       "train/accuracy": float(train_metrics["accuracy"].result().numpy())}
+      seconds = time.perf_counter() - started  # the .numpy() above waited for the call to finish.
+      step = int(step_counter.numpy())
+      if not tf.math.is_finite(loss):
+        raise FloatingPointError(f"non-finite loss {float(loss)} in steps {step - num_steps + 1}..{step}")
+      finished_epochs = progress.record(step, seconds)
+      _report_train(summaries, task, progress, step, train_results, seconds / num_steps, optimizer,
+                    finished_epochs)
+      for metric in train_metrics.values():
+        metric.reset_state()
+      if plan.eval_every_steps and step % plan.eval_every_steps == 0 and step < plan.total_steps:
+        eval_results = evaluate(step)
+      if plan.checkpoint_every_steps and step % plan.checkpoint_every_steps == 0 and step < plan.total_steps:
+        ckpts.save(step)
+    eval_results = evaluate(step)
+    if step != start_step or tf.train.latest_checkpoint(ckpts.directory) is None:
+      ckpts.save(step)
+    summary = {
+        "step": step,
+        "total_steps": plan.total_steps,
+        **eval_results,
+        "replicas": plan.replicas,
+        "global_batch_size": plan.global_batch_size,
+        "learning_rate": plan.learning_rate,
+        "train_seconds": progress.train_seconds,
+        "examples_per_sec": progress.examples_per_sec() if step != start_step else None,
+        "mean_epoch_seconds_excluding_first": progress.mean_epoch_seconds(),
+    }
+    if task.is_chief:
+      _write_json(os.path.join(workdir, "summary.json"), summary)
+      logging.info("done: %s", _format(summary))
+    return summary
+  finally:
+    summaries.close()
+    ckpts.close()
+
+
+def _report_train(summaries, task, progress, step, results, step_time, optimizer, finished_epochs):
+  lr = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+  summaries.scalars(step, {**results, "train/learning_rate": lr,
+                           "train/examples_per_sec": progress.examples_per_sec(),
+                           "train/step_time_sec": step_time})
+  for epoch, seconds in finished_epochs.items():
+    summaries.scalars(step, {"train/epoch_time_sec": seconds})
+  if not task.is_chief:
+    return
+  epoch_time = ""
+  if finished_epochs:
+    epoch_time = f", epoch {max(finished_epochs)} took {finished_epochs[max(finished_epochs)]:.2f} s"
+  logging.info("step %d/%d (epoch %.2f): loss %.4f, accuracy %.4f, %.0f images/s, ETA %s%s", step,
+               progress.total_steps, step / progress.steps_per_epoch, results["train/loss"],
+               results["train/accuracy"], progress.examples_per_sec(),
+               progress_lib.format_duration(progress.eta_seconds()), epoch_time)
+
+
+def _prepare_workdir(workdir, config, task):
+  if not task.is_chief:
+    return
+  try:
+    os.makedirs(workdir, exist_ok=True)
+    probe = os.path.join(workdir, ".write-test")
+    with open(probe, "w") as f:
+      f.write("ok")
+    os.remove(probe)
+  except OSError as e:
+    raise ConfigError(f"workdir '{workdir}' is not writable: {e.strerror}") from None
+  _write_json(os.path.join(workdir, "config.json"), json.loads(config.to_json_best_effort()))
+
+
+def _write_json(path, value):
+  temporary = path + ".tmp"
+  with open(temporary, "w") as f:
+    json.dump(value, f, indent=2, sort_keys=True)
+    f.write("\n")
+  os.replace(temporary, path)
+
+
+def _format(values):
+  return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())

@@ -1,0 +1,61 @@
+"""The compiled inner loops. `step_fn`s are plain per-replica functions; the returned callables are tf.functions."""
+
+import tensorflow as tf
+
+
+def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size):
+  """Per-replica train step: returns this replica's share of the global-batch loss."""
+
+  def step_fn(images, labels):
+    with tf.GradientTape() as tape:
+      logits = model(images, training=True)
+      per_example = loss_fn(labels, logits)
+      loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
+      if model.losses:
+        loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
+    gradients = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    metrics["loss"].update_state(per_example)
+    metrics["accuracy"].update_state(labels, logits)
+    return loss
+
+  return step_fn
+
+
+def make_train_fn(strategy, step_fn, step_counter):
+  """tf.function(iterator, num_steps) -> global loss of the last step; runs num_steps steps in one call."""
+
+  @tf.function
+  def train_fn(iterator, num_steps):
+    loss = tf.constant(0.0)
+    for _ in tf.range(num_steps):
+      per_replica_loss = strategy.run(step_fn, args=next(iterator))
+      loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+      step_counter.assign_add(1)
+    return loss
+
+  return train_fn
+
+
+def make_eval_step(model, loss_fn, metrics):
+  """Per-replica eval step over (images, labels, weights); weight-0 rows are padding."""
+
+  def step_fn(images, labels, weights):
+    logits = model(images, training=False)
+    metrics["loss"].update_state(loss_fn(labels, logits), sample_weight=weights)
+    for name, metric in metrics.items():
+      if name != "loss":
+        metric.update_state(labels, logits, sample_weight=weights)
+
+  return step_fn
+
+
+def make_eval_fn(strategy, step_fn):
+  """tf.function(distributed eval dataset): one full pass; metrics hold the totals over all replicas."""
+
+  @tf.function
+  def eval_fn(dataset):
+    for batch in dataset:
+      strategy.run(step_fn, args=batch)
+
+  return eval_fn

@@ -1,0 +1,90 @@
+"""Entry point: python main.py --config=configs/digits_cnn.py --workdir=runs/digits [--config.key=value ...]"""
+
+import difflib
+import os
+import re
+import sys
+import warnings
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # keep TensorFlow's C++ INFO lines out of the console.
+
+from absl import app
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from configs import base as base_config
+from loops import run
+from loops.errors import ConfigError
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:arg]).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard events and results.")
+_DEBUG = flags.DEFINE_bool("debug", False, "Show full tracebacks instead of one-line errors.")
+flags.mark_flags_as_required(["config", "workdir"])
+
+# Errors a user can act on; anything else is a bug and keeps its traceback.
+USER_ERRORS = (ConfigError, LookupError, FileNotFoundError, PermissionError, FloatingPointError, ValueError)
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
+  try:
+    run.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+  except USER_ERRORS as e:
+    if _DEBUG.value:
+      raise
+    logging.flush()
+    hint = "" if isinstance(e, ConfigError) else " (rerun with --debug for the traceback)"
+    sys.exit(f"error: {_last_line(e)}{hint}")
+
+
+def parse_flags(argv):
+  """absl flag parsing, with config-file and override errors turned into one line."""
+  try:
+    remaining = flags.FLAGS(argv)
+    if _CONFIG.value is not None:
+      _CONFIG.value.keys()  # a config file that failed to load raises here, not at parse time.
+    return remaining
+  except (AttributeError, KeyError) as e:
+    if "--debug" in argv:
+      raise
+    sys.exit(f"error: {_unknown_key_message(argv, e)}")
+  except Exception as e:  # flags.Error, OSError from a missing config file, errors inside get_config.
+    if "--debug" in argv:
+      raise
+    sys.exit(f"error: {_last_line(e)}")
+
+
+def _unknown_key_message(argv, error):
+  """Names the --config.* override whose key does not exist, with the nearest valid key."""
+  valid_config = base_config.get_config()
+  for arg in argv:
+    match = re.match(r"--config\.([\w.]+)=", arg)
+    if not match:
+      continue
+    node, path = valid_config, match.group(1).split(".")
+    for depth, key in enumerate(path):
+      if not hasattr(node, "keys") or key not in node:
+        siblings = sorted(node.keys()) if hasattr(node, "keys") else []
+        close = difflib.get_close_matches(key, siblings, n=1)
+        hint = f" (did you mean '{'.'.join(path[:depth] + [close[0]])}'?)" if close else ""
+        return (f"unknown config key '{match.group(1)}' in {arg}{hint}; valid keys here: "
+                f"{', '.join(siblings) or '(none: not a group)'}")
+      node = node[key]
+  return f"unknown config key {error}"
+
+
+def _last_line(error):
+  """The informative line of an error (config_flags wraps get_config errors in a traceback text)."""
+  lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+  if not lines:
+    return type(error).__name__
+  wrapped = isinstance(error, OSError) or any(line.startswith("Traceback") for line in lines)
+  line = lines[-1] if wrapped else lines[0]
+  return re.sub(r"^[\w.]+(Error|Exception): ", "", line)
+
+
+if __name__ == "__main__":
+  app.run(main, flags_parser=parse_flags)
