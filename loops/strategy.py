@@ -1,5 +1,7 @@
 """Strategy by name. The only module that knows strategy names and device lists."""
 
+import itertools
+
 from absl import logging
 import tensorflow as tf
 
@@ -7,6 +9,11 @@ from loops.errors import ConfigError, unknown_name
 
 STRATEGIES = ("one_device", "mirrored", "central_storage")
 PLANNED = ("multi_worker_mirrored", "parameter_server", "tpu")  # not built yet: a clear error, never a fallback.
+
+# Every MirroredStrategy starts its collective group keys at the class's `_collective_key_base`. Two strategies
+# in one process (tests, notebooks, benchmarks) would otherwise reuse keys and fail with "Shape mismatch in the
+# collective instance" once their models differ. TensorFlow's own tests set the same attribute.
+_COLLECTIVE_KEY_BASES = itertools.count(start=0, step=10_000)
 
 
 def configure_devices(config):
@@ -61,6 +68,7 @@ def build(config):
   elif name == "mirrored":
     if devices == ["/cpu:0"]:
       logging.warning("mirrored: no GPU and cpu_replicas=0, so one CPU replica; set cpu_replicas=N for N replicas")
+    tf.distribute.MirroredStrategy._collective_key_base = next(_COLLECTIVE_KEY_BASES)
     strategy = tf.distribute.MirroredStrategy(devices)
   else:  # central_storage: variables on the CPU, compute on each device.
     strategy = tf.distribute.experimental.CentralStorageStrategy(

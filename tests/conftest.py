@@ -1,0 +1,42 @@
+"""Shared test setup: two logical CPUs (before TensorFlow starts) so mirrored runs get 2 replicas in-process."""
+
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import pytest
+import tensorflow as tf
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CPU_REPLICAS = 2
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * CPU_REPLICAS)
+
+
+def load_config(name, arg=None):
+  """configs/<name>.py's get_config(arg), imported as config_flags would."""
+  import importlib
+  module = importlib.import_module(f"configs.{name}")
+  return module.get_config(arg)
+
+
+def run_main(*args, env=None, timeout=300):
+  """Runs `python main.py args...` in a fresh process; returns the CompletedProcess."""
+  full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+  full_env.update(env or {})
+  return subprocess.run([sys.executable, os.path.join(REPO, "main.py"), *args], cwd=REPO, env=full_env,
+                        capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture
+def tiny_digits():
+  """digits_cnn config shortened to a few steps."""
+  c = load_config("digits_cnn")
+  c.train.epochs = None
+  c.train.steps = 20
+  c.train.steps_per_loop = 5
+  c.eval.every_steps = 10
+  c.checkpoint.every_steps = 10
+  return c

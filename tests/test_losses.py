@@ -1,0 +1,60 @@
+import os
+import sys
+
+import ml_collections
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from loops import losses
+from loops.errors import ConfigError
+
+FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_losses")
+
+
+def loss_config(name, **kwargs):
+  return ml_collections.ConfigDict({"name": name, "label_smoothing": 0.0, "kwargs": kwargs})
+
+
+LABELS = tf.constant([0, 2, 1], tf.int64)
+LOGITS = tf.constant([[2.0, 0.5, -1.0], [0.1, 0.2, 3.0], [1.0, 1.0, 1.0]])
+
+
+def test_cross_entropy_is_per_example():
+  values = losses.build(loss_config("sparse_categorical_crossentropy"))(LABELS, LOGITS).numpy()
+  expected = -np.log(tf.nn.softmax(LOGITS).numpy()[np.arange(3), LABELS.numpy()])
+  np.testing.assert_allclose(values, expected, rtol=1e-6)
+
+
+def test_label_smoothing_matches_the_formula():
+  c = loss_config("sparse_categorical_crossentropy")
+  c.label_smoothing = 0.3
+  values = losses.build(c)(LABELS, LOGITS).numpy()
+  targets = tf.one_hot(LABELS, 3).numpy() * 0.7 + 0.1
+  expected = -(targets * tf.nn.log_softmax(LOGITS).numpy()).sum(axis=1)
+  np.testing.assert_allclose(values, expected, rtol=1e-6)
+
+
+def test_user_loss_by_import_path_with_kwargs(monkeypatch):
+  monkeypatch.syspath_prepend(FIXTURES)
+  values = losses.build(loss_config("my_losses:focal_loss", gamma=0.0))(LABELS, LOGITS).numpy()
+  plain = losses.build(loss_config("sparse_categorical_crossentropy"))(LABELS, LOGITS).numpy()
+  np.testing.assert_allclose(values, plain, rtol=1e-6)  # focal loss with gamma 0 is cross-entropy
+
+
+def test_a_reduced_loss_is_rejected_naming_the_function(monkeypatch):
+  monkeypatch.syspath_prepend(FIXTURES)
+  with pytest.raises(ConfigError, match=r"loss 'my_losses:reduced_loss' returned shape \[\]; expected one loss "
+                                        r"per example, shape \[3\]"):
+    losses.build(loss_config("my_losses:reduced_loss"))(LABELS, LOGITS)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("no_such_module:f", "cannot import loss module 'no_such_module'"),
+    ("my_losses:nothing", "module 'my_losses' has no function 'nothing'"),
+    ("cross_entropy", "unknown loss 'cross_entropy'"),
+])
+def test_bad_loss_names(name, message, monkeypatch):
+  monkeypatch.syspath_prepend(FIXTURES)
+  with pytest.raises(ConfigError, match=message):
+    losses.build(loss_config(name))

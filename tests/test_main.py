@@ -1,0 +1,63 @@
+"""main.py as a user runs it: a fresh process, exit codes and one-line errors."""
+
+import json
+import os
+
+import pytest
+
+from loops import run
+from tests.conftest import load_config, run_main
+
+SHIPPED = ["digits_cnn", "mnist_cnn", "cifar_resnet20", "quickdraw_cnn", "resnet50_mirrored", "resnet152_mirrored"]
+
+
+def test_main_trains_and_writes_its_outputs(tmp_path):
+  workdir = tmp_path / "run"
+  result = run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.train.steps=40",
+                    "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0")
+  assert result.returncode == 0, result.stderr[-2000:]
+  assert "step 40/40" in result.stderr and "eval at step 40" in result.stderr
+  assert json.load(open(workdir / "summary.json"))["step"] == 40
+  assert json.load(open(workdir / "config.json"))["train"]["steps"] == 40
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config=configs/digits_cnn.py", "--config.model.name=resnet5Ov2"],
+     "error: unknown model 'resnet5Ov2' (did you mean 'resnet50v2'?); valid: mnist_cnn, digits_cnn"),
+    (["--config=configs/digits_cnn.py", "--config.optimizer.nmae=adam"],
+     "error: unknown config key 'optimizer.nmae' in --config.optimizer.nmae=adam (did you mean 'optimizer.name'?)"),
+    (["--config=configs/digits_cnn.py", "--config.train.steps=ten"],
+     "error: flag --config.train.steps=ten: invalid literal for int()"),
+    (["--config=configs/digits_cnn.py:synthtic"],
+     "error: unknown config argument 'synthtic'; valid arguments: synthetic"),
+    (["--config=configs/no_such.py"], "error: [Errno 2] No such file or directory: 'configs/no_such.py'"),
+    (["--config=configs/digits_cnn.py", "--config.strategy=mirrored", "--config.cpu_replicas=3"],
+     "error: global batch size 64 is not divisible by the 3 replicas; use a multiple of 3"),
+    (["--config=configs/digits_cnn.py", "--config.strategy=mirorred"],
+     "error: unknown strategy 'mirorred' (did you mean 'mirrored'?)"),
+])
+def test_bad_input_is_one_line_with_nonzero_exit_and_the_workdir_untouched(args, message, tmp_path):
+  workdir = tmp_path / "existing"
+  workdir.mkdir()
+  (workdir / "config.json").write_text("{\"keep\": \"me\"}")
+  result = run_main(*args, f"--workdir={workdir}")
+  assert result.returncode != 0
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith(message), last
+  assert "Traceback" not in result.stderr
+  assert sorted(os.listdir(workdir)) == ["config.json"]
+  assert (workdir / "config.json").read_text() == "{\"keep\": \"me\"}"
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_runs_a_few_steps_on_synthetic_data(name, tmp_path):
+  c = load_config(name, "synthetic")
+  c.train.epochs, c.train.steps, c.train.steps_per_loop = None, 2, 1
+  c.eval.every_steps, c.checkpoint.every_steps = 0, 0
+  if c.strategy == "mirrored":
+    c.cpu_replicas = 2
+  c.train.global_batch_size = 2 if "resnet" in name and "mirrored" in name else 8
+  if "resnet" in name and "mirrored" in name:
+    c.data.synthetic.eval_examples = 4
+  summary = run.train_and_evaluate(c, str(tmp_path))
+  assert summary["step"] == 2 and 0.0 <= summary["eval/accuracy"] <= 1.0

@@ -1,0 +1,53 @@
+import math
+
+import pytest
+
+from loops import plan as plan_lib
+from loops.errors import ConfigError
+from tests.conftest import load_config
+
+
+def test_per_replica_batch_and_steps_derive_from_the_final_global_batch():
+  c = load_config("digits_cnn")
+  c.train.global_batch_size = 128  # as a command-line override would
+  p = plan_lib.derive(c, replicas=2, train_size=1437)
+  assert (p.global_batch_size, p.per_replica_batch_size, p.steps_per_epoch) == (128, 64, 11)
+  assert p.total_steps == math.ceil(c.train.epochs * 11)
+
+
+def test_per_replica_batch_size_scales_with_replicas_unless_global_is_set():
+  c = load_config("resnet50_mirrored")
+  assert plan_lib.derive(c, replicas=4, train_size=50_000).global_batch_size == 1024
+  c.train.global_batch_size = 512
+  assert plan_lib.derive(c, replicas=4, train_size=50_000).per_replica_batch_size == 128
+
+
+def test_steps_override_epochs():
+  c = load_config("digits_cnn")
+  c.train.steps = 7
+  assert plan_lib.derive(c, replicas=1, train_size=1437).total_steps == 7
+
+
+@pytest.mark.parametrize("rule, expected", [
+    ("none", 0.1), ("linear_replicas", 0.4), ("linear_batch_256", 0.1 * 512 / 256), ("sqrt_replicas", 0.2)])
+def test_learning_rate_scaling_rules(rule, expected):
+  c = load_config("digits_cnn")
+  c.optimizer.learning_rate, c.optimizer.lr_scaling, c.train.global_batch_size = 0.1, rule, 512
+  assert plan_lib.derive(c, replicas=4, train_size=10_000).learning_rate == pytest.approx(expected, rel=1e-12)
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda c: setattr(c.train, "global_batch_size", 63), "global batch size 63 is not divisible by the 2 replicas"),
+    (lambda c: setattr(c.train, "global_batch_size", 4096), "fewer than one global batch of 4096"),
+    (lambda c: setattr(c.eval, "every_steps", 25), r"eval.every_steps=25 must be 0 .* multiple of train.steps_per_loop=50"),
+    (lambda c: setattr(c.checkpoint, "every_steps", 30), "checkpoint.every_steps=30 must be"),
+    (lambda c: setattr(c.train, "steps", 0), "train.steps must be >= 1"),
+    (lambda c: setattr(c.train, "epochs", None), "set train.steps or train.epochs"),
+    (lambda c: setattr(c.optimizer, "lr_scaling", "linear_replica"), "did you mean 'linear_replicas'"),
+    (lambda c: setattr(c.train, "steps_per_loop", 0), "train.steps_per_loop must be a positive integer"),
+])
+def test_bad_settings_raise_one_clear_error(change, message):
+  c = load_config("digits_cnn")
+  change(c)
+  with pytest.raises(ConfigError, match=message):
+    plan_lib.derive(c, replicas=2, train_size=1437)
