@@ -19,6 +19,13 @@ def get_config(arg=None):
   c.cpu_replicas = 0  # >0: N logical CPU devices (mirrored on a CPU-only machine). 0 = off.
   c.num_gpus = config_dict.placeholder(int)  # None = all visible GPUs.
 
+  c.cluster = ml_collections.ConfigDict()
+  c.cluster.source = "auto"  # auto | tf_config | slurm | local (see loops/cluster.py)
+  c.cluster.slurm_port_base = 8888  # SLURM: task i of a node listens on port_base + i.
+  c.cluster.collective = "auto"  # multi_worker_mirrored all-reduce: auto | ring | nccl
+  c.cluster.collective_timeout_seconds = config_dict.placeholder(float)  # None = wait forever.
+  c.cluster.tpu = ""  # strategy=tpu: TPU name or grpc:// address ("" = from the environment, e.g. a TPU VM).
+
   c.data = ml_collections.ConfigDict()
   c.data.name = "digits"  # digits | synthetic | mnist | cifar10 | quickdraw_bitmap | any tfds name
   c.data.train_split = "train"

@@ -51,13 +51,15 @@ def make_preprocess(source, data_config, *, training, seed=0):
 
 
 def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, start_step=0,
-                  num_shards=1, shard_index=0):
+                  num_shards=1, shard_index=0, decorrelate=False):
   """Unbounded stream of (images, labels) batches of `batch_size` (this pipeline's share of the global batch).
 
   Every epoch has exactly `steps_per_epoch` batches on every shard; the stream starts at `start_step`.
   In-memory sources get a full per-epoch permutation keyed on (seed, epoch): resume is exact and cheap.
   Streamed sources use a shuffle buffer seeded by (seed, start_step): resume lands on the right step but
   with a different (still seeded) example order, and skipping into an epoch reads the skipped examples.
+  decorrelate=True mixes the clock into each epoch's permutation (in-memory data), for asynchronous workers that
+  all run this same function (parameter servers) and must not read the same order; it is not reproducible.
   """
   if steps_per_epoch < 1:
     raise ValueError(f"dataset '{source.name}' has {source.train_size} train examples: fewer than one global "
@@ -71,8 +73,11 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
     size = source.train_size
 
     def one_epoch(epoch):
-      order = tf.random.experimental.stateless_shuffle(
-          tf.range(size, dtype=tf.int64), seed=tf.stack([tf.constant(seed, tf.int64), epoch]))
+      epoch_seed = tf.constant(seed, tf.int64)
+      if decorrelate:
+        epoch_seed += tf.cast(tf.math.floormod(tf.timestamp() * 1e6, 2.0**40), tf.int64)
+      order = tf.random.experimental.stateless_shuffle(tf.range(size, dtype=tf.int64),
+                                                       seed=tf.stack([epoch_seed, epoch]))
       ds = tf.data.Dataset.from_tensor_slices(order).shard(num_shards, shard_index).take(examples_per_shard)
       ds = ds.skip(tf.where(epoch == start_epoch, tf.constant(skip, tf.int64), 0))
       return ds.map(lambda i: (tf.gather(images, i), tf.gather(labels, i), epoch * size + i))
@@ -89,14 +94,15 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
   return _finish(ds)
 
 
-def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0):
-  """One pass over the eval split as (images, labels, weights) batches of `batch_size` per pipeline.
+def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0, local_replicas=1):
+  """One pass over the eval split as (images, labels, weights) batches of `batch_size`.
 
-  The split is padded with weight-0 examples to a whole number of global batches, so every replica gets
-  full, equally many batches and metrics weighted by `weights` count each real example exactly once.
+  The split is padded with weight-0 examples to a whole number of global batches (batch_size x num_shards x
+  local_replicas), so every replica gets full, equally many batches and metrics weighted by `weights` count
+  each real example exactly once.
   """
   preprocess = make_preprocess(source, data_config, training=False)
-  global_batch = batch_size * num_shards
+  global_batch = batch_size * num_shards * local_replicas
   padded_size = math.ceil(source.eval_size / global_batch) * global_batch
   ds = source.eval.map(lambda image, label: preprocess(image, label, 0) + (1.0,),
                 num_parallel_calls=tf.data.AUTOTUNE)

@@ -1,4 +1,4 @@
-"""Who am I? The task of this process from TF_CONFIG: type, index, chief or not."""
+"""Who am I? The task of this process from TF_CONFIG or SLURM: type, index, cluster, chief or not."""
 
 import dataclasses
 import json
@@ -21,13 +21,60 @@ class Task:
     return self.type == "worker" and self.index == 0 and "chief" not in self.cluster
 
   @property
+  def is_distributed(self):
+    return bool(self.cluster)
+
+  @property
   def num_workers(self):
     return len(self.cluster.get("worker", [])) + len(self.cluster.get("chief", [])) or 1
 
 
-def from_environment(environ=None):
-  """Parses TF_CONFIG (if set) into a Task; a malformed TF_CONFIG raises ConfigError naming the field."""
+SOURCES = ("auto", "tf_config", "slurm", "local")
+
+
+def from_environment(environ=None, source="auto", slurm_port_base=8888):
+  """The Task of this process.
+
+  source: "tf_config" reads TF_CONFIG, "slurm" reads srun's variables, "local" ignores both, "auto" takes
+  TF_CONFIG when it is set, else SLURM when this process is one of several srun tasks, else local.
+  """
   environ = os.environ if environ is None else environ
+  if source not in SOURCES:
+    raise ConfigError(f"unknown cluster.source '{source}'; valid: {', '.join(SOURCES)}")
+  if source == "local":
+    return Task()
+  if source == "slurm" or (source == "auto" and not environ.get("TF_CONFIG", "").strip()
+                           and int(environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or 1) > 1):
+    return from_slurm(environ, slurm_port_base)
+  return from_tf_config(environ)
+
+
+def from_slurm(environ, port_base):
+  """One worker per srun task, ports port_base + local task number; tasks numbered node by node (block)."""
+  from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+
+  def get(*names):
+    for name in names:
+      if environ.get(name):
+        return environ[name]
+    raise ConfigError(f"cluster.source is slurm but {names[0]} is not set (run the job under srun)")
+
+  try:
+    rank = int(get("SLURM_PROCID"))
+    num_tasks = int(get("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
+    hosts = slurm.expand_hostlist(get("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"))
+    tasks_per_node = slurm.expand_tasks_per_node(get("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
+  except ValueError as e:
+    raise ConfigError(f"cannot read the SLURM environment: {e}") from None
+  addresses = [f"{host}:{port_base + i}" for host, count in zip(hosts, tasks_per_node) for i in range(count)]
+  if len(addresses) != num_tasks or not 0 <= rank < num_tasks:
+    raise ConfigError(f"SLURM environment is inconsistent: {num_tasks} tasks, {len(addresses)} task slots on "
+                      f"nodes {hosts} ({tasks_per_node} per node), SLURM_PROCID={rank}")
+  return Task(type="worker", index=rank, cluster={"worker": addresses})
+
+
+def from_tf_config(environ):
+  """Parses TF_CONFIG (if set) into a Task; a malformed TF_CONFIG raises ConfigError naming the field."""
   raw = environ.get("TF_CONFIG", "").strip()
   if not raw:
     return Task()

@@ -1,5 +1,6 @@
 """train_and_evaluate(config, workdir): the eager outer loop around the compiled steps."""
 
+import contextlib
 import json
 import os
 import time
@@ -14,6 +15,7 @@ from loops import checkpoints as checkpoints_lib
 from loops import cluster
 from loops import losses
 from loops import optimizers
+from loops import parameter_server
 from loops import plan as plan_lib
 from loops import progress as progress_lib
 from loops import steps
@@ -26,14 +28,20 @@ def train_and_evaluate(config, workdir):
   """Trains config's model on config's data, evaluating and checkpointing as configured; returns final metrics."""
   plan_lib.validate(config)
   strategy_lib.configure_devices(config)
-  task = cluster.from_environment()
-  strategy = strategy_lib.build(config)
+  task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base)
+  if config.strategy == "parameter_server" and task.type in ("worker", "ps"):
+    parameter_server.serve(task)  # until stopped
+    return None
+  strategy = strategy_lib.build(config, task)
   keras.utils.set_random_seed(config.seed)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
 
   source = data.load(config.data)
-  plan = plan_lib.derive(config, strategy.num_replicas_in_sync, source.train_size)
+  multi_worker = strategy_lib.is_multi_worker(strategy)
+  asynchronous = config.strategy == "parameter_server"
+  plan = plan_lib.derive(config, strategy.num_replicas_in_sync, source.train_size,
+                         num_input_pipelines=task.num_workers if multi_worker else 1)
   input_shape = data.output_shape(source, config.data)
   loss_fn = losses.build(config.loss)
   logging.info("config:\n%s", config)
@@ -46,7 +54,10 @@ def train_and_evaluate(config, workdir):
     optimizer.build(model.trainable_variables)  # before the first step: Keras 3 + multi-replica pitfall.
     step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
+  # Parameter servers: metrics live on the coordinator (workers would race on shared metric variables).
+  with (strategy.scope() if not asynchronous else contextlib.nullcontext()):
+    train_metrics = {"loss": keras.metrics.Mean(),
+                     "accuracy": keras.metrics.Mean() if asynchronous else keras.metrics.SparseCategoricalAccuracy()}
     eval_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
     if source.num_classes > 5:
       eval_metrics["top5_accuracy"] = keras.metrics.SparseTopKCategoricalAccuracy(k=5)
@@ -59,21 +70,32 @@ def train_and_evaluate(config, workdir):
   try:
     ckpts.restore_latest()
     start_step = int(step_counter.numpy())
-    train_iter = iter(strategy.experimental_distribute_dataset(data.train_dataset(
-        source, config.data, batch_size=plan.global_batch_size, steps_per_epoch=plan.steps_per_epoch,
-        seed=config.seed, start_step=start_step)))
-    eval_data = strategy.experimental_distribute_dataset(
-        data.eval_dataset(source, config.data, batch_size=plan.global_batch_size))
-    train_fn = steps.make_train_fn(
-        strategy, steps.make_train_step(model, optimizer, loss_fn, train_metrics, plan.global_batch_size),
-        step_counter)
-    eval_fn = steps.make_eval_fn(strategy, steps.make_eval_step(model, loss_fn, eval_metrics))
+    train_step = steps.make_train_step(model, optimizer, loss_fn, None if asynchronous else train_metrics,
+                                       plan.global_batch_size)
+    eval_step = steps.make_eval_step(model, loss_fn, eval_metrics)
+    if asynchronous:
+      run_steps, run_eval = parameter_server.make_loops(
+          strategy, train_step, step_counter,
+          lambda: data.train_dataset(source, config.data, batch_size=plan.global_batch_size,
+                                     steps_per_epoch=plan.steps_per_epoch, seed=config.seed,
+                                     start_step=start_step, decorrelate=True),
+          eval_step, data.eval_dataset(source, config.data, batch_size=plan.global_batch_size), train_metrics)
+    else:
+      train_iter = iter(_distribute(strategy, multi_worker, plan, lambda batch, shards, index, local: data.train_dataset(
+          source, config.data, batch_size=batch, steps_per_epoch=plan.steps_per_epoch * local, seed=config.seed,
+          start_step=start_step * local, num_shards=shards, shard_index=index)))
+      eval_data = _distribute(strategy, multi_worker, plan, lambda batch, shards, index, local: data.eval_dataset(
+          source, config.data, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
+      train_fn = steps.make_train_fn(strategy, train_step, step_counter)
+      eval_fn = steps.make_eval_fn(strategy, eval_step)
+      run_steps = lambda num_steps: train_fn(train_iter, tf.constant(num_steps, tf.int32))
+      run_eval = lambda: eval_fn(eval_data)
 
     def evaluate(step):
       for metric in eval_metrics.values():
         metric.reset_state()
       started = time.perf_counter()
-      eval_fn(eval_data)
+      run_eval()
       results = {f"eval/{name}": float(m.result().numpy()) for name, m in eval_metrics.items()}
       summaries.scalars(step, results)
       if task.is_chief:
@@ -89,7 +111,7 @@ def train_and_evaluate(config, workdir):
     while step < plan.total_steps:
       num_steps = min(plan.steps_per_loop - step % plan.steps_per_loop, plan.total_steps - step)
       started = time.perf_counter()
-      loss = train_fn(train_iter, tf.constant(num_steps, tf.int32))
+      loss = run_steps(num_steps)
       train_results = {"train/loss": float(train_metrics["loss"].result().numpy()),
                        "train/accuracy": float(train_metrics["accuracy"].result().numpy())}
       seconds = time.perf_counter() - started  # the .numpy() above waited for the call to finish.
@@ -126,6 +148,23 @@ def train_and_evaluate(config, workdir):
   finally:
     summaries.close()
     ckpts.close()
+
+
+def _distribute(strategy, multi_worker, plan, make_dataset):
+  """make_dataset(batch_size, num_shards, shard_index, local_replicas) -> this pipeline's tf.data.Dataset.
+
+  One worker: one pipeline batched by the global batch, split across replicas by tf.distribute.
+  Several workers: one pipeline per worker (its shard), batched per replica; each local replica takes one batch.
+  """
+  if not multi_worker:
+    return strategy.experimental_distribute_dataset(make_dataset(plan.global_batch_size, 1, 0, 1))
+
+  def dataset_fn(context):
+    local = context.num_replicas_in_sync // context.num_input_pipelines
+    return make_dataset(context.get_per_replica_batch_size(plan.global_batch_size), context.num_input_pipelines,
+                        context.input_pipeline_id, local)
+
+  return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 def _report_train(summaries, task, progress, step, results, step_time, optimizer, finished_epochs):

@@ -4,7 +4,11 @@ import tensorflow as tf
 
 
 def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size):
-  """Per-replica train step: returns this replica's share of the global-batch loss."""
+  """Per-replica train step: returns this replica's share of the global-batch loss.
+
+  metrics: Keras metrics updated in place, or None to return {"loss", "loss_sum", "correct", "count"} instead
+  (for parameter servers, whose workers would race on shared metric variables).
+  """
 
   def step_fn(images, labels):
     with tf.GradientTape() as tape:
@@ -15,6 +19,11 @@ def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size):
         loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
     gradients = tape.gradient(loss, model.trainable_variables)
     optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    if metrics is None:
+      correct = tf.equal(tf.argmax(logits, axis=-1), tf.cast(labels, tf.int64))
+      return {"loss": loss, "loss_sum": tf.reduce_sum(per_example),
+              "correct": tf.reduce_sum(tf.cast(correct, tf.float32)),
+              "count": tf.cast(tf.size(per_example), tf.float32)}
     metrics["loss"].update_state(per_example)
     metrics["accuracy"].update_state(labels, logits)
     return loss

@@ -5,10 +5,16 @@ import itertools
 from absl import logging
 import tensorflow as tf
 
+from loops import parameter_server
 from loops.errors import ConfigError, unknown_name
 
-STRATEGIES = ("one_device", "mirrored", "central_storage")
-PLANNED = ("multi_worker_mirrored", "parameter_server", "tpu")  # not built yet: a clear error, never a fallback.
+STRATEGIES = ("one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "tpu")
+MULTI_WORKER = ("multi_worker_mirrored",)
+COLLECTIVES = {
+    "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
+    "ring": tf.distribute.experimental.CommunicationImplementation.RING,
+    "nccl": tf.distribute.experimental.CommunicationImplementation.NCCL,
+}
 
 # Every MirroredStrategy starts its collective group keys at the class's `_collective_key_base`. Two strategies
 # in one process (tests, notebooks, benchmarks) would otherwise reuse keys and fail with "Shape mismatch in the
@@ -55,13 +61,20 @@ def replica_devices(config):
   return ["/cpu:0"]
 
 
-def build(config):
-  """Returns the tf.distribute.Strategy named by config.strategy."""
+def build(config, task):
+  """Returns the tf.distribute.Strategy named by config.strategy for this task (see loops/cluster.py)."""
   name = config.strategy
-  if name in PLANNED:
-    raise ConfigError(f"strategy '{name}' is not built yet in this framework; available now: {', '.join(STRATEGIES)}")
   if name not in STRATEGIES:
-    raise unknown_name("strategy", name, STRATEGIES + PLANNED)
+    raise unknown_name("strategy", name, STRATEGIES)
+  if name in MULTI_WORKER:
+    return _multi_worker(config, task)
+  if name == "parameter_server":
+    return parameter_server.build_strategy(task)
+  if name == "tpu":
+    return _tpu(config)
+  if task.is_distributed and task.num_workers > 1:
+    raise ConfigError(f"strategy '{name}' runs on one machine, but this process is task {task.type}:{task.index} "
+                      f"of a {task.num_workers}-worker cluster; use multi_worker_mirrored (or unset TF_CONFIG)")
   devices = replica_devices(config)
   if name == "one_device":
     strategy = tf.distribute.OneDeviceStrategy(devices[0])
@@ -75,3 +88,41 @@ def build(config):
         compute_devices=devices, parameter_device="/cpu:0")
   logging.info("strategy %s with %d replica(s) on %s", name, strategy.num_replicas_in_sync, ", ".join(devices))
   return strategy
+
+
+def _multi_worker(config, task):
+  if not task.is_distributed:
+    raise ConfigError("strategy 'multi_worker_mirrored' needs a cluster: set TF_CONFIG, run under srun, or start "
+                      "it with `python -m launch.local --workers N -- python main.py ...`")
+  if config.cpu_replicas:
+    raise ConfigError("cpu_replicas applies to one machine (mirrored, central_storage); with "
+                      "multi_worker_mirrored each worker has one CPU replica or all its GPUs")
+  if config.cluster.collective not in COLLECTIVES:
+    raise unknown_name("cluster.collective", config.cluster.collective, COLLECTIVES)
+  resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+      tf.train.ClusterSpec(task.cluster), task_type=task.type, task_id=task.index, rpc_layer="grpc",
+      num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))})
+  options = tf.distribute.experimental.CommunicationOptions(
+      implementation=COLLECTIVES[config.cluster.collective],
+      timeout_seconds=config.cluster.collective_timeout_seconds)
+  tf.distribute.MultiWorkerMirroredStrategy._collective_key_base = next(_COLLECTIVE_KEY_BASES)
+  strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
+  logging.info("strategy multi_worker_mirrored: task %s:%d of %d workers, %d replica(s) in sync, collective %s",
+               task.type, task.index, task.num_workers, strategy.num_replicas_in_sync, config.cluster.collective)
+  return strategy
+
+
+def _tpu(config):
+  try:
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=config.cluster.tpu or None)
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+  except Exception as e:  # ValueError (no TPU name), NotFoundError, ...: no TPU reachable.
+    text = str(e).strip().splitlines()
+    raise ConfigError(f"strategy 'tpu' found no TPU (cluster.tpu='{config.cluster.tpu}'): "
+                      f"{text[0] if text else type(e).__name__}") from None
+  return tf.distribute.TPUStrategy(resolver)
+
+
+def is_multi_worker(strategy):
+  return isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)

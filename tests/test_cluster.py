@@ -37,3 +37,29 @@ def test_chief_is_the_chief_task_or_worker_0(spec, task_type, index, chief):
 def test_malformed_tf_config_names_the_field(raw, message):
   with pytest.raises(ConfigError, match=message):
     cluster.from_environment({"TF_CONFIG": raw})
+
+
+def slurm_env(procid, nodelist="n[1-2]", tasks_per_node="2(x2)", num_tasks=4):
+  return {"SLURM_PROCID": str(procid), "SLURM_STEP_NUM_TASKS": str(num_tasks),
+          "SLURM_STEP_NODELIST": nodelist, "SLURM_STEP_TASKS_PER_NODE": tasks_per_node}
+
+
+@pytest.mark.parametrize("procid", range(4))
+def test_slurm_two_nodes_times_two_tasks_without_gpus(procid):
+  task = cluster.from_environment(slurm_env(procid), slurm_port_base=9000)
+  assert task.cluster == {"worker": ["n1:9000", "n1:9001", "n2:9000", "n2:9001"]}
+  assert (task.type, task.index, task.is_chief, task.num_workers) == ("worker", procid, procid == 0, 4)
+
+
+def test_tf_config_wins_over_slurm_in_auto_mode():
+  env = {**slurm_env(1), **tf_config({"worker": ["a:1", "b:2"]}, "worker", 0)}
+  assert cluster.from_environment(env).cluster == {"worker": ["a:1", "b:2"]}
+  assert cluster.from_environment(env, source="slurm").index == 1
+
+
+def test_single_srun_task_is_local_and_bad_slurm_env_is_explained():
+  assert cluster.from_environment(slurm_env(0, "n1", "1", 1)).type == "local"
+  with pytest.raises(ConfigError, match="SLURM environment is inconsistent: 4 tasks, 3 task slots"):
+    cluster.from_environment(slurm_env(0, "n[1-2]", "2,1", 4))
+  with pytest.raises(ConfigError, match="SLURM_PROCID is not set"):
+    cluster.from_environment({}, source="slurm")

@@ -35,6 +35,12 @@ def test_main_trains_and_writes_its_outputs(tmp_path):
      "error: global batch size 64 is not divisible by the 3 replicas; use a multiple of 3"),
     (["--config=configs/digits_cnn.py", "--config.strategy=mirorred"],
      "error: unknown strategy 'mirorred' (did you mean 'mirrored'?)"),
+    (["--config=configs/digits_cnn.py", "--config.strategy=multi_worker_mirrored"],
+     "error: strategy 'multi_worker_mirrored' needs a cluster: set TF_CONFIG, run under srun, or start it with"),
+    (["--config=configs/digits_cnn.py", "--config.strategy=parameter_server"],
+     "error: strategy 'parameter_server' needs a cluster with one chief, workers and ps tasks"),
+    (["--config=configs/digits_cnn.py", "--config.strategy=tpu"],
+     "error: strategy 'tpu' found no TPU (cluster.tpu=''): "),
 ])
 def test_bad_input_is_one_line_with_nonzero_exit_and_the_workdir_untouched(args, message, tmp_path):
   workdir = tmp_path / "existing"
@@ -61,3 +67,12 @@ def test_every_shipped_config_runs_a_few_steps_on_synthetic_data(name, tmp_path)
     c.data.synthetic.eval_examples = 4
   summary = run.train_and_evaluate(c, str(tmp_path))
   assert summary["step"] == 2 and 0.0 <= summary["eval/accuracy"] <= 1.0
+
+
+def test_malformed_tf_config_is_one_line(tmp_path):
+  result = run_main("--config=configs/digits_cnn.py", f"--workdir={tmp_path}",
+                    env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 2}}'})
+  assert result.returncode != 0
+  assert result.stderr.strip().splitlines()[-1] == (
+      "error: TF_CONFIG task.index 2 is out of range: job 'worker' has 1 task(s)")
+  assert os.listdir(tmp_path) == []

@@ -1,0 +1,135 @@
+"""Runs one command as N local tasks with TF_CONFIG on loopback ports (the analogue of `horovodrun -np N`).
+
+  python -m launch.local --workers 2 -- python main.py --config=configs/digits_cnn.py --workdir=runs/mw \\
+      --config.strategy=multi_worker_mirrored
+
+Each task's output lines are prefixed with its name ("[worker:1] ..."). When a task fails, the others are
+stopped and the launcher exits with that task's code (or 1), naming it. With --ps M the cluster gets a chief
+(the coordinator), N workers and M parameter servers; the job ends when the chief ends.
+"""
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_ports(count):
+  """Ports the OS reports free on loopback (bound together so they differ; a small race remains)."""
+  sockets = []
+  try:
+    for _ in range(count):
+      s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+      s.bind((LOOPBACK, 0))
+      sockets.append(s)
+    return [s.getsockname()[1] for s in sockets]
+  finally:
+    for s in sockets:
+      s.close()
+
+
+def cluster_spec(workers, ps=0):
+  """{'chief': [...], 'worker': [...], 'ps': [...]} on free loopback ports; a chief only with parameter servers."""
+  jobs = ([("chief", 1)] if ps else []) + [("worker", workers)] + ([("ps", ps)] if ps else [])
+  ports = iter(free_ports(sum(n for _, n in jobs)))
+  return {job: [f"{LOOPBACK}:{next(ports)}" for _ in range(n)] for job, n in jobs}
+
+
+def tasks_of(spec):
+  return [(job, index) for job in spec for index in range(len(spec[job]))]
+
+
+def _pump(stream, prefix, out, lock):
+  for line in iter(stream.readline, ""):
+    with lock:
+      out.write(f"[{prefix}] {line}" if line.endswith("\n") else f"[{prefix}] {line}\n")
+      out.flush()
+  stream.close()
+
+
+def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2):
+  """Runs the tasks to the end; returns (exit code, name of the failed task or None)."""
+  spec = cluster_spec(workers, ps)
+  lock = threading.Lock()
+  procs, pumps = {}, []
+  for job, index in tasks_of(spec):
+    name = f"{job}:{index}"
+    task_env = dict(os.environ if env is None else env)
+    task_env["TF_CONFIG"] = json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
+    if ps:
+      task_env.setdefault("GRPC_FAIL_FAST", "use_caller")
+    proc = subprocess.Popen(command, env=task_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    procs[name] = proc
+    with lock:
+      out.write(f"[launch] {name} started (pid {proc.pid})\n")
+    pump = threading.Thread(target=_pump, args=(proc.stdout, name, out, lock), daemon=True)
+    pump.start()
+    pumps.append(pump)
+  # The job ends when every task has ended, or (parameter servers) when the chief has: its workers wait forever.
+  lead = ["chief:0"] if ps else list(procs)
+  failed, code = None, 0
+  try:
+    while True:
+      for name, proc in procs.items():
+        if proc.poll() not in (None, 0):
+          failed, code = name, proc.returncode
+          break
+      if failed or all(procs[name].poll() == 0 for name in lead):
+        break
+      time.sleep(poll_seconds)
+  except KeyboardInterrupt:
+    failed, code = "launcher (interrupted)", 130
+  finally:
+    for proc in procs.values():
+      _stop(proc)
+    for pump in pumps:
+      pump.join(timeout=5)
+  if failed:
+    with lock:
+      reason = f"exit code {code}" if code > 0 else f"signal {-code}" if code < 0 else ""
+      out.write(f"[launch] task {failed} failed ({reason}); stopped the other tasks\n")
+      out.flush()
+    return (code if code > 0 else 1), failed
+  return 0, None
+
+
+def _stop(proc, grace_seconds=5):
+  if proc.poll() is not None:
+    return
+  try:
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=grace_seconds)
+  except subprocess.TimeoutExpired:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+  except ProcessLookupError:
+    pass
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(
+      prog="python -m launch.local", description=__doc__.split("\n\n")[0],
+      usage="python -m launch.local --workers N [--ps M] -- COMMAND ...")
+  parser.add_argument("--workers", type=int, required=True, help="number of worker tasks (>= 1)")
+  parser.add_argument("--ps", type=int, default=0, help="parameter servers (adds a chief coordinator)")
+  parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each task runs, after --")
+  args = parser.parse_args(argv)
+  command = args.command[1:] if args.command[:1] == ["--"] else args.command
+  if not command:
+    parser.error("give the command to run after --")
+  if args.workers < 1 or args.ps < 0:
+    parser.error("--workers must be >= 1 and --ps >= 0")
+  code, _ = launch(command, args.workers, args.ps)
+  return code
+
+
+if __name__ == "__main__":
+  sys.exit(main())

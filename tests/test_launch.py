@@ -1,0 +1,135 @@
+"""The local launcher, with stand-in commands (fast) and with real multi-worker training."""
+
+import io
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from launch import local
+from loops import run
+from tests.conftest import REPO, load_config
+
+PY = sys.executable
+
+
+def test_cluster_spec_uses_distinct_loopback_ports_and_a_chief_only_with_ps():
+  spec = local.cluster_spec(2)
+  assert list(spec) == ["worker"] and len(set(spec["worker"])) == 2
+  assert all(a.startswith("127.0.0.1:") for a in spec["worker"])
+  spec = local.cluster_spec(2, ps=1)
+  assert {k: len(v) for k, v in spec.items()} == {"chief": 1, "worker": 2, "ps": 1}
+
+
+def test_each_task_gets_its_tf_config_and_prefixed_output():
+  out = io.StringIO()
+  code, failed = local.launch([PY, "-c", "import os; print(os.environ['TF_CONFIG'])"], workers=2, out=out)
+  assert (code, failed) == (0, None)
+  lines = [l for l in out.getvalue().splitlines() if not l.startswith("[launch]")]
+  by_task = {l.split("] ")[0][1:]: json.loads(l.split("] ", 1)[1]) for l in lines}
+  assert sorted(by_task) == ["worker:0", "worker:1"]
+  assert by_task["worker:1"]["task"] == {"type": "worker", "index": 1}
+  assert by_task["worker:0"]["cluster"] == by_task["worker:1"]["cluster"]
+
+
+def test_a_failing_task_stops_the_others_and_is_named():
+  script = ("import json, os, sys, time\n"
+            "task = json.loads(os.environ['TF_CONFIG'])['task']\n"
+            "if task['index'] == 1: time.sleep(0.5); sys.exit(3)\n"
+            "print(os.getpid(), flush=True); time.sleep(120)\n")
+  out = io.StringIO()
+  started = time.monotonic()
+  code, failed = local.launch([PY, "-c", script], workers=2, out=out)
+  assert (code, failed) == (3, "worker:1")
+  assert time.monotonic() - started < 30
+  assert "[launch] task worker:1 failed (exit code 3); stopped the other tasks" in out.getvalue()
+  survivor = int(re.search(r"\[worker:0\] (\d+)", out.getvalue()).group(1))
+  with pytest.raises(ProcessLookupError):
+    os.kill(survivor, 0)
+
+
+def launch_main(workers, *overrides, timeout=400):
+  return subprocess.run(
+      [PY, "-m", "launch.local", f"--workers={workers}", "--", PY, "main.py", "--config=configs/digits_cnn.py",
+       "--config.strategy=multi_worker_mirrored", *overrides],
+      cwd=REPO, capture_output=True, text=True, timeout=timeout, env={k: v for k, v in os.environ.items()
+                                                                        if k != "TF_CONFIG"})
+
+
+def test_two_worker_mwms_matches_one_device_accuracy(full_runs, tmp_path):
+  result = launch_main(2, f"--workdir={tmp_path}")
+  assert result.returncode == 0, result.stdout[-3000:]
+  summary = json.load(open(tmp_path / "summary.json"))
+  _, single = full_runs["one_device"]
+  assert summary["replicas"] == 2 and summary["global_batch_size"] == single["global_batch_size"]
+  assert abs(summary["eval/accuracy"] - single["eval/accuracy"]) <= 0.005
+  # Chief duties: one checkpoint series and one event file set, written by worker 0 only.
+  assert "[worker:0]" in result.stdout and "step 1100/1100" in result.stdout
+  assert not re.search(r"\[worker:1\].*step \d+/1100", result.stdout)
+  assert sorted(os.listdir(tmp_path / "checkpoints"))[0] == "checkpoint"
+  assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
+
+
+def test_two_worker_mwms_computes_the_weights_of_two_mirrored_replicas(tiny_digits, tmp_path):
+  """20 steps, fixed seed, determinism on. Momentum 0: with momentum, rounding differences between the two
+  ways of splitting the global batch (halves vs even/odd examples) grow chaotically after ~7 steps."""
+  overrides = ["--config.train.epochs=None", "--config.train.steps=20", "--config.train.steps_per_loop=5",
+               "--config.optimizer.momentum=0.0", "--config.deterministic=True"]
+  result = launch_main(2, f"--workdir={tmp_path / 'mwms'}", *[o for o in overrides if "epochs" not in o])
+  assert result.returncode == 0, result.stdout[-3000:]
+  tiny_digits.strategy, tiny_digits.cpu_replicas = "mirrored", 2
+  tiny_digits.optimizer.momentum = 0.0
+  tiny_digits.eval.every_steps = tiny_digits.checkpoint.every_steps = 0
+  run.train_and_evaluate(tiny_digits, str(tmp_path / "mirrored"))
+  readers = [tf.train.load_checkpoint(str(tmp_path / d / "checkpoints")) for d in ("mwms", "mirrored")]
+  keys = [k for k in readers[0].get_variable_to_shape_map() if "_trainable_variables" in k]
+  assert len(keys) == 8
+  for key in keys:
+    np.testing.assert_allclose(readers[0].get_tensor(key), readers[1].get_tensor(key), rtol=1e-5, atol=1e-7,
+                               err_msg=key)
+
+
+def test_killing_a_worker_mid_run_ends_the_job_naming_it(tmp_path):
+  proc = subprocess.Popen(
+      [PY, "-m", "launch.local", "--workers=2", "--", PY, "main.py", "--config=configs/digits_cnn.py",
+       "--config.strategy=multi_worker_mirrored", "--config.train.epochs=1000", f"--workdir={tmp_path}"],
+      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  pids, lines = {}, []
+  try:
+    for line in proc.stdout:
+      lines.append(line)
+      started = re.match(r"\[launch\] (\S+) started \(pid (\d+)\)", line)
+      if started:
+        pids[started.group(1)] = int(started.group(2))
+      if re.search(r"\[worker:0\].*step \d+/", line):
+        break
+    killed_at = time.monotonic()
+    os.kill(pids["worker:1"], signal.SIGKILL)
+    rest, _ = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+  assert proc.returncode != 0
+  assert time.monotonic() - killed_at < 60
+  assert "[launch] task worker:1 failed (signal 9); stopped the other tasks" in rest
+  for pid in pids.values():
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
+
+
+def test_parameter_server_with_two_workers_and_one_ps_trains_digits(tmp_path):
+  result = subprocess.run(
+      [PY, "-m", "launch.local", "--workers=2", "--ps=1", "--", PY, "main.py", "--config=configs/digits_cnn.py",
+       "--config.strategy=parameter_server", f"--workdir={tmp_path}"],
+      cwd=REPO, capture_output=True, text=True, timeout=400,
+      env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
+  assert result.returncode == 0, result.stdout[-3000:]
+  summary = json.load(open(tmp_path / "summary.json"))
+  assert summary["step"] == 1100 and summary["eval/accuracy"] >= 0.90
+  assert "[chief:0]" in result.stdout and "[worker:1]" in result.stdout and "[ps:0]" in result.stdout
