@@ -62,7 +62,14 @@ def get_config(arg=None):
   c.optimizer.momentum = 0.9
   c.optimizer.nesterov = False
   c.optimizer.weight_decay = config_dict.placeholder(float)
-  c.optimizer.global_clipnorm = config_dict.placeholder(float)
+  c.optimizer.global_clipnorm = config_dict.placeholder(float)  # clip gradients by their global norm.
+  # Learning-rate schedule over optimizer updates: constant | piecewise | cosine, after an optional linear
+  # warmup from 0. Given in epochs, so batch-size overrides never leave them stale.
+  c.optimizer.schedule = "constant"
+  c.optimizer.warmup_epochs = 0.0
+  c.optimizer.decay_epochs = ()  # piecewise: epochs at which the lr is multiplied by decay_factor.
+  c.optimizer.decay_factor = 0.1
+  c.optimizer.final_lr_fraction = 0.0  # cosine: final lr = fraction x peak lr.
 
   c.train = ml_collections.ConfigDict()
   # The global batch is the unit. If global_batch_size is None, it is per_replica_batch_size x replicas.
@@ -72,6 +79,12 @@ def get_config(arg=None):
   c.train.steps = config_dict.placeholder(int)
   c.train.epochs = config_dict.placeholder(float)
   c.train.steps_per_loop = 10  # steps per compiled call; summaries/progress at this interval.
+  # k > 1: each step splits every replica's batch into k micro-batches and applies their summed gradients
+  # once (same update as the whole batch, ~1/k of the activation memory; BatchNorm sees micro-batches).
+  c.train.grad_accum_steps = 1
+
+  c.mixed_precision = config_dict.placeholder(str)  # None | "bfloat16" | "float16" (with loss scaling)
+  c.jit_compile = False  # XLA-compile the per-replica step.
 
   c.eval = ml_collections.ConfigDict()
   c.eval.every_steps = 0  # 0 = only at the end. Must be a multiple of train.steps_per_loop.
@@ -79,6 +92,9 @@ def get_config(arg=None):
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 1000  # 0 = only at the end. Must be a multiple of train.steps_per_loop.
   c.checkpoint.keep = 3
+  c.checkpoint.best_metric = "eval/accuracy"  # keep the best checkpoint by this eval metric in workdir/best ("" = off)
+  c.checkpoint.best_mode = "max"  # max | min
+  c.export = True  # write workdir/export/model.keras (the final model) at the end
   return c
 
 

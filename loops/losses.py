@@ -55,6 +55,11 @@ def build(loss_config):
   return per_example_loss
 
 
+def validate(loss_fn, num_classes, batch=4):
+  """Calls the loss eagerly on a dummy batch, so a broken loss fails here with its message, not inside a trace."""
+  loss_fn(tf.zeros([batch], tf.int64), tf.zeros([batch, num_classes], tf.float32))
+
+
 def check_per_example(name, losses, logits):
   """Raises ConfigError (at trace time) unless `losses` has shape [batch]."""
   shape = losses.shape

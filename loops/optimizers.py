@@ -13,6 +13,48 @@ LR_SCALING = {
     "sqrt_replicas": lambda lr, global_batch, replicas: lr * math.sqrt(replicas),
 }
 OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "piecewise", "cosine")
+
+
+class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
+  """lr = target x step / warmup_steps for step < warmup_steps, then after(step) (Keras has no generic warmup)."""
+
+  def __init__(self, target, warmup_steps, after):
+    self.target, self.warmup_steps, self.after = target, warmup_steps, after
+
+  def __call__(self, step):
+    step = keras.ops.cast(step, "float32")
+    after = self.after(step) if callable(self.after) else keras.ops.convert_to_tensor(self.after, "float32")
+    warm = self.target * step / self.warmup_steps
+    return keras.ops.where(step < self.warmup_steps, warm, after)
+
+  def get_config(self):
+    return {"target": self.target, "warmup_steps": self.warmup_steps, "after": self.after}
+
+
+def learning_rate_schedule(opt_config, peak_lr, total_steps, steps_per_epoch):
+  """A float (constant, no warmup) or a Keras schedule of the optimizer's update count."""
+  name = opt_config.schedule
+  if name not in SCHEDULES:
+    raise unknown_name("optimizer.schedule", name, SCHEDULES)
+  warmup = int(round(opt_config.warmup_epochs * steps_per_epoch))
+  if warmup < 0 or (warmup > 0 and warmup >= total_steps):
+    raise ConfigError(f"optimizer.warmup_epochs={opt_config.warmup_epochs} gives {warmup} warmup steps; it must be "
+                      f">= 0 and shorter than the run ({total_steps} steps)")
+  if name == "cosine":
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=0.0 if warmup else peak_lr, decay_steps=max(total_steps - warmup, 1),
+        alpha=opt_config.final_lr_fraction, warmup_target=peak_lr if warmup else None, warmup_steps=warmup)
+  after = peak_lr
+  if name == "piecewise":
+    epochs = list(opt_config.decay_epochs)
+    if not epochs or epochs != sorted(epochs) or epochs[0] <= 0:
+      raise ConfigError(f"optimizer.schedule='piecewise' needs optimizer.decay_epochs in increasing order (> 0), "
+                        f"got {tuple(epochs)}")
+    boundaries = [int(round(e * steps_per_epoch)) for e in epochs]
+    values = [peak_lr * opt_config.decay_factor ** i for i in range(len(boundaries) + 1)]
+    after = keras.optimizers.schedules.PiecewiseConstantDecay(boundaries, values)
+  return LinearWarmup(peak_lr, warmup, after) if warmup else after
 
 
 def scaled_learning_rate(opt_config, global_batch_size, replicas):
@@ -24,8 +66,16 @@ def scaled_learning_rate(opt_config, global_batch_size, replicas):
   return float(LR_SCALING[rule](opt_config.learning_rate, global_batch_size, replicas))
 
 
-def build(opt_config, learning_rate):
-  """A Keras optimizer; create it inside strategy.scope() and build() it there before the first step."""
+def build(opt_config, learning_rate, loss_scaling=False):
+  """A Keras optimizer; create it inside strategy.scope() and build() it there before the first step.
+
+  learning_rate: a float or a schedule. loss_scaling wraps it in a LossScaleOptimizer (float16 training).
+  """
+  optimizer = _build(opt_config, learning_rate)
+  return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaling else optimizer
+
+
+def _build(opt_config, learning_rate):
   name = opt_config.name
   common = dict(learning_rate=learning_rate, global_clipnorm=opt_config.global_clipnorm)
   if name == "sgd":

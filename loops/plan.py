@@ -21,7 +21,13 @@ class Plan:
   steps_per_loop: int
   eval_every_steps: int  # 0 = only at the end
   checkpoint_every_steps: int  # 0 = only at the end
-  learning_rate: float  # after optimizer.lr_scaling
+  learning_rate: float  # peak lr, after optimizer.lr_scaling
+  grad_accum_steps: int = 1
+
+  @property
+  def micro_batch_size(self):
+    """Examples per replica per forward/backward pass."""
+    return self.per_replica_batch_size // self.grad_accum_steps
 
   @property
   def epochs(self):
@@ -62,6 +68,10 @@ def derive(config, replicas, train_size, num_input_pipelines=1):
     if global_batch % parts:
       raise ConfigError(f"global batch size {global_batch} is not divisible by the {parts} {what}; "
                         f"use a multiple of {parts}")
+  accum = train.grad_accum_steps
+  if not isinstance(accum, int) or accum < 1 or (global_batch // replicas) % accum:
+    raise ConfigError(f"train.grad_accum_steps={accum} must be a positive integer dividing the per-replica batch "
+                      f"({global_batch // replicas})")
   steps_per_epoch = train_size // global_batch
   if steps_per_epoch < 1:
     raise ConfigError(f"the training set has {train_size} examples, fewer than one global batch of {global_batch}")
@@ -75,4 +85,5 @@ def derive(config, replicas, train_size, num_input_pipelines=1):
       steps_per_loop=train.steps_per_loop,
       eval_every_steps=config.eval.every_steps,
       checkpoint_every_steps=config.checkpoint.every_steps,
-      learning_rate=optimizers.scaled_learning_rate(config.optimizer, global_batch, replicas))
+      learning_rate=optimizers.scaled_learning_rate(config.optimizer, global_batch, replicas),
+      grad_accum_steps=accum)

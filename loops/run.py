@@ -44,13 +44,16 @@ def train_and_evaluate(config, workdir):
                          num_input_pipelines=task.num_workers if multi_worker else 1)
   input_shape = data.output_shape(source, config.data)
   loss_fn = losses.build(config.loss)
+  losses.validate(loss_fn, source.num_classes)
   logging.info("config:\n%s", config)
   logging.info("plan: %s; data '%s': %d train / %d eval examples, input %s, %d classes",
                plan, source.name, source.train_size, source.eval_size, input_shape, source.num_classes)
 
   with strategy.scope():
-    model = models.build(config.model.name, input_shape, source.num_classes)
-    optimizer = optimizers.build(config.optimizer, plan.learning_rate)
+    model = _build_model(config, input_shape, source.num_classes)
+    schedule = optimizers.learning_rate_schedule(config.optimizer, plan.learning_rate, plan.total_steps,
+                                                 plan.steps_per_epoch)
+    optimizer = optimizers.build(config.optimizer, schedule, loss_scaling=config.mixed_precision == "float16")
     optimizer.build(model.trainable_variables)  # before the first step: Keras 3 + multi-replica pitfall.
     step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -66,12 +69,14 @@ def train_and_evaluate(config, workdir):
 
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_counter)
   ckpts = checkpoints_lib.Checkpoints(workdir, checkpoint, step_counter, config.checkpoint.keep, task.is_chief)
+  best = checkpoints_lib.BestCheckpoint(workdir, checkpoint, step_counter, config.checkpoint.best_metric,
+                                        config.checkpoint.best_mode, task.is_chief)
   summaries = summaries_lib.Summaries(workdir, enabled=task.is_chief)
   try:
     ckpts.restore_latest()
     start_step = int(step_counter.numpy())
     train_step = steps.make_train_step(model, optimizer, loss_fn, None if asynchronous else train_metrics,
-                                       plan.global_batch_size)
+                                       plan.global_batch_size, plan.grad_accum_steps, config.jit_compile)
     eval_step = steps.make_eval_step(model, loss_fn, eval_metrics)
     if asynchronous:
       run_steps, run_eval = parameter_server.make_loops(
@@ -98,6 +103,7 @@ def train_and_evaluate(config, workdir):
       run_eval()
       results = {f"eval/{name}": float(m.result().numpy()) for name, m in eval_metrics.items()}
       summaries.scalars(step, results)
+      best.update(step, results)
       if task.is_chief:
         logging.info("eval at step %d: %s (%.1f s)", step, _format(results), time.perf_counter() - started)
       return results
@@ -130,6 +136,12 @@ def train_and_evaluate(config, workdir):
     eval_results = evaluate(step)
     if step != start_step or tf.train.latest_checkpoint(ckpts.directory) is None:
       ckpts.save(step)
+    export_path = None
+    if config.export and task.is_chief:
+      export_path = os.path.join(workdir, "export", "model.keras")
+      os.makedirs(os.path.dirname(export_path), exist_ok=True)
+      model.save(export_path)
+      logging.info("exported %s", export_path)
     summary = {
         "step": step,
         "total_steps": plan.total_steps,
@@ -140,6 +152,9 @@ def train_and_evaluate(config, workdir):
         "train_seconds": progress.train_seconds,
         "examples_per_sec": progress.examples_per_sec() if step != start_step else None,
         "mean_epoch_seconds_excluding_first": progress.mean_epoch_seconds(),
+        "checkpoint": tf.train.latest_checkpoint(ckpts.directory),
+        "export": export_path,
+        **best.summary(),
     }
     if task.is_chief:
       _write_json(os.path.join(workdir, "summary.json"), summary)
@@ -148,6 +163,26 @@ def train_and_evaluate(config, workdir):
   finally:
     summaries.close()
     ckpts.close()
+    best.close()
+
+
+MIXED_PRECISION = {None: None, "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
+
+
+def _build_model(config, input_shape, num_classes):
+  """models.build under config.mixed_precision's Keras dtype policy (restored afterwards: it is global)."""
+  if config.mixed_precision not in MIXED_PRECISION:
+    raise ConfigError(f"mixed_precision must be None, 'bfloat16' or 'float16', got {config.mixed_precision!r}")
+  if config.mixed_precision == "float16" and not tf.config.list_physical_devices("GPU"):
+    logging.warning("mixed_precision='float16' on a machine without GPU is emulated and ~100x slower than "
+                    "float32 (measured: 47 vs 6 400 images/s on digits); use 'bfloat16' on CPUs")
+  previous = keras.mixed_precision.dtype_policy()
+  if MIXED_PRECISION[config.mixed_precision]:
+    keras.mixed_precision.set_dtype_policy(MIXED_PRECISION[config.mixed_precision])
+  try:
+    return models.build(config.model.name, input_shape, num_classes)
+  finally:
+    keras.mixed_precision.set_dtype_policy(previous)
 
 
 def _distribute(strategy, multi_worker, plan, make_dataset):

@@ -1,24 +1,52 @@
 """The compiled inner loops. `step_fn`s are plain per-replica functions; the returned callables are tf.functions."""
 
+import keras
 import tensorflow as tf
 
 
-def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size):
+def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, grad_accum_steps=1,
+                    jit_compile=False):
   """Per-replica train step: returns this replica's share of the global-batch loss.
 
   metrics: Keras metrics updated in place, or None to return {"loss", "loss_sum", "correct", "count"} instead
   (for parameter servers, whose workers would race on shared metric variables).
+  grad_accum_steps = k: the replica's batch is split into k micro-batches whose gradients are summed before
+  one update; every micro-loss is divided by the GLOBAL batch, so the update equals the whole batch's.
+  A LossScaleOptimizer (float16) gets its loss scaled here and unscales the gradients itself.
   """
+  scales_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
+  variables = model.trainable_variables
 
-  def step_fn(images, labels):
+  def gradients_of(images, labels, with_regularization):
     with tf.GradientTape() as tape:
-      logits = model(images, training=True)
+      logits = tf.cast(model(images, training=True), tf.float32)
       per_example = loss_fn(labels, logits)
       loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
-      if model.losses:
+      if with_regularization and model.losses:
         loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-    gradients = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+      scaled = optimizer.scale_loss(loss) if scales_loss else loss
+    return tape.gradient(scaled, variables), loss, per_example, logits
+
+  def compute(images, labels):
+    if grad_accum_steps == 1:
+      gradients, loss, per_example, logits = gradients_of(images, labels, True)
+    else:
+      gradients, loss, per_example, logits = None, 0.0, [], []
+      for i, (x, y) in enumerate(zip(tf.split(images, grad_accum_steps), tf.split(labels, grad_accum_steps))):
+        g, l, p, z = gradients_of(x, y, i == 0)
+        gradients = g if gradients is None else [a + b for a, b in zip(gradients, g)]
+        loss += l
+        per_example.append(p)
+        logits.append(z)
+      per_example, logits = tf.concat(per_example, 0), tf.concat(logits, 0)
+    return gradients, loss, per_example, logits
+
+  if jit_compile:
+    compute = tf.function(compute, jit_compile=True)
+
+  def step_fn(images, labels):
+    gradients, loss, per_example, logits = compute(images, labels)
+    optimizer.apply_gradients(zip(gradients, variables))
     if metrics is None:
       correct = tf.equal(tf.argmax(logits, axis=-1), tf.cast(labels, tf.int64))
       return {"loss": loss, "loss_sum": tf.reduce_sum(per_example),
@@ -50,7 +78,7 @@ def make_eval_step(model, loss_fn, metrics):
   """Per-replica eval step over (images, labels, weights); weight-0 rows are padding."""
 
   def step_fn(images, labels, weights):
-    logits = model(images, training=False)
+    logits = tf.cast(model(images, training=False), tf.float32)
     metrics["loss"].update_state(loss_fn(labels, logits), sample_weight=weights)
     for name, metric in metrics.items():
       if name != "loss":
