@@ -20,6 +20,7 @@ from loops.errors import ConfigError
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:arg]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard events and results.")
 _DEBUG = flags.DEFINE_bool("debug", False, "Show full tracebacks instead of one-line errors.")
+_DRY_RUN = flags.DEFINE_bool("dry_run", False, "Check the config, data, cluster and model, print the plan, exit.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 # Errors a user can act on; anything else is a bug and keeps its traceback.
@@ -31,7 +32,7 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
   try:
-    run.train_and_evaluate(_CONFIG.value, _WORKDIR.value)
+    run.train_and_evaluate(_CONFIG.value, _WORKDIR.value, dry_run=_DRY_RUN.value)
   except USER_ERRORS as e:
     if _DEBUG.value:
       raise

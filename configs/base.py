@@ -18,6 +18,8 @@ def get_config(arg=None):
   c.strategy = "one_device"
   c.cpu_replicas = 0  # >0: N logical CPU devices (mirrored on a CPU-only machine). 0 = off.
   c.num_gpus = config_dict.placeholder(int)  # None = all visible GPUs.
+  c.intra_op_threads = 0  # TensorFlow threads per op (0 = TensorFlow's default: all cores)
+  c.inter_op_threads = 0  # ops run in parallel (0 = default)
 
   c.cluster = ml_collections.ConfigDict()
   c.cluster.source = "auto"  # auto | tf_config | slurm | local (see loops/cluster.py)
@@ -94,6 +96,12 @@ def get_config(arg=None):
   c.checkpoint.keep = 3
   c.checkpoint.best_metric = "eval/accuracy"  # keep the best checkpoint by this eval metric in workdir/best ("" = off)
   c.checkpoint.best_mode = "max"  # max | min
+  c.summary = ml_collections.ConfigDict()
+  c.summary.histogram_every_steps = 0  # weight histograms every N steps (multiple of steps_per_loop; 0 = off)
+  c.summary.progress_bar = "auto"
+  # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls), chief only.
+  c.summary.profile_steps = ()  # Keras Progbar on the chief: auto (when stdout is a terminal) | on | off
+
   c.export = True  # write workdir/export/model.keras (the final model) at the end
   return c
 

@@ -1,7 +1,7 @@
 """Input pipelines: preprocessing, then seeded per-epoch shuffle -> shard -> batch -> prefetch.
 
 For in-memory data the train stream is a pure function of (seed, start_step): epoch e is a permutation
-keyed on (seed, e) and random flips are keyed on (seed, epoch, example), so a resumed run sees exactly the
+keyed on (seed, e) and random flips are keyed on (seed, epoch, batch), so a resumed run sees exactly the
 batches an uninterrupted run would have seen. Shuffling happens before sharding, with the same seed on
 every input pipeline, so the shards of one epoch are disjoint and together cover it.
 """
@@ -23,7 +23,10 @@ def output_shape(source, data_config):
 
 
 def make_preprocess(source, data_config, *, training, seed=0):
-  """Returns fn(image, label, key) -> (float32 image, label); `key` seeds this example's random flip."""
+  """Returns fn(images, labels, key) -> (float32 images, labels) for a BATCH (vectorised: one op per batch).
+
+  `key` (an int64 scalar unique to the batch) seeds the batch's random flips, each image flipped independently.
+  """
   channels = source.image_shape[-1]
   mean, std = data_config.mean, data_config.std
   if (mean is None) != (std is None):
@@ -36,16 +39,16 @@ def make_preprocess(source, data_config, *, training, seed=0):
   flip = training and data_config.random_flip
   size = data_config.image_size
 
-  def preprocess(image, label, key):
-    image = tf.cast(image, tf.float32) / source.max_value
+  def preprocess(images, labels, key):
+    images = tf.cast(images, tf.float32) / source.max_value
     if size and tuple(source.image_shape[:2]) != (size, size):
-      image = tf.image.resize(image, (size, size))
+      images = tf.image.resize(images, (size, size))
     if flip:
       flip_seed = tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)])
-      image = tf.image.stateless_random_flip_left_right(image, seed=flip_seed)
+      images = tf.image.stateless_random_flip_left_right(images, seed=flip_seed)
     if mean is not None:
-      image = (image - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
-    return image, label
+      images = (images - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
+    return images, labels
 
   return preprocess
 
@@ -80,17 +83,20 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
                                                        seed=tf.stack([epoch_seed, epoch]))
       ds = tf.data.Dataset.from_tensor_slices(order).shard(num_shards, shard_index).take(examples_per_shard)
       ds = ds.skip(tf.where(epoch == start_epoch, tf.constant(skip, tf.int64), 0))
-      return ds.map(lambda i: (tf.gather(images, i), tf.gather(labels, i), epoch * size + i))
+      return ds.batch(batch_size, drop_remainder=True).map(lambda i: (i, epoch * 2**32 + i[0]))
 
+    # Whole batches of indices, then one gather per batch: no per-example work in the pipeline.
     ds = tf.data.Dataset.range(start_epoch, _MAX_EPOCHS).flat_map(one_epoch)
+    ds = ds.map(lambda i, key: (tf.gather(images, i), tf.gather(labels, i), key),
+                num_parallel_calls=tf.data.AUTOTUNE)
   else:
     buffer = max(1, min(int(data_config.shuffle_buffer), source.train_size))
     ds = source.train.shuffle(buffer, seed=seed * _EPOCH_SEED_STRIDE + int(start_step),
                               reshuffle_each_iteration=True)
     ds = ds.shard(num_shards, shard_index).take(examples_per_shard).repeat().skip(skip)
-    ds = ds.enumerate(start=int(start_step) * batch_size).map(lambda key, xy: (xy[0], xy[1], key))
+    ds = ds.batch(batch_size, drop_remainder=True).enumerate(start=int(start_step))
+    ds = ds.map(lambda key, xy: (xy[0], xy[1], key), num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(batch_size, drop_remainder=True)
   return _finish(ds)
 
 
@@ -104,12 +110,13 @@ def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0
   preprocess = make_preprocess(source, data_config, training=False)
   global_batch = batch_size * num_shards * local_replicas
   padded_size = math.ceil(source.eval_size / global_batch) * global_batch
-  ds = source.eval.map(lambda image, label: preprocess(image, label, 0) + (1.0,),
-                num_parallel_calls=tf.data.AUTOTUNE)
+  ds = source.eval.map(lambda image, label: (image, label, 1.0))
   padding = tf.data.Dataset.from_tensors(
-      (tf.zeros(output_shape(source, data_config)), tf.constant(0, tf.int64), 0.0))
+      (tf.zeros(source.image_shape, source.eval.element_spec[0].dtype), tf.constant(0, tf.int64), 0.0))
   ds = ds.concatenate(padding.repeat(padded_size - source.eval_size))
   ds = ds.shard(num_shards, shard_index).batch(batch_size, drop_remainder=True)
+  ds = ds.map(lambda images, labels, weights: preprocess(images, labels, 0) + (weights,),
+              num_parallel_calls=tf.data.AUTOTUNE)
   return _finish(ds)
 
 

@@ -40,7 +40,8 @@ def validate(config):
   if not isinstance(loop, int) or loop < 1:
     raise ConfigError(f"train.steps_per_loop must be a positive integer, got {loop!r}")
   for key, value in (("eval.every_steps", config.eval.every_steps),
-                     ("checkpoint.every_steps", config.checkpoint.every_steps)):
+                     ("checkpoint.every_steps", config.checkpoint.every_steps),
+                     ("summary.histogram_every_steps", config.summary.histogram_every_steps)):
     if value < 0 or value % loop:
       raise ConfigError(f"{key}={value} must be 0 (only at the end) or a multiple of "
                         f"train.steps_per_loop={loop}")

@@ -6,7 +6,7 @@ import time
 class Progress:
   """Feed it each train call with `record(step, seconds)`; it keeps train time only.
 
-  The first call after start-up includes tracing; it is counted in epoch times but not in rates or ETA.
+  The first call after start-up includes tracing: it is left out of rates, ETA and epoch times.
   """
 
   def __init__(self, start_step, total_steps, global_batch_size, steps_per_epoch, clock=time.perf_counter):
@@ -23,15 +23,21 @@ class Progress:
     self.epoch_seconds = {}  # epoch number (1-based) -> train seconds, for epochs run whole in this process
 
   def record(self, step, seconds):
-    """A train call ended at `step` after `seconds`; returns {epoch: seconds} of epochs it completed."""
+    """A train call ended at `step` after `seconds`; returns {epoch: seconds} of epochs it completed.
+
+    Epochs are timed between boundaries interpolated inside calls; an epoch that overlaps the first call
+    (tracing) or started before this process is not timed.
+    """
     steps = step - self._step
     finished = {}
     for boundary in range((self._step // self.steps_per_epoch + 1) * self.steps_per_epoch, step + 1,
                           self.steps_per_epoch):
       at = self._train_seconds + seconds * (boundary - self._step) / steps  # interpolated inside the call
-      if self._epoch_start_seconds is not None:
+      if self._epoch_start_seconds is not None and not self._first_call:
         finished[boundary // self.steps_per_epoch] = at - self._epoch_start_seconds
       self._epoch_start_seconds = at
+    if self._first_call and step % self.steps_per_epoch:
+      self._epoch_start_seconds = None  # the epoch in progress began during tracing
     self.epoch_seconds.update(finished)
     self._step = step
     self._train_seconds += seconds

@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import sys
 import time
 
 from absl import logging
@@ -24,8 +25,13 @@ from loops import summaries as summaries_lib
 from loops.errors import ConfigError
 
 
-def train_and_evaluate(config, workdir):
-  """Trains config's model on config's data, evaluating and checkpointing as configured; returns final metrics."""
+def train_and_evaluate(config, workdir, dry_run=False):
+  """Trains config's model on config's data, evaluating and checkpointing as configured; returns the run summary.
+
+  dry_run: check everything a run would (names, values, data, cluster, model), print what the run would do,
+  and return that report without training or writing anything.
+  """
+  wall_started = time.perf_counter()
   plan_lib.validate(config)
   strategy_lib.configure_devices(config)
   task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base)
@@ -65,6 +71,8 @@ def train_and_evaluate(config, workdir):
     if source.num_classes > 5:
       eval_metrics["top5_accuracy"] = keras.metrics.SparseTopKCategoricalAccuracy(k=5)
   logging.info("model %s: %d parameters", config.model.name, model.count_params())
+  if dry_run:
+    return _dry_run_report(config, workdir, strategy, task, source, plan, input_shape, model)
   _prepare_workdir(workdir, config, task)  # only once every name and value has been accepted.
 
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_counter)
@@ -110,12 +118,22 @@ def train_and_evaluate(config, workdir):
 
     if start_step == 0:
       summaries.text(0, "config", "```\n" + str(config) + "\n```")
+      summaries.hparams(config)
+      _log_input_images(summaries, source, config, plan)
     elif start_step >= plan.total_steps:
       logging.info("step %d of %d already done: evaluating only", start_step, plan.total_steps)
     progress = progress_lib.Progress(start_step, plan.total_steps, plan.global_batch_size, plan.steps_per_epoch)
+    bar = _progress_bar(config, task, plan, start_step)
+    histogram_every = config.summary.histogram_every_steps
+    profile = _profile_range(config)
+    profiling = False
     step = start_step
+    train_results = {}
     while step < plan.total_steps:
       num_steps = min(plan.steps_per_loop - step % plan.steps_per_loop, plan.total_steps - step)
+      if profile and task.is_chief and not profiling and step < profile[1] and step + num_steps >= profile[0]:
+        tf.profiler.experimental.start(os.path.join(workdir, "profile"))
+        profiling = True
       started = time.perf_counter()
       loss = run_steps(num_steps)
       train_results = {"train/loss": float(train_metrics["loss"].result().numpy()),
@@ -124,15 +142,25 @@ def train_and_evaluate(config, workdir):
       step = int(step_counter.numpy())
       if not tf.math.is_finite(loss):
         raise FloatingPointError(f"non-finite loss {float(loss)} in steps {step - num_steps + 1}..{step}")
+      if profiling and step >= profile[1]:
+        tf.profiler.experimental.stop()
+        profiling = False
+        logging.info("profiler trace of steps %d..%d in %s", *profile, os.path.join(workdir, "profile"))
       finished_epochs = progress.record(step, seconds)
       _report_train(summaries, task, progress, step, train_results, seconds / num_steps, optimizer,
                     finished_epochs)
+      if bar:
+        bar.update(step, [(k.split("/")[1], v) for k, v in train_results.items()])
+      if histogram_every and step % histogram_every == 0 and task.is_chief:
+        summaries.histograms(step, {f"weights/{v.path}": v.numpy() for v in model.trainable_variables})
       for metric in train_metrics.values():
         metric.reset_state()
       if plan.eval_every_steps and step % plan.eval_every_steps == 0 and step < plan.total_steps:
         eval_results = evaluate(step)
       if plan.checkpoint_every_steps and step % plan.checkpoint_every_steps == 0 and step < plan.total_steps:
         ckpts.save(step)
+    if profiling:
+      tf.profiler.experimental.stop()
     eval_results = evaluate(step)
     if step != start_step or tf.train.latest_checkpoint(ckpts.directory) is None:
       ckpts.save(step)
@@ -142,14 +170,17 @@ def train_and_evaluate(config, workdir):
       os.makedirs(os.path.dirname(export_path), exist_ok=True)
       model.save(export_path)
       logging.info("exported %s", export_path)
+    summaries.flush()
     summary = {
         "step": step,
         "total_steps": plan.total_steps,
+        **train_results,
         **eval_results,
         "replicas": plan.replicas,
         "global_batch_size": plan.global_batch_size,
         "learning_rate": plan.learning_rate,
         "train_seconds": progress.train_seconds,
+        "wall_seconds": time.perf_counter() - wall_started,
         "examples_per_sec": progress.examples_per_sec() if step != start_step else None,
         "mean_epoch_seconds_excluding_first": progress.mean_epoch_seconds(),
         "checkpoint": tf.train.latest_checkpoint(ckpts.directory),
@@ -159,6 +190,11 @@ def train_and_evaluate(config, workdir):
     if task.is_chief:
       _write_json(os.path.join(workdir, "summary.json"), summary)
       logging.info("done: %s", _format(summary))
+      if step != start_step:
+        epoch_time = progress.mean_epoch_seconds()
+        logging.info("throughput: %.0f images/s over %d steps (%d replica(s)), %s per epoch excluding the first",
+                     progress.examples_per_sec(), step - start_step, plan.replicas,
+                     f"{epoch_time:.2f} s" if epoch_time else "n/a (fewer than 2 whole epochs)")
     return summary
   finally:
     summaries.close()
@@ -200,6 +236,72 @@ def _distribute(strategy, multi_worker, plan, make_dataset):
                         context.input_pipeline_id, local)
 
   return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+def _dry_run_report(config, workdir, strategy, task, source, plan, input_shape, model):
+  report = {
+      "dry_run": True,
+      "strategy": config.strategy,
+      "task": f"{task.type}:{task.index}" + (" (chief)" if task.is_chief else ""),
+      "replicas": plan.replicas,
+      "global_batch_size": plan.global_batch_size,
+      "per_replica_batch_size": plan.per_replica_batch_size,
+      "grad_accum_steps": plan.grad_accum_steps,
+      "learning_rate": plan.learning_rate,
+      "lr_scaling": config.optimizer.lr_scaling,
+      "schedule": config.optimizer.schedule,
+      "dataset": source.name,
+      "train_examples": source.train_size,
+      "eval_examples": source.eval_size,
+      "input_shape": list(input_shape),
+      "num_classes": source.num_classes,
+      "steps_per_epoch": plan.steps_per_epoch,
+      "total_steps": plan.total_steps,
+      "epochs": round(plan.epochs, 3),
+      "model": config.model.name,
+      "parameters": model.count_params(),
+      "workdir": os.path.abspath(workdir),
+      "checkpoints": os.path.join(os.path.abspath(workdir), "checkpoints"),
+      "resumes_from": tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints")),
+  }
+  print(f"config:\n{config}")
+  print("dry run (nothing trained or written):")
+  for key, value in report.items():
+    print(f"  {key}: {value}")
+  return report
+
+
+def _log_input_images(summaries, source, config, plan):
+  """Grids of the first train and eval inputs after preprocessing, with labels (own pipelines, not the run's)."""
+  if not summaries.enabled:
+    return
+  train = data.train_dataset(source, config.data, batch_size=min(16, plan.global_batch_size),
+                             steps_per_epoch=1, seed=config.seed)
+  images, labels = next(iter(train))
+  summaries.image_grid(0, "train/input_images", images, labels)
+  images, labels, _ = next(iter(data.eval_dataset(source, config.data, batch_size=16)))
+  summaries.image_grid(0, "eval/input_images", images, labels)
+
+
+def _profile_range(config):
+  steps_range = tuple(config.summary.profile_steps)
+  if not steps_range:
+    return None
+  if len(steps_range) != 2 or not 0 <= steps_range[0] < steps_range[1]:
+    raise ConfigError(f"summary.profile_steps must be (first, last) with 0 <= first < last, got {steps_range}")
+  return steps_range
+
+
+def _progress_bar(config, task, plan, start_step):
+  """A Keras Progbar on the chief when asked for (summary.progress_bar: auto = when stdout is a terminal)."""
+  wanted = config.summary.progress_bar
+  if wanted not in ("auto", "on", "off"):
+    raise ConfigError(f"summary.progress_bar must be auto, on or off, got '{wanted}'")
+  if not task.is_chief or wanted == "off" or (wanted == "auto" and not sys.stdout.isatty()):
+    return None
+  bar = keras.utils.Progbar(plan.total_steps, stateful_metrics=["loss", "accuracy"], unit_name="step")
+  bar.update(start_step)
+  return bar
 
 
 def _report_train(summaries, task, progress, step, results, step_time, optimizer, finished_epochs):

@@ -65,10 +65,11 @@ def make_train_fn(strategy, step_fn, step_counter):
   @tf.function
   def train_fn(iterator, num_steps):
     loss = tf.constant(0.0)
-    for _ in tf.range(num_steps):
+    for i in tf.range(num_steps):
       per_replica_loss = strategy.run(step_fn, args=next(iterator))
-      loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
       step_counter.assign_add(1)
+      if i == num_steps - 1:  # one cross-replica reduction per call, not per step (a collective per step costs)
+        loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
     return loss
 
   return train_fn

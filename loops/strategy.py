@@ -23,7 +23,20 @@ _COLLECTIVE_KEY_BASES = itertools.count(start=0, step=10_000)
 
 
 def configure_devices(config):
-  """Sets GPU memory growth and `cpu_replicas` logical CPUs. Must run before TensorFlow initialises."""
+  """Sets GPU memory growth, thread pools and `cpu_replicas` logical CPUs. Must run before TensorFlow initialises."""
+  for key, setter, getter in (
+      ("intra_op_threads", tf.config.threading.set_intra_op_parallelism_threads,
+       tf.config.threading.get_intra_op_parallelism_threads),
+      ("inter_op_threads", tf.config.threading.set_inter_op_parallelism_threads,
+       tf.config.threading.get_inter_op_parallelism_threads)):
+    threads = int(config[key])
+    if threads < 0:
+      raise ConfigError(f"{key} must be >= 0 (0 = TensorFlow's default), got {threads}")
+    if threads and getter() != threads:
+      try:
+        setter(threads)
+      except RuntimeError:
+        raise ConfigError(f"{key}={threads} must be set before TensorFlow starts") from None
   for gpu in tf.config.list_physical_devices("GPU"):
     try:
       tf.config.experimental.set_memory_growth(gpu, True)

@@ -27,8 +27,12 @@ def model_weights(workdir):
 def scalars(workdir):
   acc = event_accumulator.EventAccumulator(workdir, size_guidance={event_accumulator.TENSORS: 0})
   acc.Reload()
-  return {tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
-          for tag in acc.Tags()["tensors"] if tag != "config"}, acc.Tags()["tensors"]
+  values = {}
+  for tag in acc.Tags()["tensors"]:
+    events = acc.Tensors(tag)
+    if events and not events[0].tensor_proto.tensor_shape.dim and events[0].tensor_proto.dtype != tf.string:
+      values[tag] = [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in events]
+  return values, acc.Tags()["tensors"]
 
 
 def test_digits_reaches_95_percent_on_one_device(full_runs):

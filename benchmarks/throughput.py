@@ -1,0 +1,243 @@
+"""Throughput, side by side in one process: the framework's loop vs Keras fit vs a bare loop vs on-device data.
+
+  python -m benchmarks.throughput --config=configs/digits_cnn.py [--config.key=value ...] [--out=results.json]
+
+Same model, data, strategy, global batch and steps per call for all four:
+  framework  the framework's compiled loop (loops.steps) over the real input pipeline (data.train_dataset)
+  keras_fit  model.fit with steps_per_execution = train.steps_per_loop on the same pipeline
+  bare_loop  the TF custom-training tutorial: one strategy.run + strategy.reduce step per tf.function call
+  synthetic  the framework's loop on one preprocessed batch repeated (no input pipeline work): the upper bound
+Warm-up calls (tracing) are not timed; every figure is the median of --windows timed windows, interleaved
+a, b, c, d, a, b, ... so machine noise hits all alike. Also measures the machine's float32 matmul peak and the
+model's training FLOPs per image (TF profiler) to report the fraction of peak reached.
+"""
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, as for main.py.")
+_OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
+_WINDOWS = flags.DEFINE_integer("windows", 3, "Timed windows per contender (median reported).")
+_WINDOW_CALLS = flags.DEFINE_integer("window_calls", 5, "Calls of train.steps_per_loop steps per window.")
+_LEVERS = flags.DEFINE_bool("levers", False, "Also time variants of the framework's loop (see benchmarks/README.md).")
+flags.mark_flags_as_required(["config"])
+
+
+def gemm_peak_gflops(tf, n=2048, repeats=10):
+  a = tf.random.normal([n, n])
+  b = tf.random.normal([n, n])
+
+  @tf.function
+  def chain():
+    c = a
+    for _ in range(repeats):
+      c = tf.matmul(c, b) * 1e-3
+    return tf.reduce_sum(c)
+
+  chain().numpy()
+  best = float("inf")
+  for _ in range(3):
+    started = time.perf_counter()
+    chain().numpy()
+    best = min(best, time.perf_counter() - started)
+  return 2 * n ** 3 * repeats / best / 1e9
+
+
+def training_gflops_per_image(tf, model, loss_fn, input_shape, batch=8):
+  """Float operations of one forward + backward pass, from the TF profiler, per image."""
+  from tensorflow.python.profiler import model_analyzer
+  from tensorflow.python.profiler import option_builder
+
+  @tf.function
+  def grads(x, y):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(loss_fn(y, tf.cast(model(x, training=True), tf.float32)))
+    return tape.gradient(loss, model.trainable_variables)
+
+  graph = grads.get_concrete_function(tf.TensorSpec([batch, *input_shape]), tf.TensorSpec([batch], tf.int64)).graph
+  options = option_builder.ProfileOptionBuilder(
+      option_builder.ProfileOptionBuilder.float_operation()).with_empty_output().build()
+  stats = model_analyzer.profile(graph, options=options)
+  return stats.total_float_ops / batch / 1e9
+
+
+class Nothing:
+  """A metric that does nothing (the no-metrics lever)."""
+
+  def update_state(self, *args, **kwargs):
+    pass
+
+
+def EpochTimer(keras):
+  class Timer(keras.callbacks.Callback):
+    seconds = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+      self._started = time.perf_counter()
+
+    def on_epoch_end(self, epoch, logs=None):
+      self.seconds = time.perf_counter() - self._started
+
+  return Timer()
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  import keras
+  import numpy as np
+  import tensorflow as tf
+
+  import data
+  from loops import cluster, losses, optimizers, plan as plan_lib, steps, strategy as strategy_lib
+
+  strategy_lib.configure_devices(config)
+  strategy = strategy_lib.build(config, cluster.Task())
+  keras.utils.set_random_seed(config.seed)
+  source = data.load(config.data)
+  plan = plan_lib.derive(config, strategy.num_replicas_in_sync, source.train_size)
+  input_shape = data.output_shape(source, config.data)
+  loss_fn = losses.build(config.loss)
+  k = plan.steps_per_loop
+  steps_per_window = k * _WINDOW_CALLS.value
+
+  def real_dataset():
+    return data.train_dataset(source, config.data, batch_size=plan.global_batch_size,
+                              steps_per_epoch=plan.steps_per_epoch, seed=config.seed)
+
+  def fresh_model():
+    with strategy.scope():
+      model = keras.models.clone_model(reference)
+      model.set_weights(reference.get_weights())
+      optimizer = optimizers.build(config.optimizer, plan.learning_rate)
+      optimizer.build(model.trainable_variables)
+    return model, optimizer
+
+  import models
+  with strategy.scope():
+    reference = models.build(config.model.name, input_shape, source.num_classes)
+
+  # (a) the framework's loop and (d) the same loop on one batch repeated.
+  def framework_runner(dataset, python_loop=False, with_metrics=True):
+    model, optimizer = fresh_model()
+    with strategy.scope():
+      metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
+      counter = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    step_fn = steps.make_train_step(model, optimizer, loss_fn, metrics, plan.global_batch_size)
+    if not with_metrics:
+      no_metrics = {"loss": Nothing(), "accuracy": Nothing()}
+      step_fn = steps.make_train_step(model, optimizer, loss_fn, no_metrics, plan.global_batch_size)
+    train_fn = steps.make_train_fn(strategy, step_fn, counter)
+    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    calls = tf.constant(1 if python_loop else k, tf.int32)
+    repeats = k if python_loop else 1
+
+    def window():
+      for _ in range(_WINDOW_CALLS.value * repeats):
+        loss = train_fn(iterator, calls)
+      float(loss)  # one host sync per window, as the run does per summary interval
+    return window
+
+  one_batch = next(iter(real_dataset()))
+  synthetic_dataset = tf.data.Dataset.from_tensors(one_batch).repeat().prefetch(tf.data.AUTOTUNE)
+
+  # (b) Keras fit, steps_per_execution = k.
+  def keras_runner():
+    model, optimizer = fresh_model()
+    with strategy.scope():
+      model.compile(optimizer=optimizer, loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                    metrics=["accuracy"], steps_per_execution=k)
+    dataset = real_dataset()
+    timer = EpochTimer(keras)
+
+    def window():  # timed from on_epoch_begin to on_epoch_end: fit's per-call set-up is not counted
+      model.fit(dataset, epochs=1, steps_per_epoch=steps_per_window, verbose=0, callbacks=[timer])
+      return timer.seconds
+    return window
+
+  # (c) the bare tutorial loop: one step per tf.function call.
+  def bare_runner():
+    model, optimizer = fresh_model()
+
+    def step_fn(images, labels):
+      with tf.GradientTape() as tape:
+        logits = model(images, training=True)
+        per_example = keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
+        loss = tf.nn.compute_average_loss(per_example, global_batch_size=plan.global_batch_size)
+      gradients = tape.gradient(loss, model.trainable_variables)
+      optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+      return loss
+
+    @tf.function
+    def train_step(batch):
+      return strategy.reduce(tf.distribute.ReduceOp.SUM, strategy.run(step_fn, args=batch), axis=None)
+
+    iterator = iter(strategy.experimental_distribute_dataset(real_dataset()))
+
+    def window():
+      for _ in range(steps_per_window):
+        loss = train_step(next(iterator))
+      float(loss)
+    return window
+
+  runners = {"framework": framework_runner(real_dataset()), "keras_fit": keras_runner(),
+             "bare_loop": bare_runner(), "synthetic": framework_runner(synthetic_dataset)}
+  if _LEVERS.value:
+    runners["lever_python_loop"] = framework_runner(real_dataset(), python_loop=True)
+    runners["lever_no_metrics"] = framework_runner(real_dataset(), with_metrics=False)
+  for window in runners.values():  # warm-up: tracing and pipeline start-up, not timed
+    window()
+  seconds = {name: [] for name in runners}
+  for _ in range(_WINDOWS.value):
+    for name, window in runners.items():
+      started = time.perf_counter()
+      own_timing = window()
+      seconds[name].append(own_timing if own_timing is not None else time.perf_counter() - started)
+  images = steps_per_window * plan.global_batch_size
+  rates = {name: images / statistics.median(times) for name, times in seconds.items()}
+  peak = gemm_peak_gflops(tf)
+  per_image = training_gflops_per_image(tf, reference, loss_fn, input_shape)
+  results = {
+      "images_per_sec": rates,
+      "ratio_vs_keras_fit": rates["framework"] / rates["keras_fit"],
+      "ratio_vs_bare_loop": rates["framework"] / rates["bare_loop"],
+      "ratio_real_vs_synthetic": rates["framework"] / rates["synthetic"],
+      **{f"ratio_{name}": rates[name] / rates["framework"] for name in rates if name.startswith("lever_")},
+      "gemm_peak_gflops": peak,
+      "model_gflops_per_image": per_image,
+      "fraction_of_peak": rates["framework"] * per_image / peak,
+      "window_seconds": seconds,
+      "steps_per_window": steps_per_window,
+      "config": json.loads(config.to_json_best_effort()),
+      "replicas": plan.replicas,
+      "global_batch_size": plan.global_batch_size,
+      "steps_per_loop": k,
+      "versions": {"tensorflow": tf.__version__, "keras": keras.__version__, "python": platform.python_version(),
+                   "machine": f"{platform.machine()}, {os.cpu_count()} cores"},
+      "date": time.strftime("%Y-%m-%d"),
+  }
+  print(f"{'contender':<12}{'images/s':>12}   (median of {_WINDOWS.value} windows of {steps_per_window} steps, "
+        f"batch {plan.global_batch_size}, {plan.replicas} replica(s), {config.model.name})")
+  for name, rate in rates.items():
+    print(f"{name:<12}{rate:>12.0f}")
+  for key in ("ratio_vs_keras_fit", "ratio_vs_bare_loop", "ratio_real_vs_synthetic", "gemm_peak_gflops",
+              "model_gflops_per_image", "fraction_of_peak"):
+    print(f"{key:<26}{results[key]:.4g}")
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump(results, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)
