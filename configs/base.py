@@ -96,6 +96,12 @@ def get_config(arg=None):
   c.checkpoint.keep = 3
   c.checkpoint.best_metric = "eval/accuracy"  # keep the best checkpoint by this eval metric in workdir/best ("" = off)
   c.checkpoint.best_mode = "max"  # max | min
+  # A non-finite loss is detected after each train call (no extra host sync per step). stop: one error line
+  # naming the steps. rollback: restore the last checkpoint, rewind the input, retry (at most max_retries).
+  c.nan_policy = ml_collections.ConfigDict()
+  c.nan_policy.mode = "stop"
+  c.nan_policy.max_retries = 3
+
   c.summary = ml_collections.ConfigDict()
   c.summary.histogram_every_steps = 0  # weight histograms every N steps (multiple of steps_per_loop; 0 = off)
   c.summary.progress_bar = "auto"

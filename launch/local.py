@@ -19,6 +19,7 @@ import threading
 import time
 
 LOOPBACK = "127.0.0.1"
+PREEMPTED = 42
 
 
 def free_ports(count):
@@ -54,8 +55,12 @@ def _pump(stream, prefix, out, lock):
   stream.close()
 
 
-def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2):
-  """Runs the tasks to the end; returns (exit code, name of the failed task or None)."""
+def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, preempt_grace_seconds=120):
+  """Runs the tasks to the end; returns (exit code, name of the failed task or None).
+
+  A task that exits with 42 (preempted after saving a checkpoint) gives the others preempt_grace_seconds to
+  save and exit too; the launcher then exits with 42, so a wrapper script can tell "rerun me" from a failure.
+  """
   spec = cluster_spec(workers, ps)
   lock = threading.Lock()
   procs, pumps = {}, []
@@ -85,6 +90,10 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2):
       if failed or all(procs[name].poll() == 0 for name in lead):
         break
       time.sleep(poll_seconds)
+    if code == PREEMPTED:  # the others are saving the same checkpoint: let them finish before stopping them
+      deadline = time.monotonic() + preempt_grace_seconds
+      while time.monotonic() < deadline and any(procs[name].poll() is None for name in lead):
+        time.sleep(poll_seconds)
   except KeyboardInterrupt:
     failed, code = "launcher (interrupted)", 130
   finally:
@@ -95,7 +104,10 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2):
   if failed:
     with lock:
       reason = f"exit code {code}" if code > 0 else f"signal {-code}" if code < 0 else ""
-      out.write(f"[launch] task {failed} failed ({reason}); stopped the other tasks\n")
+      if code == PREEMPTED:
+        out.write(f"[launch] task {failed} was preempted (exit code 42, checkpoint saved); rerun to resume\n")
+      else:
+        out.write(f"[launch] task {failed} failed ({reason}); stopped the other tasks\n")
       out.flush()
     return (code if code > 0 else 1), failed
   return 0, None

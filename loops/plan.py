@@ -45,6 +45,12 @@ def validate(config):
     if value < 0 or value % loop:
       raise ConfigError(f"{key}={value} must be 0 (only at the end) or a multiple of "
                         f"train.steps_per_loop={loop}")
+  if config.nan_policy.mode not in ("stop", "rollback") or config.nan_policy.max_retries < 0:
+    raise ConfigError(f"nan_policy.mode must be 'stop' or 'rollback' and max_retries >= 0, got "
+                      f"{config.nan_policy.mode!r}, {config.nan_policy.max_retries}")
+  if config.nan_policy.mode == "rollback" and config.strategy == "parameter_server":
+    raise ConfigError("nan_policy.mode='rollback' is not available with parameter_server (its per-worker "
+                      "datasets cannot be rewound); use 'stop'")
   if config.checkpoint.keep < 1:
     raise ConfigError(f"checkpoint.keep must be >= 1, got {config.checkpoint.keep}")
   if config.train.steps is not None and config.train.steps < 1:

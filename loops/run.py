@@ -2,6 +2,7 @@
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
@@ -83,6 +84,7 @@ def train_and_evaluate(config, workdir, dry_run=False):
   try:
     ckpts.restore_latest()
     start_step = int(step_counter.numpy())
+    preemption = checkpoints_lib.Preemption(strategy, multi_worker, ckpts, asynchronous or config.strategy == "tpu")
     train_step = steps.make_train_step(model, optimizer, loss_fn, None if asynchronous else train_metrics,
                                        plan.global_batch_size, plan.grad_accum_steps, config.jit_compile)
     eval_step = steps.make_eval_step(model, loss_fn, eval_metrics)
@@ -94,9 +96,12 @@ def train_and_evaluate(config, workdir, dry_run=False):
                                      start_step=start_step, decorrelate=True),
           eval_step, data.eval_dataset(source, config.data, batch_size=plan.global_batch_size), train_metrics)
     else:
-      train_iter = iter(_distribute(strategy, multi_worker, plan, lambda batch, shards, index, local: data.train_dataset(
-          source, config.data, batch_size=batch, steps_per_epoch=plan.steps_per_epoch * local, seed=config.seed,
-          start_step=start_step * local, num_shards=shards, shard_index=index)))
+      def train_iterator(first_step):
+        return iter(_distribute(strategy, multi_worker, plan, lambda batch, shards, index, local: data.train_dataset(
+            source, config.data, batch_size=batch, steps_per_epoch=plan.steps_per_epoch * local, seed=config.seed,
+            start_step=first_step * local, num_shards=shards, shard_index=index)))
+
+      train_iter = train_iterator(start_step)
       eval_data = _distribute(strategy, multi_worker, plan, lambda batch, shards, index, local: data.eval_dataset(
           source, config.data, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
       train_fn = steps.make_train_fn(strategy, train_step, step_counter)
@@ -129,6 +134,9 @@ def train_and_evaluate(config, workdir, dry_run=False):
     profiling = False
     step = start_step
     train_results = {}
+    rollbacks = 0
+    if config.nan_policy.mode == "rollback" and tf.train.latest_checkpoint(ckpts.directory) is None:
+      ckpts.save(step)  # something to roll back to
     while step < plan.total_steps:
       num_steps = min(plan.steps_per_loop - step % plan.steps_per_loop, plan.total_steps - step)
       if profile and task.is_chief and not profiling and step < profile[1] and step + num_steps >= profile[0]:
@@ -140,8 +148,22 @@ def train_and_evaluate(config, workdir, dry_run=False):
                        "train/accuracy": float(train_metrics["accuracy"].result().numpy())}
       seconds = time.perf_counter() - started  # the .numpy() above waited for the call to finish.
       step = int(step_counter.numpy())
-      if not tf.math.is_finite(loss):
-        raise FloatingPointError(f"non-finite loss {float(loss)} in steps {step - num_steps + 1}..{step}")
+      if not (tf.math.is_finite(loss) and math.isfinite(train_results["train/loss"])):
+        first = step - num_steps + 1
+        if config.nan_policy.mode == "stop" or rollbacks >= config.nan_policy.max_retries:
+          retried = f" after {rollbacks} rollback(s)" if rollbacks else ""
+          raise FloatingPointError(f"non-finite loss in steps {first}..{step}{retried} "
+                                   f"(nan_policy.mode={config.nan_policy.mode})")
+        rollbacks += 1
+        last = step
+        restored = ckpts.restore_latest()
+        step = int(step_counter.numpy())
+        train_iter = train_iterator(step)
+        for metric in train_metrics.values():
+          metric.reset_state()
+        logging.warning("non-finite loss in steps %d..%d: rolled back to %s (step %d), rollback %d of %d",
+                        first, last, restored, step, rollbacks, config.nan_policy.max_retries)
+        continue
       if profiling and step >= profile[1]:
         tf.profiler.experimental.stop()
         profiling = False
@@ -155,6 +177,7 @@ def train_and_evaluate(config, workdir, dry_run=False):
         summaries.histograms(step, {f"weights/{v.path}": v.numpy() for v in model.trainable_variables})
       for metric in train_metrics.values():
         metric.reset_state()
+      preemption.save_and_exit_if_preempted(step, before_exit=summaries.flush)
       if plan.eval_every_steps and step % plan.eval_every_steps == 0 and step < plan.total_steps:
         eval_results = evaluate(step)
       if plan.checkpoint_every_steps and step % plan.checkpoint_every_steps == 0 and step < plan.total_steps:
@@ -181,6 +204,7 @@ def train_and_evaluate(config, workdir, dry_run=False):
         "learning_rate": plan.learning_rate,
         "train_seconds": progress.train_seconds,
         "wall_seconds": time.perf_counter() - wall_started,
+        "nan_rollbacks": rollbacks,
         "examples_per_sec": progress.examples_per_sec() if step != start_step else None,
         "mean_epoch_seconds_excluding_first": progress.mean_epoch_seconds(),
         "checkpoint": tf.train.latest_checkpoint(ckpts.directory),
@@ -200,6 +224,8 @@ def train_and_evaluate(config, workdir, dry_run=False):
     summaries.close()
     ckpts.close()
     best.close()
+    if "preemption" in locals():
+      preemption.close()
 
 
 MIXED_PRECISION = {None: None, "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
