@@ -37,6 +37,7 @@ def main(argv):
     if _DEBUG.value:
       raise
     logging.flush()
+    logging.set_verbosity(logging.ERROR)  # clean-up warnings at exit must not bury the error line
     hint = "" if isinstance(e, ConfigError) else " (rerun with --debug for the traceback)"
     sys.exit(f"error: {_last_line(e)}{hint}")
 

@@ -1,6 +1,6 @@
 """The seeds' scaling study: epoch time, images/s and speedup for 1 vs 2 replicas and 1 vs 2 workers.
 
-  python -m benchmarks.scaling --config=configs/digits_cnn.py [--out=runs/scaling] [--epochs=4]
+  python -m benchmarks.scaling --config=configs/digits_cnn.py --override=train.steps_per_loop=11 [--out=DIR] [--epochs=4]
 
 Weak scaling, as the seeds ran it: the per-replica batch stays at the config's global batch, so the global batch
 (and the lr, with lr_scaling=linear_replicas) grows with the replicas. Cases, each its own `main.py` process:
@@ -105,7 +105,8 @@ def main(argv):
       summary = run_case(name, workdir, strategy, replicas)
       epoch = summary["mean_epoch_seconds_excluding_first"]
       if epoch is None:
-        raise SystemExit(f"case {name} ran fewer than 2 whole epochs: raise --epochs")
+        raise SystemExit(f"case {name} timed fewer than 2 epochs (epochs overlapping the first, tracing call are "
+                         f"not timed): raise --epochs or lower train.steps_per_loop with --override")
       base = base or epoch
       rows.append({"setup": setup, "replicas": replicas, "global_batch_size": summary["global_batch_size"],
                    "epoch_seconds": epoch, "images_per_sec": summary["examples_per_sec"], "speedup": base / epoch})

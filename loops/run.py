@@ -74,15 +74,15 @@ def train_and_evaluate(config, workdir, dry_run=False):
   logging.info("model %s: %d parameters", config.model.name, model.count_params())
   if dry_run:
     return _dry_run_report(config, workdir, strategy, task, source, plan, input_shape, model)
-  _prepare_workdir(workdir, config, task)  # only once every name and value has been accepted.
 
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_counter)
   ckpts = checkpoints_lib.Checkpoints(workdir, checkpoint, step_counter, config.checkpoint.keep, task.is_chief)
   best = checkpoints_lib.BestCheckpoint(workdir, checkpoint, step_counter, config.checkpoint.best_metric,
                                         config.checkpoint.best_mode, task.is_chief)
+  ckpts.restore_latest()  # refuses a checkpoint of another model before anything in the workdir is touched
+  _prepare_workdir(workdir, config, task)  # only once every name, value and checkpoint has been accepted.
   summaries = summaries_lib.Summaries(workdir, enabled=task.is_chief)
   try:
-    ckpts.restore_latest()
     start_step = int(step_counter.numpy())
     preemption = checkpoints_lib.Preemption(strategy, multi_worker, ckpts, asynchronous or config.strategy == "tpu")
     train_step = steps.make_train_step(model, optimizer, loss_fn, None if asynchronous else train_metrics,

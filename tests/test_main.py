@@ -76,3 +76,47 @@ def test_malformed_tf_config_is_one_line(tmp_path):
   assert result.stderr.strip().splitlines()[-1] == (
       "error: TF_CONFIG task.index 2 is out of range: job 'worker' has 1 task(s)")
   assert os.listdir(tmp_path) == []
+
+
+def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_overwritten(tmp_path):
+  workdir = tmp_path / "w"
+  first = run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.train.steps=10",
+                   "--config.train.steps_per_loop=10", "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0")
+  assert first.returncode == 0, first.stderr[-2000:]
+  before = {p.name: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
+  other = run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.model.name=mnist_cnn")
+  assert other.returncode != 0
+  assert other.stderr.strip().splitlines()[-1].startswith(
+      f"error: checkpoint {workdir}/checkpoints/ckpt-10 does not match this model/optimizer")
+  assert {p.name: p.read_bytes() for p in workdir.rglob("*") if p.is_file()} == before
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--config.optimizer.name=adamm"], "error: unknown optimizer 'adamm' (did you mean 'adam'?); valid: sgd, adam, adamw"),
+    (["--config.data.name=mnist", "--config.data.download=False"],
+     "error: tfds dataset 'mnist' is not in EMPTY and data.download is False; provide it with `tfds build mnist"),
+    (["--config.train.steps=0"], "error: train.steps must be >= 1"),
+    (["--config.eval.every_steps=30"], "error: eval.every_steps=30 must be 0 (only at the end) or a multiple of "
+                                       "train.steps_per_loop=50"),
+    (["--config.loss.name=nowhere.losses:focal"], "error: cannot import loss module 'nowhere.losses'"),
+])
+def test_more_bad_input_is_one_line(args, message, tmp_path):
+  empty = tmp_path / "no_data"
+  empty.mkdir()
+  result = run_main("--config=configs/digits_cnn.py", f"--workdir={tmp_path / 'w'}",
+                    f"--config.data.data_dir={empty}", *args)
+  assert result.returncode != 0
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith(message.replace("EMPTY", str(empty))), last
+  assert not (tmp_path / "w").exists()
+
+
+def test_an_unwritable_workdir_is_one_line(tmp_path):
+  """A workdir under a regular file cannot be created, even by root (a read-only directory would not stop root)."""
+  blocker = tmp_path / "a_file"
+  blocker.write_text("keep")
+  result = run_main("--config=configs/digits_cnn.py", f"--workdir={blocker / 'w'}")
+  assert result.returncode != 0
+  last = result.stderr.strip().splitlines()[-1]
+  assert last == f"error: workdir '{blocker / 'w'}' is not writable: Not a directory", last
+  assert blocker.read_text() == "keep"
