@@ -112,6 +112,15 @@ def get_config(arg=None):
   return c
 
 
+def use_cifar10(c, synthetic):
+  """CIFAR-10 (or synthetic images of its shape): normalised with its channel statistics, random flips."""
+  c.data.name = "synthetic" if synthetic else "cifar10"
+  c.data.synthetic.image_shape = (32, 32, 3)
+  c.data.mean = (0.4914, 0.4822, 0.4465)
+  c.data.std = (0.2470, 0.2435, 0.2616)
+  c.data.random_flip = True
+
+
 def parse_arg(arg, **defaults):
   """Parses a config argument "a=1,b,c=x" (big_vision style) against typed defaults.
 

@@ -14,11 +14,7 @@ def get_config(arg=None):
   opts = base.parse_arg(arg, synthetic=False)
   c = base.get_config()
   c.strategy = "mirrored"
-  c.data.name = "synthetic" if opts.synthetic else "cifar10"
-  c.data.synthetic.image_shape = (32, 32, 3)
-  c.data.mean = (0.4914, 0.4822, 0.4465)
-  c.data.std = (0.2470, 0.2435, 0.2616)
-  c.data.random_flip = True
+  base.use_cifar10(c, opts.synthetic)
   c.model.name = "cifar_resnet20"
   c.optimizer.name = "sgd"
   c.optimizer.learning_rate = 0.1

@@ -17,14 +17,10 @@ def get_config(arg=None):
   opts = base.parse_arg(arg, synthetic=False)
   c = base.get_config()
   c.strategy = "mirrored"
-  c.data.name = "synthetic" if opts.synthetic else "cifar10"
-  c.data.synthetic.image_shape = (32, 32, 3)
+  base.use_cifar10(c, opts.synthetic)
   c.data.synthetic.train_examples = 2048  # enough for one global batch of 256 x 8 replicas
   c.data.synthetic.eval_examples = 64
   c.data.image_size = 128
-  c.data.mean = (0.4914, 0.4822, 0.4465)
-  c.data.std = (0.2470, 0.2435, 0.2616)
-  c.data.random_flip = True
   c.model.name = "resnet50v2"
   c.optimizer.name = "sgd"
   c.optimizer.learning_rate = 0.01
