@@ -27,8 +27,15 @@ def multiclass_hinge(labels, logits):
   return keras.losses.categorical_hinge(one_hot, logits)
 
 
+def focal(labels, logits, gamma=2.0, alpha=0.25):
+  """Focal loss (Lin et al. 2017) on one-hot targets, one value per example."""
+  one_hot = tf.one_hot(tf.cast(labels, tf.int32), tf.shape(logits)[-1], dtype=logits.dtype)
+  return keras.losses.categorical_focal_crossentropy(one_hot, logits, alpha=alpha, gamma=gamma, from_logits=True)
+
+
 LOSSES = {
     "sparse_categorical_crossentropy": sparse_categorical_crossentropy,
+    "focal": focal,
     "multiclass_hinge": multiclass_hinge,
 }
 

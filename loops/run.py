@@ -130,6 +130,10 @@ def train_and_evaluate(config, workdir, dry_run=False):
     progress = progress_lib.Progress(start_step, plan.total_steps, plan.global_batch_size, plan.steps_per_epoch)
     bar = _progress_bar(config, task, plan, start_step)
     histogram_every = config.summary.histogram_every_steps
+    gradient_norms = probe = None
+    if histogram_every and not asynchronous:
+      probe = next(iter(data.eval_dataset(source, config.data, batch_size=min(64, plan.global_batch_size))))[:2]
+      gradient_norms = _make_gradient_norms(strategy, model, loss_fn)
     profile = _profile_range(config)
     profiling = False
     step = start_step
@@ -173,8 +177,13 @@ def train_and_evaluate(config, workdir, dry_run=False):
                     finished_epochs)
       if bar:
         bar.update(step, [(k.split("/")[1], v) for k, v in train_results.items()])
-      if histogram_every and step % histogram_every == 0 and task.is_chief:
-        summaries.histograms(step, {f"weights/{v.path}": v.numpy() for v in model.trainable_variables})
+      if histogram_every and step % histogram_every == 0:
+        norms = gradient_norms(*probe) if gradient_norms else None  # every task: it runs on all replicas
+        if task.is_chief:
+          summaries.histograms(step, {f"weights/{v.path}": v.numpy() for v in model.trainable_variables})
+          if norms is not None:
+            summaries.histograms(step, {"gradients/norm_per_variable": norms})
+            summaries.scalars(step, {"train/gradient_global_norm": float(tf.norm(norms))})
       for metric in train_metrics.values():
         metric.reset_state()
       preemption.save_and_exit_if_preempted(step, before_exit=summaries.flush)
@@ -307,6 +316,22 @@ def _log_input_images(summaries, source, config, plan):
   summaries.image_grid(0, "train/input_images", images, labels)
   images, labels, _ = next(iter(data.eval_dataset(source, config.data, batch_size=16)))
   summaries.image_grid(0, "eval/input_images", images, labels)
+
+
+def _make_gradient_norms(strategy, model, loss_fn):
+  """fn(images, labels) -> per-variable gradient norms on a fixed probe batch (inference mode: BatchNorm
+  statistics untouched; no optimizer step). Runs on every replica without collectives; returns replica 0's."""
+
+  def norms(images, labels):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(loss_fn(labels, tf.cast(model(images, training=False), tf.float32)))
+    return tf.stack([tf.norm(g) for g in tape.gradient(loss, model.trainable_variables)])
+
+  @tf.function
+  def run(images, labels):
+    return strategy.run(norms, args=(images, labels))
+
+  return lambda images, labels: strategy.experimental_local_results(run(images, labels))[0].numpy()
 
 
 def _profile_range(config):

@@ -58,3 +58,17 @@ def test_bad_loss_names(name, message, monkeypatch):
   monkeypatch.syspath_prepend(FIXTURES)
   with pytest.raises(ConfigError, match=message):
     losses.build(loss_config(name))
+
+
+def test_registry_focal_loss_matches_the_formula():
+  values = losses.build(loss_config("focal", gamma=2.0, alpha=0.25))(LABELS, LOGITS).numpy()
+  p = tf.nn.softmax(LOGITS).numpy()[np.arange(3), LABELS.numpy()]
+  np.testing.assert_allclose(values, -0.25 * (1 - p) ** 2 * np.log(p), rtol=1e-5)
+
+
+def test_multiclass_hinge_is_per_example():
+  values = losses.build(loss_config("multiclass_hinge"))(LABELS, LOGITS).numpy()
+  logits = LOGITS.numpy()
+  true = logits[np.arange(3), LABELS.numpy()]
+  other = np.where(np.eye(3)[LABELS.numpy()] == 1, -np.inf, logits).max(axis=1)
+  np.testing.assert_allclose(values, np.maximum(0.0, 1 + other - true), rtol=1e-6)

@@ -112,6 +112,9 @@ def test_tensorboard_shows_input_image_grids_and_weight_histograms(tensorboard):
   assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000
   histograms = get(tensorboard, "/data/plugin/histograms/tags")["."]
   assert any(tag.startswith("weights/") and tag.endswith("kernel") for tag in histograms)
+  assert "gradients/norm_per_variable" in histograms
+  norms = get(tensorboard, "/data/plugin/scalars/scalars?run=.&tag=train/gradient_global_norm")
+  assert [step for _, step, _ in norms] == [20, 40] and all(value > 0 for _, _, value in norms)
 
 
 def test_profiler_trace_of_the_chosen_steps(finished_run):

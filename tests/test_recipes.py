@@ -140,6 +140,14 @@ def test_bfloat16_trains_digits(tmp_path):
   assert keras.mixed_precision.dtype_policy().name == "float32"  # the global policy was restored
 
 
+@pytest.mark.parametrize("mixed_precision, jit", [("bfloat16", False), (None, True), ("bfloat16", True)])
+def test_mixed_precision_and_xla_run_under_mirrored(mixed_precision, jit, tiny_digits, tmp_path):
+  tiny_digits.strategy, tiny_digits.cpu_replicas = "mirrored", 2
+  tiny_digits.mixed_precision, tiny_digits.jit_compile = mixed_precision, jit
+  summary = run.train_and_evaluate(tiny_digits, str(tmp_path))
+  assert summary["step"] == 20 and math.isfinite(summary["train/loss"]) and summary["eval/accuracy"] > 0.2
+
+
 def test_xla_gives_the_same_losses_as_without(tiny_digits, tmp_path):
   tiny_digits.train.steps, tiny_digits.train.steps_per_loop = 6, 1
   tiny_digits.eval.every_steps = tiny_digits.checkpoint.every_steps = 0
