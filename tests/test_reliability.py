@@ -119,3 +119,24 @@ def test_a_persistent_nan_exhausts_the_retries(tiny_digits, tmp_path, monkeypatc
   nan_config(tiny_digits, monkeypatch, "nan_from_call", 13, "rollback", 2)
   with pytest.raises(FloatingPointError, match=r"non-finite loss in steps 11\.\.15 after 2 rollback\(s\)"):
     run.train_and_evaluate(tiny_digits, str(tmp_path))
+
+
+def test_resident_memory_does_not_grow_over_thousands_of_steps(tiny_digits, tmp_path, monkeypatch):
+  """RSS sampled at every train call of a 3 000-step run: the last sample is within 10 % of the one after warm-up."""
+  from loops import progress as progress_lib
+
+  samples = []
+  record = progress_lib.Progress.record
+
+  def sampling_record(self, step, seconds):
+    with open("/proc/self/statm") as f:
+      samples.append(int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE"))
+    return record(self, step, seconds)
+
+  monkeypatch.setattr(progress_lib.Progress, "record", sampling_record)
+  tiny_digits.train.steps, tiny_digits.train.steps_per_loop, tiny_digits.train.global_batch_size = 3000, 50, 16
+  tiny_digits.eval.every_steps, tiny_digits.checkpoint.every_steps = 1000, 1000
+  run.train_and_evaluate(tiny_digits, str(tmp_path))
+  assert len(samples) == 60
+  warm = samples[9]  # after 500 steps, 1 eval-free stretch: tracing and pipeline buffers are in place
+  assert samples[-1] <= warm * 1.10, [round(s / 2**20) for s in samples]
