@@ -25,11 +25,6 @@ class Plan:
   grad_accum_steps: int = 1
 
   @property
-  def micro_batch_size(self):
-    """Examples per replica per forward/backward pass."""
-    return self.per_replica_batch_size // self.grad_accum_steps
-
-  @property
   def epochs(self):
     return self.total_steps / self.steps_per_epoch
 

@@ -50,10 +50,6 @@ class Progress:
     return finished
 
   @property
-  def step(self):
-    return self._step
-
-  @property
   def train_seconds(self):
     return self._train_seconds
 
