@@ -15,7 +15,7 @@ from ml_collections import config_flags
 
 from configs import base as base_config
 from loops import run
-from loops.errors import ConfigError
+from loops.errors import ConfigError, WorkerLostError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:arg]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard events and results.")
@@ -24,7 +24,8 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Check the config, data, cluster 
 flags.mark_flags_as_required(["config", "workdir"])
 
 # Errors a user can act on; anything else is a bug and keeps its traceback.
-USER_ERRORS = (ConfigError, LookupError, FileNotFoundError, PermissionError, FloatingPointError, ValueError)
+USER_ERRORS = (ConfigError, LookupError, FileNotFoundError, PermissionError, FloatingPointError, ValueError,
+               WorkerLostError)
 
 
 def main(argv):
@@ -38,7 +39,7 @@ def main(argv):
       raise
     logging.flush()
     logging.set_verbosity(logging.ERROR)  # clean-up warnings at exit must not bury the error line
-    hint = "" if isinstance(e, ConfigError) else " (rerun with --debug for the traceback)"
+    hint = "" if isinstance(e, (ConfigError, WorkerLostError)) else " (rerun with --debug for the traceback)"
     sys.exit(f"error: {_last_line(e)}{hint}")
 
 

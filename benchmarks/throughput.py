@@ -115,9 +115,17 @@ def main(argv):
     return data.train_dataset(source, config.data, batch_size=plan.global_batch_size,
                               steps_per_epoch=plan.steps_per_epoch, seed=config.seed)
 
-  def fresh_model():
+  def fresh_model(policy=None):
     with strategy.scope():
-      model = keras.models.clone_model(reference)
+      if policy:  # the same weights in a model built under a mixed-precision policy
+        previous = keras.mixed_precision.dtype_policy()
+        keras.mixed_precision.set_dtype_policy(policy)
+        try:
+          model = models.build(config.model.name, input_shape, source.num_classes)
+        finally:
+          keras.mixed_precision.set_dtype_policy(previous)
+      else:
+        model = keras.models.clone_model(reference)
       model.set_weights(reference.get_weights())
       optimizer = optimizers.build(config.optimizer, plan.learning_rate)
       optimizer.build(model.trainable_variables)
@@ -128,15 +136,15 @@ def main(argv):
     reference = models.build(config.model.name, input_shape, source.num_classes)
 
   # (a) the framework's loop and (d) the same loop on one batch repeated.
-  def framework_runner(dataset, python_loop=False, with_metrics=True):
-    model, optimizer = fresh_model()
+  def framework_runner(dataset, python_loop=False, with_metrics=True, policy=None, jit_compile=False):
+    model, optimizer = fresh_model(policy)
     with strategy.scope():
       metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
       counter = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-    step_fn = steps.make_train_step(model, optimizer, loss_fn, metrics, plan.global_batch_size)
     if not with_metrics:
-      no_metrics = {"loss": Nothing(), "accuracy": Nothing()}
-      step_fn = steps.make_train_step(model, optimizer, loss_fn, no_metrics, plan.global_batch_size)
+      metrics = {"loss": Nothing(), "accuracy": Nothing()}
+    step_fn = steps.make_train_step(model, optimizer, loss_fn, metrics, plan.global_batch_size,
+                                    jit_compile=jit_compile)
     train_fn = steps.make_train_fn(strategy, step_fn, counter)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))
     calls = tf.constant(1 if python_loop else k, tf.int32)
@@ -195,6 +203,8 @@ def main(argv):
   if _LEVERS.value:
     runners["lever_python_loop"] = framework_runner(real_dataset(), python_loop=True)
     runners["lever_no_metrics"] = framework_runner(real_dataset(), with_metrics=False)
+    runners["lever_bfloat16"] = framework_runner(real_dataset(), policy="mixed_bfloat16")
+    runners["lever_xla"] = framework_runner(real_dataset(), jit_compile=True)
   for window in runners.values():  # warm-up: tracing and pipeline start-up, not timed
     window()
   seconds = {name: [] for name in runners}

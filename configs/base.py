@@ -29,10 +29,13 @@ def get_config(arg=None):
   c.cluster.tpu = ""  # strategy=tpu: TPU name or grpc:// address ("" = from the environment, e.g. a TPU VM).
 
   c.data = ml_collections.ConfigDict()
-  c.data.name = "digits"  # digits | synthetic | mnist | cifar10 | quickdraw_bitmap | any tfds name
+  # digits | synthetic | mnist | cifar10 | quickdraw_bitmap | image_folder | tfds:<any tfds name>
+  c.data.name = "digits"
   c.data.train_split = "train"
   c.data.eval_split = "test"
-  c.data.data_dir = config_dict.placeholder(str)  # tfds data_dir; None = tfds default (~/tensorflow_datasets).
+  # tfds data_dir (None = tfds default, ~/tensorflow_datasets); image_folder: ROOT of ROOT/<split>/<class>/*.png
+  c.data.data_dir = config_dict.placeholder(str)
+  c.data.corrupt_images = "fail"  # image_folder: an unreadable/corrupt file stops the run (fail) or is counted (skip)
   c.data.download = True  # let tfds try to download when the data is not on disk.
   c.data.image_size = config_dict.placeholder(int)  # resize to (size, size); None = keep.
   c.data.mean = config_dict.placeholder(tuple)  # per-channel mean after scaling to [0, 1]; None = no shift.

@@ -6,7 +6,10 @@ Each source returns unbatched `(image, label)` datasets in a fixed order, images
 
 import dataclasses
 import difflib
+import os
+import re
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 
@@ -112,6 +115,79 @@ def tfds_source(tfds_name):
   return load
 
 
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".gif", ".bmp", ".webp")
+CORRUPT_IMAGE_POLICIES = ("fail", "skip")
+
+
+def image_folder(data_config):
+  """Images in data_dir/<split>/<class name>/*.{png,jpg,jpeg,gif,bmp,webp}, decoded once into memory.
+
+  Classes are the sorted sub-directories of the train split. Every image is decoded (and resized to
+  data.image_size when set); an unreadable or corrupt file stops the load naming it (data.corrupt_images=fail)
+  or is left out and counted (skip).
+  """
+  root, policy = data_config.data_dir, data_config.corrupt_images
+  if policy not in CORRUPT_IMAGE_POLICIES:
+    raise ValueError(f"data.corrupt_images must be one of {', '.join(CORRUPT_IMAGE_POLICIES)}, got '{policy}'")
+  if not root:
+    raise ValueError("data.name='image_folder' needs data.data_dir=ROOT holding ROOT/<split>/<class>/<images>")
+  train_dir = os.path.join(root, data_config.train_split)
+  if not os.path.isdir(train_dir):
+    raise FileNotFoundError(f"image folder '{train_dir}' does not exist (expected ROOT/<split>/<class>/<images> "
+                            f"with ROOT=data.data_dir and split=data.train_split)")
+  classes = sorted(d for d in os.listdir(train_dir) if os.path.isdir(os.path.join(train_dir, d)))
+  if not classes:
+    raise ValueError(f"image folder '{train_dir}' has no class sub-directories")
+  first = _image_files(train_dir, classes)[:1]
+  channels = int(tf.io.decode_image(tf.io.read_file(first[0][0]), expand_animations=False).shape[-1]) if first else 3
+  splits = [_decode_folder(os.path.join(root, split), classes, channels, data_config.image_size, policy)
+            for split in (data_config.train_split, data_config.eval_split)]
+  return from_arrays(f"image_folder:{root}", *splits, num_classes=len(classes), max_value=255.0)
+
+
+def _image_files(split_dir, classes):
+  files = []
+  for label, name in enumerate(classes):
+    directory = os.path.join(split_dir, name)
+    if os.path.isdir(directory):
+      files += [(os.path.join(directory, f), label) for f in sorted(os.listdir(directory))
+                if f.lower().endswith(IMAGE_SUFFIXES)]
+  return files
+
+
+def _decode_folder(split_dir, classes, channels, size, policy):
+  if not os.path.isdir(split_dir):
+    raise FileNotFoundError(f"image folder '{split_dir}' does not exist")
+  folders = {d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d))}
+  unknown = sorted(folders - set(classes))
+  if unknown:
+    raise ValueError(f"'{split_dir}' has class folders that the train split lacks: {', '.join(unknown[:5])}")
+  images, labels, skipped = [], [], []
+  for path, label in _image_files(split_dir, classes):
+    try:
+      image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
+    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError, tf.errors.PermissionDeniedError) as e:
+      reason = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\].*$", "", e.message).strip()
+      if policy == "fail":
+        raise ValueError(f"image {path} is unreadable or corrupt ({reason}); set data.corrupt_images=skip to "
+                         f"leave such files out (valid: {', '.join(CORRUPT_IMAGE_POLICIES)})") from None
+      skipped.append(path)
+      continue
+    if size:
+      image = tf.cast(tf.round(tf.image.resize(image, (size, size))), tf.uint8)
+    elif images and image.shape != images[0].shape:
+      raise ValueError(f"images differ in size ({path} is {image.shape[:2]}, {images[0].shape[:2]} before): "
+                       f"set data.image_size to resize them all")
+    images.append(image.numpy())
+    labels.append(label)
+  if skipped:
+    logging.warning("skipped %d unreadable or corrupt image(s) in %s (data.corrupt_images=skip): %s%s",
+                    len(skipped), split_dir, ", ".join(skipped[:3]), ", ..." if len(skipped) > 3 else "")
+  if not images:
+    return np.zeros((0, 1, 1, channels), np.uint8), np.zeros((0,), np.int64)
+  return np.stack(images), np.array(labels, np.int64)
+
+
 SOURCES = {
     "digits": digits,
     "synthetic": synthetic,
@@ -120,6 +196,7 @@ SOURCES = {
     "cifar10": tfds_source("cifar10"),
     "cifar100": tfds_source("cifar100"),
     "quickdraw_bitmap": tfds_source("quickdraw_bitmap"),
+    "image_folder": image_folder,
 }
 TFDS_PREFIX = "tfds:"
 

@@ -23,24 +23,55 @@ class Checkpoints:
   def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, subdir="checkpoints"):
     self.directory = os.path.join(workdir, subdir)
     self._temporary = None if is_chief else tempfile.mkdtemp(prefix="ckpt-nonchief-")
-    self._checkpoint = checkpoint
-    self._manager = tf.train.CheckpointManager(
-        checkpoint, self._temporary or self.directory, max_to_keep=keep, step_counter=step_counter)
-    self._chief_manager = self._manager if is_chief else None
+    self._checkpoint, self._step_counter, self._keep, self._is_chief = checkpoint, step_counter, keep, is_chief
+    self._manager = self._make_manager()
+
+  def _make_manager(self):
+    return tf.train.CheckpointManager(self._checkpoint, self._temporary or self.directory, max_to_keep=self._keep,
+                                      step_counter=self._step_counter)
 
   def restore_latest(self):
-    """Restores the chief's latest checkpoint if there is one; returns its path or None. Never partial."""
-    path = tf.train.latest_checkpoint(self.directory)
-    if path is None:
+    """Restores the chief's latest readable checkpoint; returns its path or None. Never partial.
+
+    A checkpoint whose files are damaged (torn write, bad disk: checksum or size errors) is skipped with a warning
+    naming it, and the one before it is restored; the chief moves the damaged files to `unreadable/` and makes
+    the restored checkpoint the latest again. A readable checkpoint that does not match the model is refused.
+    """
+    state = tf.train.get_checkpoint_state(self.directory)
+    if state is None:
       return None
-    try:
-      self._checkpoint.restore(path).assert_existing_objects_matched()
-    except (AssertionError, ValueError, tf.errors.OpError) as e:
-      first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-      raise ConfigError(f"checkpoint {path} does not match this model/optimizer (another model or shape?): "
-                        f"{first}; use a new --workdir") from None
-    logging.info("restored %s", path)
-    return path
+    candidates = [p if os.path.isabs(p) else os.path.join(self.directory, p)
+                  for p in [state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]]
+    candidates = list(dict.fromkeys(candidates))
+    damaged = []
+    for path in candidates:
+      damage = unreadable(path)
+      if damage:
+        logging.warning("checkpoint %s is unreadable (%s): skipping it", path, damage)
+        damaged.append(path)
+        continue
+      try:
+        self._checkpoint.restore(path).assert_existing_objects_matched()
+      except (AssertionError, ValueError, LookupError, tf.errors.OpError) as e:
+        raise ConfigError(f"checkpoint {path} does not match this model/optimizer (another model or shape?): "
+                          f"{_first_line(e)}; use a new --workdir") from None
+      logging.info("restored %s", path)
+      if damaged and self._is_chief:
+        self._set_aside(damaged, path, [p for p in candidates if p not in damaged])
+      return path
+    raise ConfigError(f"no readable checkpoint in {self.directory} (tried {', '.join(map(os.path.basename, candidates))}"
+                      f"); move the directory away to start over")
+
+  def _set_aside(self, damaged, latest, kept):
+    """Moves damaged checkpoints' files to unreadable/ and names `latest` in the index (nothing is deleted)."""
+    aside = os.path.join(self.directory, "unreadable")
+    os.makedirs(aside, exist_ok=True)
+    for path in damaged:
+      for name in tf.io.gfile.glob(path + ".*"):
+        os.replace(name, os.path.join(aside, os.path.basename(name)))
+    tf.compat.v1.train.update_checkpoint_state(self.directory, latest, all_model_checkpoint_paths=list(reversed(kept)))
+    self._manager = self._make_manager()
+    logging.warning("moved the unreadable checkpoint(s) to %s; %s is the latest checkpoint again", aside, latest)
 
   @property
   def manager(self):
@@ -48,13 +79,32 @@ class Checkpoints:
 
   def save(self, step):
     path = self._manager.save(checkpoint_number=step)
-    if self._chief_manager is not None:
+    if self._is_chief:
       logging.info("saved checkpoint %s", path)
-    return path if self._chief_manager is not None else None
+    return path if self._is_chief else None
 
   def close(self):
     if self._temporary:
       shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def unreadable(path):
+  """Why the checkpoint at `path` cannot be read back (missing file, size or checksum error), or None.
+
+  Reads every tensor (TensorBundle verifies each one's checksum), so a restore never starts on a torn checkpoint.
+  """
+  try:
+    reader = tf.train.load_checkpoint(path)
+    for name in reader.get_variable_to_dtype_map():
+      reader.get_tensor(name)
+  except (tf.errors.OpError, IndexError, ValueError) as e:
+    return f"{type(e).__name__}: {_first_line(e)}"
+  return None
+
+
+def _first_line(error):
+  text = str(error).strip()
+  return text.splitlines()[0] if text else type(error).__name__
 
 
 class BestCheckpoint:

@@ -1,6 +1,7 @@
-"""Errors a user can fix (bad config, missing data, bad cluster); main.py prints them as one line."""
+"""Errors a user can fix (bad config, missing data, bad cluster, lost worker); main.py prints them as one line."""
 
 import difflib
+import re
 
 
 class ConfigError(ValueError):
@@ -13,3 +14,19 @@ def unknown_name(kind, name, valid):
   close = difflib.get_close_matches(str(name), valid, n=1)
   hint = f" (did you mean '{close[0]}'?)" if close else ""
   return ConfigError(f"unknown {kind} '{name}'{hint}; valid: {', '.join(valid)}")
+
+
+class WorkerLostError(RuntimeError):
+  """Another task of a synchronous multi-worker job died or stopped answering; this one cannot continue."""
+
+
+def worker_lost(error, step, checkpoint):
+  """WorkerLostError naming the peer (when the message does), the step, and what a rerun resumes from."""
+  text = str(error)
+  peer = re.search(r"(/job:\w+/(?:replica:\d+/)?task:\d+)", text)
+  reason = next((line.strip() for line in text.splitlines()
+                 if "aborted by" in line or "unhealthy" in line or "Deadline" in line), text.strip().splitlines()[0])
+  return WorkerLostError(
+      f"lost {'task ' + peer.group(1) if peer else 'another task'} during training near step {step} "
+      f"({type(error).__name__}: {reason}); this task stops. Rerun the whole job to resume from "
+      f"{checkpoint or 'the start (no checkpoint yet)'}")

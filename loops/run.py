@@ -10,6 +10,7 @@ import time
 from absl import logging
 import keras
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
 
 import data
 import models
@@ -23,7 +24,7 @@ from loops import progress as progress_lib
 from loops import steps
 from loops import strategy as strategy_lib
 from loops import summaries as summaries_lib
-from loops.errors import ConfigError
+from loops.errors import ConfigError, worker_lost
 
 
 def train_and_evaluate(config, workdir, dry_run=False):
@@ -32,6 +33,15 @@ def train_and_evaluate(config, workdir, dry_run=False):
   dry_run: check everything a run would (names, values, data, cluster, model), print what the run would do,
   and return that report without training or writing anything.
   """
+  determinism = tf_config.is_op_determinism_enabled()  # no public getter in TF 2.21
+  try:
+    return _train_and_evaluate(config, workdir, dry_run)
+  finally:  # process-wide switch: leave it as it was (notebooks, tests running several configs)
+    if not determinism:
+      tf_config.disable_op_determinism()
+
+
+def _train_and_evaluate(config, workdir, dry_run):
   wall_started = time.perf_counter()
   plan_lib.validate(config)
   strategy_lib.configure_devices(config)
@@ -229,6 +239,10 @@ def train_and_evaluate(config, workdir, dry_run=False):
                      progress.examples_per_sec(), step - start_step, plan.replicas,
                      f"{epoch_time:.2f} s" if epoch_time else "n/a (fewer than 2 whole epochs)")
     return summary
+  except PEER_FAILURES as e:
+    if not multi_worker:
+      raise
+    raise worker_lost(e, locals().get("step", "?"), tf.train.latest_checkpoint(ckpts.directory)) from e
   finally:
     summaries.close()
     ckpts.close()
@@ -236,6 +250,10 @@ def train_and_evaluate(config, workdir, dry_run=False):
     if "preemption" in locals():
       preemption.close()
 
+
+# What a collective raises when a peer task is gone (connection reset, missed heartbeats) or too slow (timeout).
+PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError,
+                 tf.errors.CancelledError)
 
 MIXED_PRECISION = {None: None, "bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 

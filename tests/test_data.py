@@ -1,3 +1,5 @@
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -140,3 +142,77 @@ def test_too_few_examples_for_one_batch():
 
 def test_sources_registry_names():
   assert {"digits", "synthetic", "mnist", "cifar10", "quickdraw_bitmap"} <= set(sources.SOURCES)
+
+
+def make_image_folder(root, corrupt=()):
+  """root/{train,test}/{cat,dog}/*.png: 6 train and 3 test 10x12 RGB images per class (pixel = class colour), plus
+  `corrupt` = [(split, class, file name, bytes)] files that are not decodable images."""
+  rng = np.random.default_rng(0)
+  for split, count in (("train", 6), ("test", 3)):
+    for label, name in enumerate(("cat", "dog")):
+      folder = root / split / name
+      folder.mkdir(parents=True)
+      for i in range(count):
+        image = np.full((10, 12, 3), 40 + 160 * label, np.uint8) + rng.integers(0, 20, (10, 12, 3), dtype=np.uint8)
+        (folder / f"{i}.png").write_bytes(tf.io.encode_png(image).numpy())
+  for split, name, filename, content in corrupt:
+    (root / split / name / filename).write_bytes(content)
+  return root
+
+
+def folder_config(root, policy="fail", image_size=None):
+  c = digits_config()
+  c.name, c.data_dir, c.corrupt_images, c.image_size = "image_folder", str(root), policy, image_size
+  return c
+
+
+def test_image_folder_loads_classes_from_sub_directories(tmp_path):
+  source = data.load(folder_config(make_image_folder(tmp_path), image_size=8))
+  assert (source.train_size, source.eval_size, source.num_classes) == (12, 6, 2)
+  images, labels = source.train_arrays
+  assert images.shape == (12, 8, 8, 3) and images.dtype == np.uint8
+  np.testing.assert_array_equal(labels, [0] * 6 + [1] * 6)
+  assert images[labels == 0].mean() < 60 < 200 < images[labels == 1].mean()  # class colours survived decoding
+
+
+def truncated_png():
+  return tf.io.encode_png(np.zeros((10, 12, 3), np.uint8)).numpy()[:40]
+
+
+def test_a_corrupt_image_fails_naming_the_file(tmp_path):
+  root = make_image_folder(tmp_path, corrupt=[("train", "dog", "bad.png", truncated_png())])
+  with pytest.raises(ValueError, match=rf"image {root}/train/dog/bad.png is unreadable or corrupt \(.+\); set "
+                                       r"data.corrupt_images=skip to leave such files out \(valid: fail, skip\)"):
+    data.load(folder_config(root))
+
+
+def test_corrupt_images_are_skipped_and_counted_when_asked(tmp_path, caplog):
+  root = make_image_folder(tmp_path, corrupt=[("train", "dog", "bad.png", truncated_png()),
+                                              ("train", "cat", "zero.jpg", b""),
+                                              ("test", "cat", "text.png", b"not an image")])
+  with caplog.at_level("WARNING"):
+    source = data.load(folder_config(root, "skip"))
+  assert (source.train_size, source.eval_size) == (12, 6)
+  assert f"skipped 2 unreadable or corrupt image(s) in {root}/train (data.corrupt_images=skip)" in caplog.text
+  assert f"skipped 1 unreadable or corrupt image(s) in {root}/test" in caplog.text
+
+
+@pytest.mark.parametrize("setup, message", [
+    (lambda root: None, "image folder '{root}/train' does not exist"),
+    (lambda root: (root / "train" / "cat").mkdir(parents=True), "dataset 'image_folder' is empty: 0 train"),
+])
+def test_a_missing_or_empty_image_folder_is_one_clear_error(setup, message, tmp_path):
+  setup(tmp_path)
+  (tmp_path / "test").mkdir(exist_ok=True)
+  with pytest.raises((FileNotFoundError, ValueError), match=re.escape(message.format(root=tmp_path))):
+    data.load(folder_config(tmp_path))
+
+
+def test_a_run_trains_on_an_image_folder(tmp_path):
+  from loops import run
+  c = load_config("digits_cnn")
+  c.data = folder_config(make_image_folder(tmp_path / "images"), image_size=8)
+  c.train.epochs, c.train.steps, c.train.global_batch_size, c.train.steps_per_loop = None, 4, 4, 2
+  c.eval.every_steps = c.checkpoint.every_steps = 0
+  summary = run.train_and_evaluate(c, str(tmp_path / "run"))
+  assert summary["step"] == 4 and 0.0 <= summary["eval/accuracy"] <= 1.0

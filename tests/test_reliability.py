@@ -1,4 +1,6 @@
-"""Faults with real processes: SIGTERM (preemption) on one_device, mirrored and 2-worker MWMS; NaN guard."""
+"""Fault injection with real processes: SIGTERM (preemption) on one_device, mirrored, 2-worker MWMS and parameter
+servers; kill -9 at several points and during a checkpoint write; a corrupt checkpoint; a lost MWMS worker;
+NaN rollback; memory over thousands of steps. Resumed runs are compared bit for bit with uninterrupted ones."""
 
 import json
 import os
@@ -23,8 +25,47 @@ LONG = ["--config=configs/digits_cnn.py", "--config.train.epochs=2000", "--confi
         "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0", "--config.summary.progress_bar=off"]
 
 
+# Deterministic digits runs (op determinism, seeded data): a resumed run must end bit-identical to an uninterrupted one.
+EXACT = ["--config=configs/digits_cnn.py", "--config.deterministic=True", "--config.train.steps_per_loop=5",
+         "--config.eval.every_steps=0", "--config.checkpoint.every_steps=20", "--config.checkpoint.best_metric=",
+         "--config.summary.progress_bar=off", "--config.export=False"]
+
+
 def env():
   return {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+
+
+def checkpoint_tensors(workdir):
+  """{name: array} of every tensor (weights, optimizer slots, step) in workdir's latest checkpoint, and its path."""
+  path = tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))
+  reader = tf.train.load_checkpoint(path)
+  names = [n for n in reader.get_variable_to_dtype_map() if "OBJECT_GRAPH" not in n]
+  return os.path.basename(path), {n: reader.get_tensor(n) for n in names}
+
+
+def assert_bit_identical(workdir, reference):
+  (name, tensors), (ref_name, ref_tensors) = checkpoint_tensors(workdir), checkpoint_tensors(reference)
+  assert name == ref_name
+  assert sorted(tensors) == sorted(ref_tensors) and len(tensors) > 10
+  for key in ref_tensors:
+    np.testing.assert_array_equal(tensors[key], ref_tensors[key], err_msg=key)
+
+
+def run_until(command, pattern, environment=None, delay=0.0):
+  """Starts command, reads its output until a line matches pattern, waits delay s, kill -9s it; returns output."""
+  proc = subprocess.Popen(command, cwd=REPO, env=environment or env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  lines = []
+  try:
+    for line in proc.stdout:
+      lines.append(line)
+      if re.search(pattern, line):
+        time.sleep(delay)
+        break
+  finally:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+  return "".join(lines)
 
 
 def start_and_sigterm(command, target_pattern, tmp_path, wait_for=r"step \d+/"):
@@ -140,3 +181,133 @@ def test_resident_memory_does_not_grow_over_thousands_of_steps(tiny_digits, tmp_
   assert len(samples) == 60
   warm = samples[9]  # after 500 steps, 1 eval-free stretch: tracing and pipeline buffers are in place
   assert samples[-1] <= warm * 1.10, [round(s / 2**20) for s in samples]
+
+
+def last_step(output):
+  return max(int(s) for s in re.findall(r"step (\d+)/", output))
+
+
+def test_kill_9_at_several_points_then_rerun_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
+  """Three kill -9s (mid-interval, right after a save, mid-call); each rerun resumes from the last checkpoint."""
+  steps = ["--config.train.steps=300"]
+  reference = subprocess.run([PY, "main.py", *EXACT, *steps, f"--workdir={tmp_path / 'ref'}"], cwd=REPO, env=env(),
+                             capture_output=True, text=True, timeout=300)
+  assert reference.returncode == 0, reference.stderr[-3000:]
+  workdir = tmp_path / "killed"
+  command = [PY, "main.py", *EXACT, *steps, f"--workdir={workdir}"]
+  restored, lost = 0, []
+  for pattern, delay in [(r"step 35/", 0.0), (r"saved checkpoint .*ckpt-80\b", 0.0), (r"step 1[3-9]5/", 0.05)]:
+    output = run_until(command, pattern, delay=delay)
+    if restored:
+      assert f"restored {workdir}/checkpoints/ckpt-{restored}" in output
+    saved = saved_step(workdir)
+    assert saved > restored  # every life made progress
+    lost.append(last_step(output) - saved)
+    restored = saved
+  final = subprocess.run(command, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+  assert final.returncode == 0, final.stderr[-3000:]
+  assert f"restored {workdir}/checkpoints/ckpt-{restored}" in final.stderr
+  assert all(0 <= n < 20 + 5 for n in lost), lost  # at most one checkpoint interval plus one call
+  assert_bit_identical(workdir, tmp_path / "ref")
+
+
+def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_restorable(tmp_path):
+  steps = ["--config.train.steps=60"]
+  workdir = tmp_path / "w"
+  dying = subprocess.run([PY, os.path.join(REPO, "tests", "fixtures", "die_while_saving.py"), "40", "main.py", *EXACT,
+                          *steps, f"--workdir={workdir}"], cwd=REPO, env=env(), capture_output=True, text=True,
+                         timeout=300)
+  assert dying.returncode == -signal.SIGKILL, dying.stderr[-3000:]
+  assert "killing myself while saving" in dying.stderr
+  assert saved_step(workdir) == 20  # the index still names the last complete checkpoint
+  rerun = subprocess.run([PY, "main.py", *EXACT, *steps, f"--workdir={workdir}"], cwd=REPO, env=env(),
+                         capture_output=True, text=True, timeout=300)
+  assert rerun.returncode == 0, rerun.stderr[-3000:]
+  assert f"restored {workdir}/checkpoints/ckpt-20" in rerun.stderr
+  reference = subprocess.run([PY, "main.py", *EXACT, *steps, f"--workdir={tmp_path / 'ref'}"], cwd=REPO, env=env(),
+                             capture_output=True, text=True, timeout=300)
+  assert reference.returncode == 0
+  assert_bit_identical(workdir, tmp_path / "ref")
+
+
+def test_a_corrupt_latest_checkpoint_is_skipped_with_a_warning_and_the_one_before_restored(tiny_digits, tmp_path,
+                                                                                            caplog):
+  tiny_digits.deterministic = True
+  tiny_digits.eval.every_steps, tiny_digits.checkpoint.best_metric = 0, ""
+  run.train_and_evaluate(tiny_digits, str(tmp_path / "ref"))  # 20 steps: ckpt-10, ckpt-20
+  tiny_digits.train.steps = 10
+  run.train_and_evaluate(tiny_digits, str(tmp_path / "w"))
+  tiny_digits.train.steps = 20
+  run.train_and_evaluate(tiny_digits, str(tmp_path / "w"))  # resumed: ckpt-10, ckpt-20
+  data_file = tmp_path / "w" / "checkpoints" / "ckpt-20.data-00000-of-00001"
+  corrupt = bytearray(data_file.read_bytes())
+  corrupt[len(corrupt) // 2] ^= 0xFF  # one flipped byte: the tensor checksum no longer matches
+  data_file.write_bytes(bytes(corrupt))
+  with caplog.at_level("INFO"):
+    summary = run.train_and_evaluate(tiny_digits, str(tmp_path / "w"))
+  assert re.search(r"checkpoint .*ckpt-20 is unreadable \(\w*Error: .*Checksum does not match", caplog.text)
+  assert f"restored {tmp_path}/w/checkpoints/ckpt-10" in caplog.text
+  assert summary["step"] == 20
+  assert (tmp_path / "w" / "checkpoints" / "unreadable" / data_file.name).read_bytes() == bytes(corrupt)  # kept
+  assert_bit_identical(tmp_path / "w", tmp_path / "ref")  # steps 11..20 redone exactly; ckpt-20 written anew
+
+
+def test_a_lost_mwms_worker_stops_the_other_within_seconds_and_the_rerun_resumes_bit_identical(tmp_path):
+  from launch.local import cluster_spec
+
+  args = [*EXACT, "--config.train.steps=100", "--config.strategy=multi_worker_mirrored"]
+  reference = subprocess.run([PY, "-m", "launch.local", "--workers=2", "--", PY, "main.py", *args,
+                              f"--workdir={tmp_path / 'ref'}"], cwd=REPO, env=env(), capture_output=True, text=True,
+                             timeout=400)
+  assert reference.returncode == 0, reference.stdout[-3000:]
+  workdir = tmp_path / "w"
+  spec = cluster_spec(2)
+  workers = []
+  for index in range(2):
+    task_env = {**env(), "TF_CONFIG": json.dumps({"cluster": spec, "task": {"type": "worker", "index": index}})}
+    workers.append(subprocess.Popen([PY, "main.py", *args, f"--workdir={workdir}"], cwd=REPO, env=task_env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+  try:
+    for line in workers[0].stdout:
+      if re.search(r"saved checkpoint .*ckpt-40", line):
+        break
+    workers[1].kill()
+    killed_at = time.monotonic()
+    rest, _ = workers[0].communicate(timeout=120)
+    waited = time.monotonic() - killed_at
+  finally:
+    for worker in workers:
+      if worker.poll() is None:
+        worker.kill()
+  assert workers[0].returncode == 1, rest[-3000:]
+  assert waited < 60, waited
+  last = rest.strip().splitlines()[-1]
+  assert re.match(r"error: lost task /job:worker/(replica:0/)?task:1 during training near step \d+ "
+                  r"\((Unavailable|DeadlineExceeded|Aborted|Cancelled)Error: .*\); this task stops\. Rerun the whole "
+                  rf"job to resume from {workdir}/checkpoints/ckpt-\d+$", last), last
+  assert "Traceback" not in rest
+  resumed = subprocess.run([PY, "-m", "launch.local", "--workers=2", "--", PY, "main.py", *args,
+                            f"--workdir={workdir}"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=400)
+  assert resumed.returncode == 0, resumed.stdout[-3000:]
+  assert re.search(rf"\[worker:1\].*restored {workdir}/checkpoints/ckpt-\d+", resumed.stdout)
+  assert_bit_identical(workdir, tmp_path / "ref")
+
+
+def test_sigterm_to_the_parameter_server_coordinator_saves_exits_42_and_the_rerun_resumes(tmp_path):
+  workdir = tmp_path / "ps"
+  command = [PY, "-m", "launch.local", "--workers=2", "--ps=1", "--", PY, "main.py", *LONG, f"--workdir={workdir}",
+             "--config.strategy=parameter_server"]
+
+  def chief(proc, output):
+    return int(re.search(r"\[launch\] chief:0 started \(pid (\d+)\)", output).group(1))
+
+  code, output = start_and_sigterm(command, chief, tmp_path, wait_for=r"\[chief:0\].*step \d+/")
+  assert code == 42, output[-3000:]
+  assert re.search(r"\[chief:0\].*preempted \(SIGTERM\): checkpoint saved; exiting with code 42", output)
+  step = saved_step(workdir)
+  assert step > 0 and step % 10 == 0
+  resumed = subprocess.run(command[:-2] + [f"--config.train.steps={step + 20}"] + command[-2:], cwd=REPO, env=env(),
+                           capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stdout[-3000:]
+  assert f"restored {workdir}/checkpoints/ckpt-{step}" in resumed.stdout
+  assert json.load(open(workdir / "summary.json"))["step"] == step + 20
