@@ -156,6 +156,15 @@ def main(argv):
       float(loss)  # one host sync per window, as the run does per summary interval
     return window
 
+  def with_options(dataset, threads=None, slack=False):
+    """The input pipeline on tf.data's shared thread pool (threads=0), or with prefetch slack."""
+    options = tf.data.Options()
+    if threads == 0:
+      options.threading.private_threadpool_size = 0
+      options.threading.max_intra_op_parallelism = 0
+    options.experimental_slack = slack
+    return dataset.with_options(options)
+
   one_batch = next(iter(real_dataset()))
   synthetic_dataset = tf.data.Dataset.from_tensors(one_batch).repeat().prefetch(tf.data.AUTOTUNE)
 
@@ -203,6 +212,8 @@ def main(argv):
   if _LEVERS.value:
     runners["lever_python_loop"] = framework_runner(real_dataset(), python_loop=True)
     runners["lever_no_metrics"] = framework_runner(real_dataset(), with_metrics=False)
+    runners["lever_pipeline_shared_threads"] = framework_runner(with_options(real_dataset(), threads=0))
+    runners["lever_pipeline_slack"] = framework_runner(with_options(real_dataset(), slack=True))
     runners["lever_bfloat16"] = framework_runner(real_dataset(), policy="mixed_bfloat16")
     runners["lever_xla"] = framework_runner(real_dataset(), jit_compile=True)
   for window in runners.values():  # warm-up: tracing and pipeline start-up, not timed

@@ -44,6 +44,9 @@ def get_config(arg=None):
   # Load whole tfds splits into memory: full per-epoch shuffles and exact resume. False streams from disk
   # through a shuffle buffer of data.shuffle_buffer examples (for datasets larger than memory).
   c.data.in_memory = True
+  # Input-pipeline threads: None = auto (1 when training on CPU, so the pipeline does not compete with the
+  # step's threads; tf.data's default pool with GPUs/TPUs), 0 = tf.data's default, N = a private pool of N.
+  c.data.pipeline_threads = config_dict.placeholder(int)
   c.data.shuffle_buffer = 50_000
   c.data.synthetic = ml_collections.ConfigDict()
   c.data.synthetic.image_shape = (28, 28, 1)

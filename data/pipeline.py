@@ -97,7 +97,7 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
     ds = ds.batch(batch_size, drop_remainder=True).enumerate(start=int(start_step))
     ds = ds.map(lambda key, xy: (xy[0], xy[1], key), num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-  return _finish(ds)
+  return _finish(ds, data_config)
 
 
 def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0, local_replicas=1):
@@ -117,11 +117,30 @@ def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0
   ds = ds.shard(num_shards, shard_index).batch(batch_size, drop_remainder=True)
   ds = ds.map(lambda images, labels, weights: preprocess(images, labels, 0) + (weights,),
               num_parallel_calls=tf.data.AUTOTUNE)
-  return _finish(ds)
+  return _finish(ds, data_config)
 
 
-def _finish(ds):
+def pipeline_threads(data_config):
+  """Threads of the input pipeline's private pool; 0 = tf.data's shared default pool (all cores).
+
+  data.pipeline_threads None (auto): 1 when the model trains on the CPU, where pipeline threads compete with
+  the step's own threads (measured on 2 cores: digits 1.21x faster, real/synthetic 0.81 -> 0.98), else 0.
+  """
+  threads = data_config.pipeline_threads
+  if threads is None:
+    accelerators = tf.config.list_logical_devices("GPU") + tf.config.list_logical_devices("TPU")
+    return 0 if accelerators else 1
+  if threads < 0:
+    raise ValueError(f"data.pipeline_threads must be None (auto), 0 (tf.data default) or N > 0, got {threads}")
+  return int(threads)
+
+
+def _finish(ds, data_config):
   options = tf.data.Options()
   options.deterministic = True
   options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+  threads = pipeline_threads(data_config)
+  if threads:
+    options.threading.private_threadpool_size = threads
+    options.threading.max_intra_op_parallelism = 1
   return ds.with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -94,6 +94,7 @@ def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_overwritten(tmp
 
 
 @pytest.mark.parametrize("args, message", [
+    (["--config.data.name=digit"], "error: unknown dataset 'digit' (did you mean 'digits'?); valid: digits, "),
     (["--config.optimizer.name=adamm"], "error: unknown optimizer 'adamm' (did you mean 'adam'?); valid: sgd, adam, adamw"),
     (["--config.data.name=mnist", "--config.data.download=False"],
      "error: tfds dataset 'mnist' is not in EMPTY and data.download is False; provide it with `tfds build mnist"),

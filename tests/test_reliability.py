@@ -180,6 +180,9 @@ def test_resident_memory_does_not_grow_over_thousands_of_steps(tiny_digits, tmp_
   run.train_and_evaluate(tiny_digits, str(tmp_path))
   assert len(samples) == 60
   warm = samples[9]  # after 500 steps, 1 eval-free stretch: tracing and pipeline buffers are in place
+  print(f"RSS after step 500: {warm / 2**20:.1f} MiB; after step 2500: {samples[49] / 2**20:.1f} MiB "
+        f"({samples[49] / warm - 1:+.2%} over 2000 steps); after step 3000: {samples[-1] / 2**20:.1f} MiB "
+        f"({samples[-1] / warm - 1:+.2%})")
   assert samples[-1] <= warm * 1.10, [round(s / 2**20) for s in samples]
 
 
@@ -207,6 +210,7 @@ def test_kill_9_at_several_points_then_rerun_ends_bit_identical_to_an_uninterrup
   final = subprocess.run(command, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
   assert final.returncode == 0, final.stderr[-3000:]
   assert f"restored {workdir}/checkpoints/ckpt-{restored}" in final.stderr
+  print(f"steps lost per kill (last step logged - step resumed from): {lost}")
   assert all(0 <= n < 20 + 5 for n in lost), lost  # at most one checkpoint interval plus one call
   assert_bit_identical(workdir, tmp_path / "ref")
 
