@@ -23,9 +23,10 @@ class WorkerLostError(RuntimeError):
 def worker_lost(error, step, checkpoint):
   """WorkerLostError naming the peer (when the message does), the step, and what a rerun resumes from."""
   text = str(error)
-  peer = re.search(r"(/job:\w+/(?:replica:\d+/)?task:\d+)", text)
-  reason = next((line.strip() for line in text.splitlines()
+  peer = re.search(r"(/job:\w+/(?:replica:\d+/)?task:\d+)\b(?!/device)", text)  # not this task's own devices
+  reason = next((line for line in text.splitlines()
                  if "aborted by" in line or "unhealthy" in line or "Deadline" in line), text.strip().splitlines()[0])
+  reason = re.sub(r"\{\{.*?\}\}\s*", "", reason).strip()
   return WorkerLostError(
       f"lost {'task ' + peer.group(1) if peer else 'another task'} during training near step {step} "
       f"({type(error).__name__}: {reason}); this task stops. Rerun the whole job to resume from "

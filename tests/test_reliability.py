@@ -315,3 +315,20 @@ def test_sigterm_to_the_parameter_server_coordinator_saves_exits_42_and_the_reru
   assert resumed.returncode == 0, resumed.stdout[-3000:]
   assert f"restored {workdir}/checkpoints/ckpt-{step}" in resumed.stdout
   assert json.load(open(workdir / "summary.json"))["step"] == step + 20
+
+
+@pytest.mark.parametrize("message, peer, reason", [
+    ("Graph execution error:\n\nCollective ops is aborted by: recvmsg:Connection reset by peer\nAdditional GRPC error "
+     "information from remote target /job:worker/replica:0/task:1 while calling /tensorflow.WorkerService/RecvBuf:",
+     "/job:worker/replica:0/task:1", "Collective ops is aborted by: recvmsg:Connection reset by peer"),
+    ("{{function_node __wrapped__CollectiveReduceV2_device_/job:worker/replica:0/task:0/device:CPU:0}} Collective ops "
+     "is aborted by: Error reported from /job:worker/task:2: The following tasks are unhealthy (stopped sending "
+     "heartbeats):\n/job:worker/replica:0/task:2", "/job:worker/task:2",
+     "Collective ops is aborted by: Error reported from /job:worker/task:2: The following tasks are unhealthy "
+     "(stopped sending heartbeats):"),
+])
+def test_a_lost_worker_message_names_the_peer_not_this_tasks_device(message, peer, reason):
+  from loops.errors import worker_lost
+  error = worker_lost(tf.errors.UnavailableError(None, None, message), 40, "/w/checkpoints/ckpt-40")
+  assert str(error) == (f"lost task {peer} during training near step 40 (UnavailableError: {reason}); this task "
+                        "stops. Rerun the whole job to resume from /w/checkpoints/ckpt-40")
