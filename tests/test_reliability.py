@@ -94,6 +94,19 @@ def launched_pid(task):
   return lambda proc, output: int(re.search(rf"\[launch\] {task} started \(pid (\d+)\)", output).group(1))
 
 
+def resume_for_20_more_steps(command, workdir):
+  """After a preemption: the checkpoint is at a call boundary; rerunning command for 20 more steps restores it and
+  ends at step + 20. Returns (step, the rerun's output)."""
+  step = saved_step(workdir)
+  assert step > 0 and step % 10 == 0
+  resumed = subprocess.run(command + [f"--config.train.steps={step + 20}"], cwd=REPO, env=env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stdout[-3000:]
+  assert f"restored {workdir}/checkpoints/ckpt-{step}" in resumed.stdout
+  assert json.load(open(workdir / "summary.json"))["step"] == step + 20
+  return step, resumed.stdout
+
+
 def saved_step(workdir):
   return int(tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints")).rsplit("-", 1)[1])
 
@@ -106,14 +119,8 @@ def test_sigterm_saves_at_the_current_step_exits_42_and_the_rerun_resumes_there(
   code, output = start_and_sigterm(args, lambda proc, _: proc.pid, tmp_path)
   assert code == 42, output[-3000:]
   assert "preempted (SIGTERM): checkpoint saved; exiting with code 42" in output
-  step = saved_step(workdir)
-  assert step > 0 and step % 10 == 0
-  resumed = subprocess.run(args[:-1] + [f"--config.train.steps={step + 20}"] + args[-1:], cwd=REPO, env=env(),
-                           capture_output=True, text=True, timeout=300)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  assert f"restored {workdir}/checkpoints/ckpt-{step}" in resumed.stderr
-  assert re.search(rf"step {step + 10}/{step + 20}", resumed.stderr)
-  assert json.load(open(workdir / "summary.json"))["step"] == step + 20
+  step, output = resume_for_20_more_steps(args, workdir)
+  assert re.search(rf"step {step + 10}/{step + 20}", output)
 
 
 def test_sigterm_to_one_mwms_worker_saves_on_all_workers_and_exits_42(tmp_path):
@@ -311,13 +318,7 @@ def test_sigterm_to_the_parameter_server_coordinator_saves_exits_42_and_the_reru
   code, output = start_and_sigterm(command, launched_pid("chief:0"), tmp_path, wait_for=r"\[chief:0\].*step \d+/")
   assert code == 42, output[-3000:]
   assert re.search(r"\[chief:0\].*preempted \(SIGTERM\): checkpoint saved; exiting with code 42", output)
-  step = saved_step(workdir)
-  assert step > 0 and step % 10 == 0
-  resumed = subprocess.run(command[:-2] + [f"--config.train.steps={step + 20}"] + command[-2:], cwd=REPO, env=env(),
-                           capture_output=True, text=True, timeout=300)
-  assert resumed.returncode == 0, resumed.stdout[-3000:]
-  assert f"restored {workdir}/checkpoints/ckpt-{step}" in resumed.stdout
-  assert json.load(open(workdir / "summary.json"))["step"] == step + 20
+  resume_for_20_more_steps(command, workdir)
 
 
 @pytest.mark.parametrize("message, peer, reason", [
