@@ -1,12 +1,46 @@
 """Entry point: python main.py --config=configs/digits_cnn.py --workdir=runs/digits [--config.key=value ...]"""
 
 import difflib
+import logging as python_logging
 import os
 import re
 import sys
+import tempfile
 import warnings
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # keep TensorFlow's C++ INFO lines out of the console.
+# TensorFlow's own start-up and save chatter (CUDA probing on CPU machines, oneDNN notes, per-save INFO lines)
+# stays out of a normal run's console; --debug shows all of it. A TF_CPP_MIN_LOG_LEVEL set by the user wins.
+QUIET = "--debug" not in sys.argv
+STARTUP_NOISE = re.compile(r"^(I\d{4} |WARNING: All log messages before absl::InitializeLog|To enable the following "
+                           r"instructions|.*rebuild TensorFlow with the appropriate compiler flags)")
+
+
+def import_tensorflow_quietly():
+  """Imports TensorFlow with the C++ lines it prints before logging is set up filtered (others are replayed)."""
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as capture:
+    os.dup2(capture.fileno(), 2)
+    try:
+      import tensorflow  # noqa: F401
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      capture.seek(0)
+      for line in capture.read().decode(errors="replace").splitlines(keepends=True):
+        if not STARTUP_NOISE.match(line):
+          sys.stderr.write(line)
+
+
+class TensorFlowInfoFilter(python_logging.Filter):
+  """Drops INFO lines logged from TensorFlow's own Python modules (e.g. one per checkpoint save)."""
+
+  def filter(self, record):
+    return record.levelno >= python_logging.WARNING or f"{os.sep}tensorflow{os.sep}" not in record.pathname
+
+
+if QUIET:
+  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+  import_tensorflow_quietly()
 
 from absl import app
 from absl import flags
@@ -32,6 +66,9 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
+  if QUIET:
+    logging.get_absl_handler().addFilter(TensorFlowInfoFilter())
+    python_logging.getLogger("tensorflow").setLevel(python_logging.WARNING)  # tf_logging's own handler
   try:
     run.train_and_evaluate(_CONFIG.value, _WORKDIR.value, dry_run=_DRY_RUN.value)
   except USER_ERRORS as e:
@@ -39,6 +76,7 @@ def main(argv):
       raise
     logging.flush()
     logging.set_verbosity(logging.ERROR)  # clean-up warnings at exit must not bury the error line
+    python_logging.getLogger("tensorflow").setLevel(python_logging.ERROR)
     hint = "" if isinstance(e, (ConfigError, WorkerLostError)) else " (rerun with --debug for the traceback)"
     sys.exit(f"error: {_last_line(e)}{hint}")
 

@@ -1,6 +1,6 @@
 """The seeds' scaling study: epoch time, images/s and speedup for 1 vs 2 replicas and 1 vs 2 workers.
 
-  python -m benchmarks.scaling --config=configs/digits_cnn.py --override=train.steps_per_loop=11 [--out=DIR] [--epochs=4]
+  python -m benchmarks.scaling --config=configs/digits_cnn.py [--out=DIR] [--epochs=4] [--override=KEY=VALUE ...]
 
 Weak scaling, as the seeds ran it: the per-replica batch stays at the config's global batch, so the global batch
 (and the lr, with lr_scaling=linear_replicas) grows with the replicas. Cases, each its own `main.py` process:
@@ -8,13 +8,18 @@ Weak scaling, as the seeds ran it: the per-replica batch stays at the config's g
                 a speed one)
   multi_worker  1 and 2 workers started with launch.local, each limited to one intra-op thread, so 2 workers use
                 the 2 cores and the ideal speedup is 2.
-Writes scaling.csv, scaling.json (speedup_2_workers, efficiency_2_workers = speedup / 2, ...) and three plots:
-epoch_time.png, images_per_sec.png, speedup.png (with the ideal line).
+Epoch times exclude the first timed epoch and any epoch overlapping the first (tracing) call, so each case runs
+train.steps_per_loop = at most half an epoch (derived from the case's steps per epoch, read from `--dry_run`,
+unless --override sets it). Writes scaling.csv, scaling.json (speedup_2_workers, efficiency_2_workers =
+speedup / 2, ...) and three plots, titled with the config, batch and machine: epoch_time.png,
+images_per_sec.png, speedup.png (with the ideal line).
 """
 
 import csv
 import json
 import os
+import platform
+import re
 import subprocess
 import sys
 
@@ -40,6 +45,8 @@ def run_case(name, workdir, strategy, replicas):
   batch = _base_batch()
   common.append(f"--config.train.global_batch_size={batch * replicas}")
   python = [sys.executable, os.path.join(REPO, "main.py")]
+  if not any(o.startswith("train.steps_per_loop=") for o in _OVERRIDES.value):
+    common.append(f"--config.train.steps_per_loop={_steps_per_loop(python + common)}")
   if strategy == "mirrored":
     command = python + common + [f"--config.cpu_replicas={replicas if replicas > 1 else 0}"]
   else:
@@ -51,6 +58,17 @@ def run_case(name, workdir, strategy, replicas):
     raise SystemExit(f"case {name} failed:\n{(result.stdout + result.stderr)[-3000:]}")
   with open(os.path.join(workdir, "summary.json")) as f:
     return json.load(f)
+
+
+def _steps_per_loop(command):
+  """At most half an epoch per call (and at most the config's own), so whole epochs are timed after tracing."""
+  dry = subprocess.run(command + ["--config.strategy=one_device", "--dry_run"], cwd=REPO, capture_output=True,
+                       text=True)  # steps per epoch depend on the global batch and the data only
+  if dry.returncode != 0:
+    raise SystemExit(f"--dry_run of the case failed:\n{(dry.stdout + dry.stderr)[-3000:]}")
+  steps_per_epoch = int(re.search(r"^  steps_per_epoch: (\d+)$", dry.stdout, re.M).group(1))
+  configured = int(re.search(r"^  steps_per_loop: (\d+)$", dry.stdout, re.M).group(1))
+  return max(1, min(configured, steps_per_epoch // 2))
 
 
 def _base_batch():
@@ -66,7 +84,7 @@ def _base_batch():
   return config.train.global_batch_size or config.train.per_replica_batch_size
 
 
-def plot(rows, out):
+def plot(rows, out, title):
   import matplotlib
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
@@ -85,6 +103,7 @@ def plot(rows, out):
     ax.set_xticks([1, 2])
     ax.legend()
     ax.grid(alpha=0.3)
+    ax.set_title(title, fontsize=8)
     figure.tight_layout()
     figure.savefig(os.path.join(out, filename), dpi=100)
     plt.close(figure)
@@ -126,7 +145,8 @@ def main(argv):
   }
   with open(os.path.join(out, "scaling.json"), "w") as f:
     json.dump(results, f, indent=2)
-  plot(rows, out)
+  machine = f"{platform.machine()} {os.cpu_count()} cores, {platform.node()}"
+  plot(rows, out, f"{_CONFIG.value}, batch {_base_batch()} per replica\n{machine}")
   print(json.dumps({k: v for k, v in results.items() if k != "rows"}, indent=2))
   return 0
 

@@ -95,12 +95,16 @@ def get_config(arg=None):
   c.jit_compile = False  # XLA-compile the per-replica step.
 
   c.eval = ml_collections.ConfigDict()
-  c.eval.every_steps = 0  # 0 = only at the end. Must be a multiple of train.steps_per_loop.
+  c.eval.every_steps = 0  # 0 = only at the end. Any number: a train call is shortened to end on the boundary.
+  # Reported as eval/<name>, with eval/loss always: registry names (accuracy, top5_accuracy) or
+  # "package.module:factory" strings whose factory() returns a keras.metrics.Metric (see WORKSPACE.md).
+  c.eval.metrics = ("accuracy", "top5_accuracy")
 
   c.checkpoint = ml_collections.ConfigDict()
-  c.checkpoint.every_steps = 1000  # 0 = only at the end. Must be a multiple of train.steps_per_loop.
+  c.checkpoint.every_steps = 1000  # 0 = only at the end (any number of steps, as eval.every_steps).
   c.checkpoint.keep = 3
-  c.checkpoint.best_metric = "eval/accuracy"  # keep the best checkpoint by this eval metric in workdir/best ("" = off)
+  # Keep the best checkpoint by this eval result in workdir/best ("" = off): eval/loss or eval/<an eval.metrics name>.
+  c.checkpoint.best_metric = "eval/accuracy"
   c.checkpoint.best_mode = "max"  # max | min
   # A non-finite loss is detected after each train call (no extra host sync per step). stop: one error line
   # naming the steps. rollback: restore the last checkpoint, rewind the input, retry (at most max_retries).
@@ -109,10 +113,23 @@ def get_config(arg=None):
   c.nan_policy.max_retries = 3
 
   c.summary = ml_collections.ConfigDict()
-  c.summary.histogram_every_steps = 0  # weight histograms every N steps (multiple of steps_per_loop; 0 = off)
-  c.summary.progress_bar = "auto"
+  c.summary.histogram_every_steps = 0  # weight and gradient-norm histograms every N steps (0 = off)
+  c.summary.progress_bar = "auto"  # Keras Progbar on the chief: auto (when stdout is a terminal) | on | off
   # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls), chief only.
-  c.summary.profile_steps = ()  # Keras Progbar on the chief: auto (when stdout is a terminal) | on | off
+  c.summary.profile_steps = ()
+
+  # Stop when early_stopping.metric ("" = off; eval/loss or eval/<metric>) has not improved by more than
+  # min_delta for `patience` evals in a row; then the final eval, checkpoint and summary.json ("stopped_early").
+  # Its state (best value, evals since) is checkpointed: it survives preemption and resume.
+  c.early_stopping = ml_collections.ConfigDict()
+  c.early_stopping.metric = ""
+  c.early_stopping.mode = "min"  # min | max
+  c.early_stopping.patience = 5
+  c.early_stopping.min_delta = 0.0
+
+  # User callbacks: "package.module:factory" strings; factory(config) returns an object with any of
+  # on_train_begin / after_train_call / after_eval / on_call_end / on_train_end(state) (see WORKSPACE.md).
+  c.callbacks = ()
 
   c.export = True  # write workdir/export/model.keras (the final model) at the end
   return c

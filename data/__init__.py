@@ -1,4 +1,4 @@
-"""Datasets: sources (digits, synthetic, tfds) and the train/eval input pipelines. A leaf: imports no loops/."""
+"""Datasets: sources (digits, synthetic, tfds) and the train/eval input pipelines. A leaf: imports only loops.errors (the ground floor)."""
 
 from data.pipeline import eval_dataset, output_shape, train_dataset
 from data.sources import SOURCES, Source, load

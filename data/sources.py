@@ -5,13 +5,14 @@ Each source returns unbatched `(image, label)` datasets in a fixed order, images
 """
 
 import dataclasses
-import difflib
 import os
 import re
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
+
+from loops.errors import first_line, unknown_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +79,7 @@ def tfds_source(tfds_name):
     try:
       builder = tfds.builder(tfds_name, data_dir=data_config.data_dir)
     except Exception as e:  # DatasetNotFoundError and friends
-      raise LookupError(f"tfds has no dataset '{tfds_name}': {_first_line(e)}") from None
+      raise LookupError(f"tfds has no dataset '{tfds_name}': {first_line(e)}") from None
     where = data_config.data_dir or "~/tensorflow_datasets"
     how = (f"provide it with `tfds build {tfds_name} --data_dir=DIR` on a machine with network, copy DIR "
            f"here and set --config.data.data_dir=DIR")
@@ -89,7 +90,7 @@ def tfds_source(tfds_name):
         builder.download_and_prepare()
       except Exception as e:
         raise FileNotFoundError(f"tfds dataset '{tfds_name}' is not in {where} and could not be downloaded "
-                                f"({type(e).__name__}: {_first_line(e)}); {how}") from None
+                                f"({type(e).__name__}: {first_line(e)}); {how}") from None
     features = builder.info.features
     if "image" not in features or "label" not in features:
       raise ValueError(f"tfds dataset '{tfds_name}' has no 'image'/'label' features (it has {list(features)})")
@@ -209,16 +210,10 @@ def load(data_config):
   elif name in SOURCES:
     source = SOURCES[name](data_config)
   else:
-    raise LookupError(unknown_name_message("dataset", name, list(SOURCES) + [TFDS_PREFIX + "<tfds name>"]))
+    raise unknown_name("dataset", name, list(SOURCES) + [TFDS_PREFIX + "<tfds name>"])
   if source.train_size == 0 or source.eval_size == 0:
     raise ValueError(f"dataset '{name}' is empty: {source.train_size} train and {source.eval_size} eval examples")
   return source
-
-
-def unknown_name_message(kind, name, valid):
-  close = difflib.get_close_matches(str(name), valid, n=1)
-  hint = f" (did you mean '{close[0]}'?)" if close else ""
-  return f"unknown {kind} '{name}'{hint}; valid: {', '.join(valid)}"
 
 
 def _to_numpy(ds):
@@ -229,8 +224,3 @@ def _to_numpy(ds):
   if not labels:
     return np.zeros((0,), np.uint8), np.zeros((0,), np.int64)
   return np.concatenate(images), np.concatenate(labels).astype(np.int64)
-
-
-def _first_line(error):
-  text = str(error).strip().splitlines()
-  return text[0] if text else type(error).__name__

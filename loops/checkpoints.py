@@ -11,7 +11,7 @@ import tempfile
 from absl import logging
 import tensorflow as tf
 
-from loops.errors import ConfigError
+from loops.errors import ConfigError, first_line
 
 
 class Checkpoints:
@@ -25,6 +25,8 @@ class Checkpoints:
     self._temporary = None if is_chief else tempfile.mkdtemp(prefix="ckpt-nonchief-")
     self._checkpoint, self._step_counter, self._keep, self._is_chief = checkpoint, step_counter, keep, is_chief
     self._manager = self._make_manager()
+    self._manager_handed_out = False  # once another object holds the manager, it is never replaced
+    self.last_saved_step = None
 
   def _make_manager(self):
     return tf.train.CheckpointManager(self._checkpoint, self._temporary or self.directory, max_to_keep=self._keep,
@@ -35,7 +37,9 @@ class Checkpoints:
 
     A checkpoint whose files are damaged (torn write, bad disk: checksum or size errors) is skipped with a warning
     naming it, and the one before it is restored; the chief moves the damaged files to `unreadable/` and makes
-    the restored checkpoint the latest again. A readable checkpoint that does not match the model is refused.
+    the restored checkpoint the latest again (at run start only: once the manager is handed out, e.g. to the
+    preemption handler, it is kept, and the files are moved at the next start). A readable checkpoint that does
+    not match the model is refused.
     """
     state = tf.train.get_checkpoint_state(self.directory)
     if state is None:
@@ -54,9 +58,9 @@ class Checkpoints:
         self._checkpoint.restore(path).assert_existing_objects_matched()
       except (AssertionError, ValueError, LookupError, tf.errors.OpError) as e:
         raise ConfigError(f"checkpoint {path} does not match this model/optimizer (another model or shape?): "
-                          f"{_first_line(e)}; use a new --workdir") from None
+                          f"{first_line(e)}; use a new --workdir") from None
       logging.info("restored %s", path)
-      if damaged and self._is_chief:
+      if damaged and self._is_chief and not self._manager_handed_out:
         self._set_aside(damaged, path, [p for p in candidates if p not in damaged])
       return path
     raise ConfigError(f"no readable checkpoint in {self.directory} (tried {', '.join(map(os.path.basename, candidates))}"
@@ -65,20 +69,25 @@ class Checkpoints:
   def _set_aside(self, damaged, latest, kept):
     """Moves damaged checkpoints' files to unreadable/ and names `latest` in the index (nothing is deleted)."""
     aside = os.path.join(self.directory, "unreadable")
-    os.makedirs(aside, exist_ok=True)
+    tf.io.gfile.makedirs(aside)
     for path in damaged:
       for name in tf.io.gfile.glob(path + ".*"):
-        os.replace(name, os.path.join(aside, os.path.basename(name)))
+        tf.io.gfile.rename(name, os.path.join(aside, os.path.basename(name)), overwrite=True)
     tf.compat.v1.train.update_checkpoint_state(self.directory, latest, all_model_checkpoint_paths=list(reversed(kept)))
     self._manager = self._make_manager()
     logging.warning("moved the unreadable checkpoint(s) to %s; %s is the latest checkpoint again", aside, latest)
 
   @property
   def manager(self):
+    self._manager_handed_out = True
     return self._manager
+
+  def latest(self):
+    return tf.train.latest_checkpoint(self.directory)
 
   def save(self, step):
     path = self._manager.save(checkpoint_number=step)
+    self.last_saved_step = step
     if self._is_chief:
       logging.info("saved checkpoint %s", path)
     return path if self._is_chief else None
@@ -98,27 +107,20 @@ def unreadable(path):
     for name in reader.get_variable_to_dtype_map():
       reader.get_tensor(name)
   except (tf.errors.OpError, IndexError, ValueError) as e:
-    return f"{type(e).__name__}: {_first_line(e)}"
+    return f"{type(e).__name__}: {first_line(e)}"
   return None
-
-
-def _first_line(error):
-  text = str(error).strip()
-  return text.splitlines()[0] if text else type(error).__name__
 
 
 class BestCheckpoint:
   """Keeps the checkpoint with the best eval metric in workdir/best (one checkpoint + best.json)."""
 
   def __init__(self, workdir, checkpoint, step_counter, metric, mode, is_chief):
-    if mode not in ("max", "min"):
-      raise ConfigError(f"checkpoint.best_mode must be 'max' or 'min', got '{mode}'")
     self.metric, self.mode, self.is_chief = metric, mode, is_chief
     self._checkpoints = Checkpoints(workdir, checkpoint, step_counter, 1, is_chief, subdir="best") if metric else None
     self._record = os.path.join(workdir, "best", "best.json")
     self.value = self.step = None
-    if metric and os.path.exists(self._record):
-      with open(self._record) as f:
+    if metric and tf.io.gfile.exists(self._record):
+      with tf.io.gfile.GFile(self._record) as f:
         saved = json.load(f)
       self.value, self.step = saved["value"], saved["step"]
 
@@ -126,9 +128,6 @@ class BestCheckpoint:
     """Saves when results[metric] beats the best so far (every task decides alike: metrics are reduced)."""
     if not self._checkpoints:
       return
-    if self.metric not in results:
-      raise ConfigError(f"checkpoint.best_metric '{self.metric}' is not an eval metric; valid: "
-                        f"{', '.join(sorted(results))} or '' (off)")
     value = results[self.metric]
     better = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
     if not better or step == self.step:
@@ -136,9 +135,9 @@ class BestCheckpoint:
     self.value, self.step = value, step
     self._checkpoints.save(step)
     if self.is_chief:
-      with open(self._record + ".tmp", "w") as f:
+      with tf.io.gfile.GFile(self._record + ".tmp", "w") as f:
         json.dump({"metric": self.metric, "value": value, "step": step}, f)
-      os.replace(self._record + ".tmp", self._record)
+      tf.io.gfile.rename(self._record + ".tmp", self._record, overwrite=True)
 
   def summary(self):
     if not self._checkpoints:

@@ -25,6 +25,11 @@ class Task:
     return bool(self.cluster)
 
   @property
+  def worker_index(self):
+    """This task's place among the training workers (a chief counts first)."""
+    return self.index + (1 if self.type == "worker" and "chief" in self.cluster else 0)
+
+  @property
   def num_workers(self):
     return len(self.cluster.get("worker", [])) + len(self.cluster.get("chief", [])) or 1
 

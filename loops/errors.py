@@ -1,4 +1,8 @@
-"""Errors a user can fix (bad config, missing data, bad cluster, lost worker); main.py prints them as one line."""
+"""Errors a user can fix (bad config, missing data, bad cluster, lost worker); main.py prints them as one line.
+
+The ground floor: imports nothing of the project, so data/ and models/ raise the same errors with the same
+"did you mean" and first-line helpers.
+"""
 
 import difflib
 import re
@@ -8,12 +12,22 @@ class ConfigError(ValueError):
   """A setting, name or environment value the run cannot use; the message says what is valid."""
 
 
+class UnknownNameError(ConfigError, LookupError):
+  """A name missing from a registry (model, dataset, strategy, metric, ...)."""
+
+
 def unknown_name(kind, name, valid):
-  """ConfigError for a name missing from a registry, with the nearest valid name when there is one."""
-  valid = list(valid)
+  """UnknownNameError for a name missing from a registry, with the nearest valid name when there is one."""
+  valid = [str(v) for v in valid]
   close = difflib.get_close_matches(str(name), valid, n=1)
   hint = f" (did you mean '{close[0]}'?)" if close else ""
-  return ConfigError(f"unknown {kind} '{name}'{hint}; valid: {', '.join(valid)}")
+  return UnknownNameError(f"unknown {kind} '{name}'{hint}; valid: {', '.join(valid)}")
+
+
+def first_line(error):
+  """The first non-empty line of an error's message, or its type name."""
+  lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+  return lines[0] if lines else type(error).__name__
 
 
 class WorkerLostError(RuntimeError):
@@ -25,7 +39,7 @@ def worker_lost(error, step, checkpoint):
   text = str(error)
   peer = re.search(r"(/job:\w+/(?:replica:\d+/)?task:\d+)\b(?!/device)", text)  # not this task's own devices
   reason = next((line for line in text.splitlines()
-                 if "aborted by" in line or "unhealthy" in line or "Deadline" in line), text.strip().splitlines()[0])
+                 if "aborted by" in line or "unhealthy" in line or "Deadline" in line), first_line(error))
   reason = re.sub(r"\{\{.*?\}\}\s*", "", reason).strip()
   return WorkerLostError(
       f"lost {'task ' + peer.group(1) if peer else 'another task'} during training near step {step} "

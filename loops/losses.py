@@ -6,11 +6,11 @@ reduces by itself would silently divide the gradient by the number of replicas, 
 """
 
 import functools
-import importlib
 
 import keras
 import tensorflow as tf
 
+from loops import plugins
 from loops.errors import ConfigError, unknown_name
 
 
@@ -44,8 +44,8 @@ def build(loss_config):
   """Returns fn(labels, logits) -> per-example losses, checked against the contract when traced."""
   name = loss_config.name
   kwargs = dict(loss_config.kwargs)
-  if ":" in name:
-    fn = _import(name)
+  if plugins.is_import_path(name):
+    fn = plugins.load_callable(name, "loss.name", 2)
   elif name in LOSSES:
     fn = LOSSES[name]
     if name == "sparse_categorical_crossentropy":
@@ -76,15 +76,3 @@ def check_per_example(name, losses, logits):
                       f"expected one loss per example, shape [{batch}] (do not reduce: the framework averages "
                       f"over the global batch)")
 
-
-def _import(path):
-  module_name, _, attr = path.partition(":")
-  try:
-    module = importlib.import_module(module_name)
-  except ImportError as e:
-    raise ConfigError(f"cannot import loss module '{module_name}' for loss.name='{path}': {e} "
-                      f"(is its folder on PYTHONPATH?)") from None
-  fn = getattr(module, attr, None)
-  if not callable(fn):
-    raise ConfigError(f"module '{module_name}' has no function '{attr}' (loss.name='{path}')")
-  return fn

@@ -37,34 +37,3 @@ def serve(task):
   logging.info("parameter_server: %s:%d serving at %s", task.type, task.index, task.cluster[task.type][task.index])
   server.join()
 
-
-def make_loops(strategy, train_step_fn, step_counter, make_train_dataset, eval_step_fn, eval_dataset, train_metrics):
-  """Returns (run_steps(n) -> last loss, run_eval()) for the coordinator.
-
-  train_step_fn returns per-step sums (steps.make_train_step with metrics=None); they are fetched after each
-  join and added to the coordinator's own train_metrics ({"loss": Mean, "accuracy": Mean}).
-  """
-  coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-  iterator = iter(coordinator.create_per_worker_dataset(make_train_dataset))
-
-  @tf.function
-  def worker_step(per_worker_iterator):
-    loss = strategy.run(train_step_fn, args=next(per_worker_iterator))
-    step_counter.assign_add(1)
-    return loss
-
-  def run_steps(num_steps):
-    remote = [coordinator.schedule(worker_step, args=(iterator,)) for _ in range(num_steps)]
-    coordinator.join()
-    results = [r.fetch() for r in remote]
-    for result in results:
-      train_metrics["loss"].update_state(result["loss_sum"] / result["count"], sample_weight=result["count"])
-      train_metrics["accuracy"].update_state(result["correct"] / result["count"], sample_weight=result["count"])
-    return tf.constant(results[-1]["loss"])
-
-  @tf.function
-  def run_eval():
-    for images, labels, weights in eval_dataset:
-      eval_step_fn(images, labels, weights)
-
-  return run_steps, run_eval

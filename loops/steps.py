@@ -97,3 +97,32 @@ def make_eval_fn(strategy, step_fn):
       strategy.run(step_fn, args=batch)
 
   return eval_fn
+
+
+def make_sum_over_workers(strategy, num_workers):
+  """tf.function(value) -> the element-wise sum over workers of each worker's host `value` (tf.distribute reduces
+  by SUM or MEAN only; each of a worker's local replicas contributes its share)."""
+  local_replicas = strategy.num_replicas_in_sync // num_workers
+
+  @tf.function
+  def sum_over_workers(value):
+    per_replica = strategy.run(lambda v: v / local_replicas, args=(value,))
+    return strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None)
+
+  return sum_over_workers
+
+
+def make_gradient_norms(strategy, model, loss_fn):
+  """fn(images, labels) -> per-variable gradient norms on a fixed probe batch (inference mode: BatchNorm
+  statistics untouched; no optimizer step). Runs on every replica without collectives; returns replica 0's."""
+
+  def norms(images, labels):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_mean(loss_fn(labels, tf.cast(model(images, training=False), tf.float32)))
+    return tf.stack([tf.norm(g) for g in tape.gradient(loss, model.trainable_variables)])
+
+  @tf.function
+  def run(images, labels):
+    return strategy.run(norms, args=(images, labels))
+
+  return lambda images, labels: strategy.experimental_local_results(run(images, labels))[0].numpy()

@@ -10,6 +10,7 @@ from loops.errors import ConfigError, unknown_name
 
 STRATEGIES = ("one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "tpu")
 MULTI_WORKER = ("multi_worker_mirrored",)
+ASYNCHRONOUS = ("parameter_server",)  # its per-worker datasets cannot be rewound (no NaN rollback)
 COLLECTIVES = {
     "auto": tf.distribute.experimental.CommunicationImplementation.AUTO,
     "ring": tf.distribute.experimental.CommunicationImplementation.RING,
@@ -135,6 +136,10 @@ def _tpu(config):
     raise ConfigError(f"strategy 'tpu' found no TPU (cluster.tpu='{config.cluster.tpu}'): "
                       f"{text[0] if text else type(e).__name__}") from None
   return tf.distribute.TPUStrategy(resolver)
+
+
+def can_rewind_input(name):
+  return name not in ASYNCHRONOUS
 
 
 def is_multi_worker(strategy):

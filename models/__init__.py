@@ -1,11 +1,10 @@
 """Models by name: `build(name, input_shape, num_classes, **kwargs)` -> a Keras model that outputs logits.
 
-A leaf: imports no loops/. To add a model: write a function `(input_shape, num_classes, **kwargs) -> keras.Model`
+A leaf: imports only loops.errors (the ground floor). To add a model: write a function `(input_shape, num_classes, **kwargs) -> keras.Model`
 in a file of this folder and add one line to MODELS.
 """
 
-import difflib
-
+from loops.errors import unknown_name
 from models import cnn, resnet
 
 MODELS = {
@@ -19,7 +18,5 @@ MODELS = {
 
 def build(name, input_shape, num_classes, **kwargs):
   if name not in MODELS:
-    close = difflib.get_close_matches(name, list(MODELS), n=1)
-    hint = f" (did you mean '{close[0]}'?)" if close else ""
-    raise LookupError(f"unknown model '{name}'{hint}; valid: {', '.join(MODELS)}")
+    raise unknown_name("model", name, MODELS)
   return MODELS[name](tuple(input_shape), int(num_classes), **kwargs)

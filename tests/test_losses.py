@@ -50,8 +50,8 @@ def test_a_reduced_loss_is_rejected_naming_the_function(monkeypatch):
 
 
 @pytest.mark.parametrize("name, message", [
-    ("no_such_module:f", "cannot import loss module 'no_such_module'"),
-    ("my_losses:nothing", "module 'my_losses' has no function 'nothing'"),
+    ("no_such_module:f", "cannot import module 'no_such_module' for loss.name='no_such_module:f'"),
+    ("my_losses:nothing", "module 'my_losses' has no 'nothing' \\(loss.name='my_losses:nothing'\\)"),
     ("cross_entropy", "unknown loss 'cross_entropy'"),
 ])
 def test_bad_loss_names(name, message, monkeypatch):

@@ -99,9 +99,12 @@ def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_overwritten(tmp
     (["--config.data.name=mnist", "--config.data.download=False"],
      "error: tfds dataset 'mnist' is not in EMPTY and data.download is False; provide it with `tfds build mnist"),
     (["--config.train.steps=0"], "error: train.steps must be >= 1"),
-    (["--config.eval.every_steps=30"], "error: eval.every_steps=30 must be 0 (only at the end) or a multiple of "
-                                       "train.steps_per_loop=50"),
-    (["--config.loss.name=nowhere.losses:focal"], "error: cannot import loss module 'nowhere.losses'"),
+    (["--config.eval.every_steps=-30"], "error: eval.every_steps must be 0 (only at the end / off) or a number of "
+                                        "steps: >= 0, got -30"),
+    (["--config.checkpoint.best_metric=eval/acuracy"], "error: checkpoint.best_metric 'eval/acuracy' is not an eval "
+                                                       "metric of this run; valid: eval/loss, eval/accuracy"),
+    (["--config.loss.name=nowhere.losses:focal"], "error: cannot import module 'nowhere.losses' for "
+                                                  "loss.name='nowhere.losses:focal'"),
 ])
 def test_more_bad_input_is_one_line(args, message, tmp_path):
   empty = tmp_path / "no_data"
@@ -121,7 +124,7 @@ def test_an_unwritable_workdir_is_one_line(tmp_path):
   result = run_main("--config=configs/digits_cnn.py", f"--workdir={blocker / 'w'}")
   assert result.returncode != 0
   last = result.stderr.strip().splitlines()[-1]
-  assert last == f"error: workdir '{blocker / 'w'}' is not writable: Not a directory", last
+  assert last == f"error: workdir '{blocker / 'w'}' is not writable: {blocker} is not a directory", last
   assert blocker.read_text() == "keep"
 
 

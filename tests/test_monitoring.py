@@ -82,7 +82,7 @@ def test_tensorboard_serves_the_scalars_the_run_logged(finished_run, tensorboard
   assert series("train/loss")[-1][1] == pytest.approx(summary["train/loss"], rel=1e-6)
   assert [s for s, _ in series("eval/accuracy")] == [20, 40, 50]
   assert series("eval/accuracy")[-1][1] == pytest.approx(summary["eval/accuracy"], rel=1e-6)
-  assert [s for s, _ in series("train/epoch_time_sec")] == [50]  # epoch 2 ended at step 44, inside that call
+  assert [s for s, _ in series("train/epoch_time_sec")] == [44]  # at the step that ended epoch 2 (inside a call)
   assert all(v == pytest.approx(0.05) for _, v in series("train/learning_rate"))
 
 

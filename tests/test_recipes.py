@@ -162,7 +162,7 @@ def test_xla_gives_the_same_losses_as_without(tiny_digits, tmp_path):
 
 def test_mixed_precision_name_is_checked(tiny_digits, tmp_path):
   tiny_digits.mixed_precision = "fp16"
-  with pytest.raises(ValueError, match="mixed_precision must be None, 'bfloat16' or 'float16', got 'fp16'"):
+  with pytest.raises(ValueError, match="unknown mixed_precision 'fp16'; valid: None, bfloat16, float16"):
     run.train_and_evaluate(tiny_digits, str(tmp_path))
 
 

@@ -1,0 +1,241 @@
+"""Executions: how a run trains and evaluates under one strategy family. The only code that knows the family.
+
+Interface (what loops/loop.py calls):
+  step                    the global step (the framework's own counter)
+  train(num_steps)        runs num_steps steps in one call -> loop.TrainOutput(step, {"train/...": x}, finite)
+  evaluate()              one pass over the eval set -> {"eval/<metric>": x} over every replica and worker
+  rewind(step)            restarts the train input at `step` (after a rollback)
+  agree_on_stop(reason)   every task learns whether any task asked to stop -> the reason or None
+  gradient_norms()        per-variable gradient norms on a fixed batch (None where unsupported)
+  preemption(checkpoints) the watcher that saves and exits when the cluster preempts the task
+
+SyncExecution: one_device, mirrored, central_storage, multi_worker_mirrored, tpu (every replica steps together).
+ParameterServerExecution: the coordinator of parameter_server (workers step asynchronously).
+"""
+
+import contextlib
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import data
+from loops import checkpoints as checkpoints_lib
+from loops import parameter_server
+from loops import steps
+from loops import strategy as strategy_lib
+from loops.errors import ConfigError, worker_lost
+from loops.loop import TrainOutput
+
+STOP_REASON_BYTES = 256
+# What a collective raises when a peer task is gone (connection reset, missed heartbeats) or too slow (timeout).
+PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError,
+                 tf.errors.CancelledError)
+
+
+def serve_if_server(config, task):
+  """Parameter-server worker and ps tasks only serve (until stopped); returns True when this task did."""
+  if config.strategy in strategy_lib.ASYNCHRONOUS and task.type in ("worker", "ps"):
+    parameter_server.serve(task)
+    return True
+  return False
+
+
+def _asynchronous(strategy):
+  return isinstance(strategy, tf.distribute.ParameterServerStrategy)
+
+
+def input_pipelines(strategy, task):
+  """Input pipelines the global batch is split over: one per worker under multi_worker_mirrored, else one."""
+  return task.num_workers if strategy_lib.is_multi_worker(strategy) else 1
+
+
+def metrics_scope(strategy):
+  """Where eval metrics live: in the strategy (summed over replicas), or on the parameter-server coordinator."""
+  return contextlib.nullcontext() if _asynchronous(strategy) else strategy.scope()
+
+
+def lost_worker_error(strategy, error, step, checkpoint):
+  """The one-line WorkerLostError for a peer failure in multi-worker training, or None (not a lost peer)."""
+  return worker_lost(error, step, checkpoint) if strategy_lib.is_multi_worker(strategy) else None
+
+
+def make(parts, config):
+  cls = ParameterServerExecution if _asynchronous(parts.strategy) else SyncExecution
+  return cls(parts, config)
+
+
+class _Execution:
+  """What both families share: the step counter, eval results, train-metric read-out."""
+
+  def __init__(self, parts, config):
+    self.parts, self.config = parts, config
+    self.train_metrics = None
+
+  @property
+  def step(self):
+    return int(self.parts.step_counter.numpy())
+
+  def _eval_results(self):
+    return {f"eval/{name}": float(m.result().numpy()) for name, m in self.parts.eval_metrics.items()}
+
+  def _reset(self, metrics):
+    for metric in metrics.values():
+      metric.reset_state()
+
+  def _train_output(self, loss):
+    results = {f"train/{name}": float(m.result().numpy()) for name, m in self.train_metrics.items()}
+    self._reset(self.train_metrics)
+    finite = math.isfinite(float(loss)) and math.isfinite(results["train/loss"])
+    return TrainOutput(step=self.step, results=results, finite=finite)
+
+  def _train_dataset(self, batch_size, start_step, **kwargs):
+    p = self.parts
+    return data.train_dataset(p.source, self.config.data, batch_size=batch_size, seed=self.config.seed,
+                              start_step=start_step, **kwargs)
+
+
+class SyncExecution(_Execution):
+  """Synchronous strategies: a compiled loop of strategy.run steps, one reduction per call."""
+
+  def __init__(self, parts, config):
+    super().__init__(parts, config)
+    strategy, p = parts.strategy, parts
+    self._multi_worker = strategy_lib.is_multi_worker(strategy)
+    with strategy.scope():
+      self.train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
+    train_step = steps.make_train_step(p.model, p.optimizer, p.loss_fn, self.train_metrics, p.plan.global_batch_size,
+                                       p.plan.grad_accum_steps, config.jit_compile)
+    self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter)
+    self._eval_fn = steps.make_eval_fn(strategy, steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics))
+    self._eval_data = self._distribute(lambda batch, shards, index, local: data.eval_dataset(
+        p.source, config.data, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
+    self._sum_over_workers = steps.make_sum_over_workers(strategy, parts.task.num_workers)
+    self._iterator, self._start_step, self._norms = None, self.step, None
+
+  def train(self, num_steps):
+    if self._iterator is None:  # made at the first call, so a finished run never starts the input pipeline
+      self._iterator = iter(self._distribute(self._train_pipeline))
+    loss = self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))
+    return self._train_output(loss)
+
+  def _train_pipeline(self, batch, shards, index, local):
+    steps_per_epoch = self.parts.plan.steps_per_epoch
+    return self._train_dataset(batch, self._start_step * local, steps_per_epoch=steps_per_epoch * local,
+                               num_shards=shards, shard_index=index)
+
+  def evaluate(self):
+    self._reset(self.parts.eval_metrics)
+    self._eval_fn(self._eval_data)
+    return self._eval_results()
+
+  def rewind(self, step):
+    self._iterator, self._start_step = None, step
+    self._reset(self.train_metrics)
+
+  def agree_on_stop(self, reason):
+    """One scalar all-reduce across workers per call; the reason text is exchanged only when one stops."""
+    if not self._multi_worker:
+      return reason
+    if float(self._sum_over_workers(tf.constant(1.0 if reason else 0.0))) < 0.5:
+      return None
+    task = self.parts.task
+    rows = np.zeros([task.num_workers, STOP_REASON_BYTES], np.float32)  # each worker fills its own row
+    if reason:
+      encoded = reason.encode()[:STOP_REASON_BYTES]
+      rows[task.worker_index, :len(encoded)] = np.frombuffer(encoded, np.uint8)
+    gathered = np.rint(self._sum_over_workers(tf.constant(rows)).numpy()).astype(np.uint8)
+    first = next(row for row in gathered if row.any())
+    return reason or bytes(first).rstrip(b"\0").decode(errors="replace")
+
+  def gradient_norms(self):
+    if self._norms is None:
+      p = self.parts
+      probe = next(iter(data.eval_dataset(p.source, self.config.data, batch_size=min(64, p.plan.global_batch_size))))
+      fn = steps.make_gradient_norms(p.strategy, p.model, p.loss_fn)
+      self._norms = lambda: fn(*probe[:2])
+    return self._norms()
+
+  def preemption(self, checkpoints):
+    use_flag = isinstance(self.parts.strategy, tf.distribute.TPUStrategy)  # the handler does not cover TPUs here
+    return checkpoints_lib.Preemption(self.parts.strategy, self._multi_worker, checkpoints, use_flag)
+
+  def _distribute(self, make_dataset):
+    """make_dataset(batch_size, num_shards, shard_index, local_replicas) -> this pipeline's tf.data.Dataset.
+
+    One worker: one pipeline batched by the global batch, split across replicas by tf.distribute.
+    Several workers: one pipeline per worker (its shard), batched per replica; each local replica takes one batch.
+    """
+    strategy, global_batch = self.parts.strategy, self.parts.plan.global_batch_size
+    if not self._multi_worker:
+      return strategy.experimental_distribute_dataset(make_dataset(global_batch, 1, 0, 1))
+
+    def dataset_fn(context):
+      local = context.num_replicas_in_sync // context.num_input_pipelines
+      return make_dataset(context.get_per_replica_batch_size(global_batch), context.num_input_pipelines,
+                          context.input_pipeline_id, local)
+
+    return strategy.distribute_datasets_from_function(dataset_fn)
+
+
+class ParameterServerExecution(_Execution):
+  """The parameter-server coordinator: schedules steps on workers (ClusterCoordinator), evaluates itself.
+
+  Train metrics live on the coordinator (workers would race on shared metric variables): each step returns its
+  sums, added here after join(). The input cannot be rewound (per-worker datasets), so check.py refuses rollback.
+  """
+
+  def __init__(self, parts, config):
+    super().__init__(parts, config)
+    p = parts
+    self.train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.Mean()}
+    train_step = steps.make_train_step(p.model, p.optimizer, p.loss_fn, None, p.plan.global_batch_size,
+                                       p.plan.grad_accum_steps, config.jit_compile)
+    self._coordinator = tf.distribute.coordinator.ClusterCoordinator(p.strategy)
+    start_step = self.step
+    self._iterator = iter(self._coordinator.create_per_worker_dataset(lambda: self._train_dataset(
+        p.plan.global_batch_size, start_step, steps_per_epoch=p.plan.steps_per_epoch, decorrelate=True)))
+
+    @tf.function
+    def worker_step(per_worker_iterator):
+      result = p.strategy.run(train_step, args=next(per_worker_iterator))
+      p.step_counter.assign_add(1)
+      return result
+
+    eval_step = steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics)
+    eval_data = data.eval_dataset(p.source, config.data, batch_size=p.plan.global_batch_size)
+
+    @tf.function
+    def run_eval():
+      for images, labels, weights in eval_data:
+        eval_step(images, labels, weights)
+
+    self._worker_step, self._run_eval = worker_step, run_eval
+
+  def train(self, num_steps):
+    remote = [self._coordinator.schedule(self._worker_step, args=(self._iterator,)) for _ in range(num_steps)]
+    self._coordinator.join()
+    results = [r.fetch() for r in remote]
+    for result in results:
+      count = result["count"]
+      self.train_metrics["loss"].update_state(result["loss_sum"] / count, sample_weight=count)
+      self.train_metrics["accuracy"].update_state(result["correct"] / count, sample_weight=count)
+    return self._train_output(results[-1]["loss"])
+
+  def evaluate(self):
+    self._reset(self.parts.eval_metrics)
+    self._run_eval()
+    return self._eval_results()
+
+  def rewind(self, step):
+    raise ConfigError("parameter_server cannot rewind its per-worker datasets (nan_policy.mode='rollback')")
+
+  def agree_on_stop(self, reason):
+    return reason  # the coordinator alone decides
+
+  def gradient_norms(self):
+    return None
+
+  def preemption(self, checkpoints):
+    return checkpoints_lib.Preemption(self.parts.strategy, False, checkpoints, use_flag=True)

@@ -1,0 +1,205 @@
+"""All of a run's output that only the chief writes, decided once: `for_task` gives the chief a Writer and
+every other task a NullWriter whose methods do nothing.
+
+Output: TensorBoard summaries, chief-only log lines, JSON files and the exported model in the workdir,
+profiler traces. Every file goes through tf.io.gfile, so a workdir on cloud storage works like a local one.
+"""
+
+import io
+import json
+import posixpath
+import sys
+
+from absl import logging
+import keras
+import numpy as np
+import tensorflow as tf
+from tensorboard.plugins.hparams import api as hparams_api
+
+from loops.errors import ConfigError
+
+
+def for_task(workdir, is_chief):
+  return Writer(workdir) if is_chief else NullWriter(workdir)
+
+
+class NullWriter:
+  """The writer of a non-chief task: accepts every call, writes nothing."""
+  enabled = False
+
+  def __init__(self, workdir):
+    self.workdir = workdir
+
+  def prepare_workdir(self, config):
+    pass
+
+  def scalars(self, step, values):
+    pass
+
+  def text(self, step, tag, markdown):
+    pass
+
+  def hparams(self, config, metric_tags):
+    pass
+
+  def image_grid(self, step, tag, make_batch, max_images=16):
+    """make_batch() -> (images, labels): called only by a writer that writes."""
+
+  def progress_bar(self, mode, total_steps, start_step):
+    """A Keras Progbar (mode auto: when stdout is a terminal), or None."""
+
+  def histograms(self, step, values):
+    """values: {tag: array} or a function returning it (called only by a writer that writes)."""
+
+  def info(self, message, *args):
+    pass
+
+  def write_json(self, name, value):
+    """Writes workdir/name atomically; returns its path (None when nothing is written)."""
+
+  def save_model(self, model, name):
+    """Saves `model` as workdir/name (a .keras file); returns its path (None when nothing is written)."""
+
+  def start_trace(self, name):
+    pass
+
+  def stop_trace(self):
+    pass
+
+  def flush(self):
+    pass
+
+  def close(self):
+    pass
+
+
+class Writer(NullWriter):
+  """The chief's writer. The TensorBoard event file is opened lazily, after prepare_workdir accepted the workdir."""
+  enabled = True
+
+  def __init__(self, workdir):
+    super().__init__(workdir)
+    self._summary_writer = None
+
+  @property
+  def _events(self):
+    if self._summary_writer is None:
+      self._summary_writer = tf.summary.create_file_writer(self.workdir)
+    return self._summary_writer
+
+  def prepare_workdir(self, config):
+    """Creates the workdir, proves it writable and writes config.json (the resolved config)."""
+    try:
+      tf.io.gfile.makedirs(self.workdir)
+      probe = posixpath.join(self.workdir, ".write-test")
+      with tf.io.gfile.GFile(probe, "w") as f:
+        f.write("ok")
+      tf.io.gfile.remove(probe)
+    except (tf.errors.OpError, OSError) as e:
+      reason = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e)
+      raise ConfigError(f"workdir '{self.workdir}' is not writable: {reason}") from None
+    self.write_json("config.json", json.loads(config.to_json_best_effort()))
+
+  def scalars(self, step, values):
+    with self._events.as_default(step=step):
+      for tag, value in values.items():
+        tf.summary.scalar(tag, value)
+
+  def text(self, step, tag, markdown):
+    with self._events.as_default(step=step):
+      tf.summary.text(tag, markdown)
+
+  def hparams(self, config, metric_tags):
+    """The HParams tab: every config value as an hparam, the eval scalars as its metrics."""
+    values = flatten(config)
+    with self._events.as_default(step=0):
+      hparams_api.hparams_config(hparams=[hparams_api.HParam(name) for name in values],
+                                 metrics=[hparams_api.Metric(tag) for tag in metric_tags])
+      hparams_api.hparams(values)
+
+  def image_grid(self, step, tag, make_batch, max_images=16):
+    """A labelled grid of (preprocessed) input images, rescaled per image for display."""
+    images, labels = make_batch()[:2]
+    with self._events.as_default(step=step):
+      tf.summary.image(tag, _grid_png(np.asarray(images)[:max_images], np.asarray(labels)[:max_images]))
+
+  def progress_bar(self, mode, total_steps, start_step):
+    if mode == "off" or (mode == "auto" and not sys.stdout.isatty()):
+      return None
+    bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss", "accuracy"], unit_name="step")
+    bar.update(start_step)
+    return bar
+
+  def histograms(self, step, values):
+    values = values() if callable(values) else values
+    with self._events.as_default(step=step):
+      for tag, value in values.items():
+        tf.summary.histogram(tag, value)
+
+  def info(self, message, *args):
+    logging.info(message, *args)
+
+  def write_json(self, name, value):
+    path = posixpath.join(self.workdir, name)
+    tf.io.gfile.makedirs(posixpath.dirname(path))
+    with tf.io.gfile.GFile(path + ".tmp", "w") as f:
+      f.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    return path
+
+  def save_model(self, model, name):
+    path = posixpath.join(self.workdir, name)
+    tf.io.gfile.makedirs(posixpath.dirname(path))
+    model.save(path)
+    return path
+
+  def start_trace(self, name):
+    tf.profiler.experimental.start(posixpath.join(self.workdir, name))
+
+  def stop_trace(self):
+    tf.profiler.experimental.stop()
+
+  def flush(self):
+    if self._summary_writer is not None:
+      self._summary_writer.flush()
+
+  def close(self):
+    if self._summary_writer is not None:
+      self._summary_writer.close()
+
+
+def flatten(config, prefix=""):
+  """{'optimizer.learning_rate': 0.1, ...}: hparam-friendly values (tuples and None as strings)."""
+  flat = {}
+  for key, value in config.items():
+    name = f"{prefix}{key}"
+    if hasattr(value, "items"):
+      flat.update(flatten(value, name + "."))
+    elif isinstance(value, (bool, int, float, str)):
+      flat[name] = value
+    else:
+      flat[name] = str(value)
+  return flat
+
+
+def _grid_png(images, labels):
+  import matplotlib
+  matplotlib.use("Agg")
+  from matplotlib import pyplot as plt
+
+  count = len(images)
+  columns = int(np.ceil(np.sqrt(count)))
+  rows = int(np.ceil(count / columns))
+  figure, axes = plt.subplots(rows, columns, figsize=(1.6 * columns, 1.8 * rows), squeeze=False)
+  for ax in axes.flat:
+    ax.axis("off")
+  for ax, image, label in zip(axes.flat, images, labels):
+    low, high = float(image.min()), float(image.max())
+    shown = (image - low) / (high - low) if high > low else np.zeros_like(image)
+    ax.imshow(shown[..., 0] if shown.shape[-1] == 1 else shown, cmap="gray" if shown.shape[-1] == 1 else None)
+    ax.set_title(str(int(label)), fontsize=9)
+  figure.tight_layout()
+  buffer = io.BytesIO()
+  figure.savefig(buffer, format="png", dpi=80)
+  plt.close(figure)
+  return tf.image.decode_png(buffer.getvalue(), channels=4)[tf.newaxis]
