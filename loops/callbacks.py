@@ -9,6 +9,7 @@ import math
 
 import keras
 
+from loops import checkpoints as checkpoints_lib
 from loops import plugins
 from loops import progress as progress_lib
 from loops.errors import ConfigError
@@ -156,7 +157,9 @@ class BestCheckpoint:
     self.best = best
 
   def after_eval(self, state):
-    self.best.update(state.step, state.eval)
+    record = self.best.update(state.step, state.eval)
+    if record:
+      state.writer.write_json(checkpoints_lib.BEST_RECORD, record)
 
   def on_train_end(self, state):
     state.summary.update(self.best.summary())

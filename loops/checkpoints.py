@@ -111,13 +111,16 @@ def unreadable(path):
   return None
 
 
+BEST_RECORD = "best/best.json"  # in the workdir, written by the chief's writer
+
+
 class BestCheckpoint:
   """Keeps the checkpoint with the best eval metric in workdir/best (one checkpoint + best.json)."""
 
   def __init__(self, workdir, checkpoint, step_counter, metric, mode, is_chief):
     self.metric, self.mode, self.is_chief = metric, mode, is_chief
     self._checkpoints = Checkpoints(workdir, checkpoint, step_counter, 1, is_chief, subdir="best") if metric else None
-    self._record = os.path.join(workdir, "best", "best.json")
+    self._record = os.path.join(workdir, BEST_RECORD)
     self.value = self.step = None
     if metric and tf.io.gfile.exists(self._record):
       with tf.io.gfile.GFile(self._record) as f:
@@ -125,19 +128,17 @@ class BestCheckpoint:
       self.value, self.step = saved["value"], saved["step"]
 
   def update(self, step, results):
-    """Saves when results[metric] beats the best so far (every task decides alike: metrics are reduced)."""
+    """Saves when results[metric] beats the best so far (every task decides alike: metrics are reduced);
+    returns the new record for best.json, or None."""
     if not self._checkpoints:
-      return
+      return None
     value = results[self.metric]
     better = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
     if not better or step == self.step:
-      return
+      return None
     self.value, self.step = value, step
     self._checkpoints.save(step)
-    if self.is_chief:
-      with tf.io.gfile.GFile(self._record + ".tmp", "w") as f:
-        json.dump({"metric": self.metric, "value": value, "step": step}, f)
-      tf.io.gfile.rename(self._record + ".tmp", self._record, overwrite=True)
+    return {"metric": self.metric, "value": value, "step": step}
 
   def summary(self):
     if not self._checkpoints:

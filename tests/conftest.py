@@ -22,9 +22,10 @@ def load_config(name, arg=None):
   return module.get_config(arg)
 
 
-def run_main(*args, env=None, timeout=300):
-  """Runs `python main.py args...` in a fresh process; returns the CompletedProcess."""
-  full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+def run_main(*args, env=None, unset=(), timeout=300):
+  """Runs `python main.py args...` in a fresh process (env added, `unset` variables removed); returns the
+  CompletedProcess."""
+  full_env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", *unset)}
   full_env.update(env or {})
   return subprocess.run([sys.executable, os.path.join(REPO, "main.py"), *args], cwd=REPO, env=full_env,
                         capture_output=True, text=True, timeout=timeout)

@@ -64,3 +64,13 @@ def test_throughput_full(config, tmp_path):
              (":synthetic" if ":" in config else ""), "--windows=5", "--window_calls=10", f"--out={out}")
   print(json.dumps({k: v for k, v in check_throughput(out).items() if k not in ("config", "window_seconds")},
                    indent=1))
+
+
+def test_ab_runs_a_command_on_a_base_commit_and_the_working_tree_alternately(tmp_path):
+  """benchmarks.ab with a command that reports which tree it ran in: base rounds run in a worktree of the base."""
+  probe = "import json, os, sys; json.dump({'cwd_is_repo': float(os.getcwd() == sys.argv[2])}, open(sys.argv[1], 'w'))"
+  result = run_module("benchmarks.ab", "--base=HEAD~1", "--rounds=2", "--key=cwd_is_repo", "--", "python", "-c",
+                      probe, "{out}", REPO)
+  summary = json.loads(result.stdout.strip().splitlines()[-1])
+  assert summary["results"]["cwd_is_repo"]["base"] == [0.0, 0.0]  # base ran in its own worktree
+  assert summary["results"]["cwd_is_repo"]["head"] == [1.0, 1.0]

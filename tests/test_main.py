@@ -11,12 +11,17 @@ from tests.conftest import load_config, run_main
 SHIPPED = ["digits_cnn", "mnist_cnn", "cifar_resnet20", "quickdraw_cnn", "resnet50_mirrored", "resnet152_mirrored"]
 
 
-def test_main_trains_and_writes_its_outputs(tmp_path):
+def test_main_trains_and_writes_its_outputs_without_tensorflows_chatter(tmp_path):
   workdir = tmp_path / "run"
   result = run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.train.steps=40",
-                    "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0")
+                    "--config.eval.every_steps=0", "--config.checkpoint.every_steps=20",
+                    unset=["TF_CPP_MIN_LOG_LEVEL"])  # as from a user's shell
   assert result.returncode == 0, result.stderr[-2000:]
   assert "step 40/40" in result.stderr and "eval at step 40" in result.stderr
+  assert "saved checkpoint" in result.stderr
+  for chatter in ("cuInit", "Sharding callback duration", "I0000 ", "oneDNN custom operations",
+                  "PreemptionCheckpointHandler"):
+    assert chatter not in result.stderr, chatter
   assert json.load(open(workdir / "summary.json"))["step"] == 40
   assert json.load(open(workdir / "config.json"))["train"]["steps"] == 40
 
@@ -105,6 +110,10 @@ def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_overwritten(tmp
                                                        "metric of this run; valid: eval/loss, eval/accuracy"),
     (["--config.loss.name=nowhere.losses:focal"], "error: cannot import module 'nowhere.losses' for "
                                                   "loss.name='nowhere.losses:focal'"),
+    (["--config.callbacks=nowhere.hooks:make"], "error: cannot import module 'nowhere.hooks' for "
+                                                "callbacks='nowhere.hooks:make'"),
+    (["--config.eval.metrics=('accuracy', 'tests.fixtures.plugins.my_callbacks:recorder')"],
+     "error: eval.metrics='tests.fixtures.plugins.my_callbacks:recorder' must be a function taking 0 positional"),
 ])
 def test_more_bad_input_is_one_line(args, message, tmp_path):
   empty = tmp_path / "no_data"

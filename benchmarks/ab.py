@@ -1,0 +1,84 @@
+"""A/B: one command run alternately on an earlier commit and on the working tree, medians and ratios side by side.
+
+  python -m benchmarks.ab --base=REV --key=images_per_sec.framework [--rounds=3] -- \
+      python -m benchmarks.throughput --config=configs/digits_cnn.py --out={out}
+  python -m benchmarks.ab --base=REV --key=examples_per_sec --json=summary.json -- \
+      python main.py --config=configs/digits_cnn.py --workdir={workdir}
+
+The base commit is checked out in a temporary git worktree; every round runs base then head (the working tree)
+with the same interpreter, so machine noise hits both alike. `{out}` and `{workdir}` in the command become fresh
+paths per run; each --key (dotted path into the run's JSON: --out's file, or --json inside the workdir) is
+reported as the median per side and the ratio head / base.
+"""
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from absl import app
+from absl import flags
+
+_BASE = flags.DEFINE_string("base", None, "The commit to compare against (the working tree is 'head').")
+_KEYS = flags.DEFINE_multi_string("key", [], "Dotted path of a number in the run's JSON (repeatable).")
+_JSON = flags.DEFINE_string("json", None, "With {workdir}: the JSON file inside it to read (e.g. summary.json).")
+_ROUNDS = flags.DEFINE_integer("rounds", 3, "Rounds of (base, head).")
+flags.mark_flags_as_required(["base"])
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def lookup(results, dotted):
+  for part in dotted.split("."):
+    results = results[part]
+  return float(results)
+
+
+def run_once(command, cwd, scratch, name):
+  out, workdir = os.path.join(scratch, name + ".json"), os.path.join(scratch, name)
+  args = [a.replace("{out}", out).replace("{workdir}", workdir) for a in command]
+  args = [sys.executable if a == "python" else a for a in args]
+  done = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
+  if done.returncode != 0:
+    raise SystemExit(f"{name} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+  with open(os.path.join(workdir, _JSON.value) if _JSON.value else out) as f:
+    return json.load(f)
+
+
+def main(argv):
+  command = argv[1:]
+  if command and command[0] == "--":
+    command = command[1:]
+  if not command or not _KEYS.value:
+    raise app.UsageError("give --key=... and the command after --")
+  scratch = tempfile.mkdtemp(prefix="ab-")
+  base_tree = os.path.join(scratch, "base")
+  subprocess.run(["git", "worktree", "add", "--detach", base_tree, _BASE.value], cwd=REPO, check=True,
+                 capture_output=True)
+  values = {"base": {k: [] for k in _KEYS.value}, "head": {k: [] for k in _KEYS.value}}
+  try:
+    for round_ in range(_ROUNDS.value):
+      for side, cwd in (("base", base_tree), ("head", REPO)):
+        results = run_once(command, cwd, scratch, f"{side}{round_}")
+        for key in _KEYS.value:
+          values[side][key].append(lookup(results, key))
+        print(f"[ab] round {round_ + 1} {side}: " + ", ".join(f"{k}={v[-1]:.4g}" for k, v in values[side].items()),
+              flush=True)
+  finally:
+    subprocess.run(["git", "worktree", "remove", "--force", base_tree], cwd=REPO, capture_output=True)
+  summary = {}
+  for key in _KEYS.value:
+    base, head = statistics.median(values["base"][key]), statistics.median(values["head"][key])
+    ratio = head / base if base else None
+    summary[key] = {"base": values["base"][key], "head": values["head"][key], "ratio_head_vs_base": ratio}
+    shown = "n/a" if ratio is None else f"{ratio:.3f}"
+    print(f"[ab] {key}: base median {base:.4g}, head median {head:.4g}, head/base {shown} "
+          f"(base {[round(v, 4) for v in values['base'][key]]}, head {[round(v, 4) for v in values['head'][key]]})")
+  print(json.dumps({"base": _BASE.value, "command": command, "results": summary}))
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)

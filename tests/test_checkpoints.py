@@ -1,0 +1,39 @@
+"""loops/checkpoints.py in-process: damaged checkpoints are skipped; the manager someone holds is never replaced."""
+
+import os
+
+import tensorflow as tf
+
+from loops import checkpoints as checkpoints_lib
+
+
+def flip_a_byte(prefix):
+  path = prefix + ".data-00000-of-00001"
+  raw = bytearray(open(path, "rb").read())
+  raw[len(raw) // 2] ^= 0xFF
+  open(path, "wb").write(bytes(raw))
+
+
+def series(workdir):
+  weights = tf.Variable(tf.range(1000, dtype=tf.float32))
+  step = tf.Variable(0, dtype=tf.int64)
+  return weights, step, checkpoints_lib.Checkpoints(str(workdir), tf.train.Checkpoint(w=weights, step=step), step,
+                                                    keep=3, is_chief=True)
+
+
+def test_a_damaged_checkpoint_is_set_aside_at_start_but_not_behind_the_back_of_a_manager_in_use(tmp_path):
+  weights, step, checkpoints = series(tmp_path)
+  for n in (10, 20):
+    step.assign(n)
+    weights.assign_add(tf.ones_like(weights))
+    checkpoints.save(n)
+  held = checkpoints.manager  # as the preemption handler holds it during a run
+  flip_a_byte(os.path.join(checkpoints.directory, "ckpt-20"))
+  assert checkpoints.restore_latest().endswith("ckpt-10") and int(step.numpy()) == 10  # a rollback mid-run
+  assert checkpoints.manager is held and not os.path.exists(os.path.join(checkpoints.directory, "unreadable"))
+
+  _, step, at_start = series(tmp_path)  # the next run: nobody holds its manager yet
+  assert at_start.restore_latest().endswith("ckpt-10") and int(step.numpy()) == 10
+  aside = sorted(os.listdir(os.path.join(at_start.directory, "unreadable")))
+  assert aside == ["ckpt-20.data-00000-of-00001", "ckpt-20.index"]
+  assert at_start.latest().endswith("ckpt-10")
