@@ -1,5 +1,6 @@
 """Entry point: python main.py --config=configs/digits_cnn.py --workdir=runs/digits [--config.key=value ...]"""
 
+import ast
 import difflib
 import logging as python_logging
 import os
@@ -81,12 +82,19 @@ def main(argv):
     sys.exit(f"error: {_last_line(e)}{hint}")
 
 
+# Dicts handed to user functions as **kwargs: any key may be set from the command line.
+FREE_KEYS = re.compile(r"--config\.((?:model|loss)\.kwargs)\.(\w+)=(.*)$", re.S)
+
+
 def parse_flags(argv):
   """absl flag parsing, with config-file and override errors turned into one line."""
+  argv, free = _split_free_overrides(argv)
+  sys.argv[:] = _split_free_overrides(sys.argv)[0]  # config_flags reads its overrides from sys.argv itself
   try:
     remaining = flags.FLAGS(argv)
     if _CONFIG.value is not None:
       _CONFIG.value.keys()  # a config file that failed to load raises here, not at parse time.
+      _set_free_overrides(_CONFIG.value, free)
     return remaining
   except (AttributeError, KeyError) as e:
     if "--debug" in argv:
@@ -96,6 +104,34 @@ def parse_flags(argv):
     if "--debug" in argv:
       raise
     sys.exit(f"error: {_last_line(e)}")
+
+
+def _split_free_overrides(argv):
+  """(argv without --config.model.kwargs.K=V / --config.loss.kwargs.K=V, {(group, K): V as a Python literal})."""
+  kept, free = [], {}
+  for arg in argv:
+    match = FREE_KEYS.match(arg)
+    if match:
+      free[match.group(1), match.group(2)] = _literal(match.group(3))
+    else:
+      kept.append(arg)
+  return kept, free
+
+
+def _literal(text):
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text  # a bare word is a string, as absl's own overrides treat it
+
+
+def _set_free_overrides(config, free):
+  for (group, key), value in free.items():
+    node = config
+    for part in group.split("."):
+      node = node[part]
+    with config.unlocked():
+      node[key] = value
 
 
 def _unknown_key_message(argv, error):

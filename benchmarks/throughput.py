@@ -143,7 +143,7 @@ def main(argv):
       counter = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
     if not with_metrics:
       metrics = {"loss": Nothing(), "accuracy": Nothing()}
-    step_fn = steps.make_train_step(model, optimizer, loss_fn, metrics, plan.global_batch_size,
+    step_fn = steps.make_train_step(model, optimizer, loss_fn, metrics, plan.global_batch_size, counter,
                                     jit_compile=jit_compile)
     train_fn = steps.make_train_fn(strategy, step_fn, counter)
     iterator = iter(strategy.experimental_distribute_dataset(dataset))

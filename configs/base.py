@@ -41,6 +41,10 @@ def get_config(arg=None):
   c.data.mean = config_dict.placeholder(tuple)  # per-channel mean after scaling to [0, 1]; None = no shift.
   c.data.std = config_dict.placeholder(tuple)
   c.data.random_flip = False  # random left-right flip of training images.
+  # mixup / cutmix (0 = off; typical 0.2 / 1.0): pairs of the GLOBAL batch mixed with a Beta(alpha, alpha) share,
+  # keyed per step (exact resume, same on any number of replicas); labels become soft. Both set: one per batch.
+  c.data.mixup_alpha = 0.0
+  c.data.cutmix_alpha = 0.0
   # Load whole tfds splits into memory: full per-epoch shuffles and exact resume. False streams from disk
   # through a shuffle buffer of data.shuffle_buffer examples (for datasets larger than memory).
   c.data.in_memory = True
@@ -55,7 +59,11 @@ def get_config(arg=None):
   c.data.synthetic.eval_examples = 512
 
   c.model = ml_collections.ConfigDict()
-  c.model.name = "digits_cnn"
+  c.model.name = "digits_cnn"  # a registry name (models/__init__.py) or "package.module:function"
+  c.model.kwargs = ml_collections.ConfigDict()  # passed to the model function: fn(input_shape, num_classes, **kwargs)
+  # Every BatchNormalization computes its statistics over the global batch (all replicas and workers), so N
+  # replicas compute what one does; costs one all-reduce per BatchNorm layer and step.
+  c.model.sync_batchnorm = False
 
   c.loss = ml_collections.ConfigDict()
   c.loss.name = "sparse_categorical_crossentropy"  # or "package.module:function"
@@ -71,6 +79,9 @@ def get_config(arg=None):
   c.optimizer.nesterov = False
   c.optimizer.weight_decay = config_dict.placeholder(float)
   c.optimizer.global_clipnorm = config_dict.placeholder(float)  # clip gradients by their global norm.
+  # > 0: keep an exponential moving average of the weights (Keras' use_ema, e.g. 0.999); eval, the best
+  # checkpoint and the export use the averaged weights; training continues from the raw ones. 0 = off.
+  c.optimizer.ema_decay = 0.0
   # Learning-rate schedule over optimizer updates: constant | piecewise | cosine, after an optional linear
   # warmup from 0. Given in epochs, so batch-size overrides never leave them stale.
   c.optimizer.schedule = "constant"

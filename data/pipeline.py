@@ -10,6 +10,8 @@ import math
 
 import tensorflow as tf
 
+from data import mixing
+
 _EPOCH_SEED_STRIDE = 1_000_003
 _MAX_EPOCHS = 1 << 40  # the train stream is unbounded; the loop decides when to stop.
 
@@ -22,10 +24,12 @@ def output_shape(source, data_config):
   return (height, width, channels)
 
 
-def make_preprocess(source, data_config, *, training, seed=0):
+def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shard_index=0):
   """Returns fn(images, labels, key) -> (float32 images, labels) for a BATCH (vectorised: one op per batch).
 
-  `key` (an int64 scalar unique to the batch) seeds the batch's random flips, each image flipped independently.
+  `key` (the global step of the batch) seeds its random flips: one draw per row of the GLOBAL batch, of which this
+  shard's rows are shard_index, shard_index + num_shards, ... — so an example is flipped alike however the global
+  batch is split over workers.
   """
   channels = source.image_shape[-1]
   mean, std = data_config.mean, data_config.std
@@ -45,7 +49,8 @@ def make_preprocess(source, data_config, *, training, seed=0):
       images = tf.image.resize(images, (size, size))
     if flip:
       flip_seed = tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)])
-      images = tf.image.stateless_random_flip_left_right(images, seed=flip_seed)
+      draws = tf.random.stateless_uniform([tf.shape(images)[0] * num_shards], seed=flip_seed)[shard_index::num_shards]
+      images = tf.where((draws < 0.5)[:, None, None, None], tf.reverse(images, axis=[2]), images)
     if mean is not None:
       images = (images - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
     return images, labels
@@ -63,11 +68,33 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
   with a different (still seeded) example order, and skipping into an epoch reads the skipped examples.
   decorrelate=True mixes the clock into each epoch's permutation (in-memory data), for asynchronous workers that
   all run this same function (parameter servers) and must not read the same order; it is not reproducible.
+  With mixup/cutmix every pipeline reads and mixes the whole global batch, then keeps its rows (shard i of n gets
+  rows i, i+n, ...: the rows sharding would give it), so the mixes do not depend on how the batch is split.
   """
   if steps_per_epoch < 1:
     raise ValueError(f"dataset '{source.name}' has {source.train_size} train examples: fewer than one global "
                      f"batch of {batch_size * num_shards}")
-  preprocess = make_preprocess(source, data_config, training=True, seed=seed)
+  mix = mixing.make_mix(source.num_classes, data_config, seed)
+  if mix is None:
+    preprocess = make_preprocess(source, data_config, training=True, seed=seed, num_shards=num_shards,
+                                 shard_index=shard_index)
+    ds = _batches(source, data_config, batch_size, steps_per_epoch, seed, start_step, num_shards, shard_index,
+                  decorrelate)
+    ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
+  else:
+    preprocess = make_preprocess(source, data_config, training=True, seed=seed)
+    ds = _batches(source, data_config, batch_size * num_shards, steps_per_epoch, seed, start_step, 1, 0, decorrelate)
+    ds = ds.map(lambda images, labels, key: mix(*preprocess(images, labels, key), key),
+                num_parallel_calls=tf.data.AUTOTUNE)
+    if num_shards > 1:
+      ds = ds.map(lambda images, labels: (images[shard_index::num_shards], labels[shard_index::num_shards]))
+  return _finish(ds, data_config)
+
+
+def _batches(source, data_config, batch_size, steps_per_epoch, seed, start_step, num_shards, shard_index,
+             decorrelate):
+  """(raw images, labels, key) batches of this shard: the shuffled, sharded, resumable stream; key is the global
+  step (it seeds the batch's random augmentation alike on every shard)."""
   examples_per_shard = steps_per_epoch * batch_size
   start_epoch, skip_steps = divmod(int(start_step), int(steps_per_epoch))
   skip = skip_steps * batch_size
@@ -83,21 +110,18 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
                                                        seed=tf.stack([epoch_seed, epoch]))
       ds = tf.data.Dataset.from_tensor_slices(order).shard(num_shards, shard_index).take(examples_per_shard)
       ds = ds.skip(tf.where(epoch == start_epoch, tf.constant(skip, tf.int64), 0))
-      return ds.batch(batch_size, drop_remainder=True).map(lambda i: (i, epoch * 2**32 + i[0]))
+      return ds.batch(batch_size, drop_remainder=True)
 
     # Whole batches of indices, then one gather per batch: no per-example work in the pipeline.
-    ds = tf.data.Dataset.range(start_epoch, _MAX_EPOCHS).flat_map(one_epoch)
-    ds = ds.map(lambda i, key: (tf.gather(images, i), tf.gather(labels, i), key),
-                num_parallel_calls=tf.data.AUTOTUNE)
-  else:
-    buffer = max(1, min(int(data_config.shuffle_buffer), source.train_size))
-    ds = source.train.shuffle(buffer, seed=seed * _EPOCH_SEED_STRIDE + int(start_step),
-                              reshuffle_each_iteration=True)
-    ds = ds.shard(num_shards, shard_index).take(examples_per_shard).repeat().skip(skip)
-    ds = ds.batch(batch_size, drop_remainder=True).enumerate(start=int(start_step))
-    ds = ds.map(lambda key, xy: (xy[0], xy[1], key), num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
-  return _finish(ds, data_config)
+    ds = tf.data.Dataset.range(start_epoch, _MAX_EPOCHS).flat_map(one_epoch).enumerate(start=int(start_step))
+    return ds.map(lambda key, i: (tf.gather(images, i), tf.gather(labels, i), key),
+                  num_parallel_calls=tf.data.AUTOTUNE)
+  buffer = max(1, min(int(data_config.shuffle_buffer), source.train_size))
+  ds = source.train.shuffle(buffer, seed=seed * _EPOCH_SEED_STRIDE + int(start_step),
+                            reshuffle_each_iteration=True)
+  ds = ds.shard(num_shards, shard_index).take(examples_per_shard).repeat().skip(skip)
+  ds = ds.batch(batch_size, drop_remainder=True).enumerate(start=int(start_step))
+  return ds.map(lambda key, xy: (xy[0], xy[1], key), num_parallel_calls=tf.data.AUTOTUNE)
 
 
 def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0, local_replicas=1):

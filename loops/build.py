@@ -11,18 +11,17 @@ import keras
 import tensorflow as tf
 
 import data
+from data import mixing
 from data import pipeline
 from loops import check
 from loops import cluster
 from loops import execution
 from loops import losses
 from loops import metrics as metrics_lib
+from loops import modeling
 from loops import optimizers
 from loops import plan as plan_lib
 from loops import strategy as strategy_lib
-import models
-
-MIXED_PRECISION_POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,7 +34,7 @@ class Parts:
   model: keras.Model
   optimizer: keras.optimizers.Optimizer
   step_counter: tf.Variable
-  loss_fn: object  # fn(labels, logits) -> per-example losses
+  loss_fn: object  # fn(labels, logits, images=, outputs=, step=) -> per-example losses
   eval_metrics: dict  # {name: keras metric}, "loss" first
   run_variables: "RunVariables"
   checkpoint: tf.train.Checkpoint
@@ -64,11 +63,11 @@ def build(config, task):
   input_shape = data.output_shape(source, config.data)
   pipeline.make_preprocess(source, config.data, training=True)  # checks mean/std against the channels
   loss_fn = losses.build(config.loss)
-  losses.validate(loss_fn, source.num_classes)
   logging.info("config:\n%s", config)
   logging.info("plan: %s; data '%s': %d train / %d eval examples, input %s, %d classes",
                plan, source.name, source.train_size, source.eval_size, input_shape, source.num_classes)
   model, optimizer, step_counter = _build_trainables(config, strategy, plan, input_shape, source.num_classes)
+  losses.validate(loss_fn, model, input_shape, source.num_classes, soft_labels=mixing.mixes(config.data))
   with execution.metrics_scope(strategy):
     eval_metrics = metrics_lib.build(tuple(config.eval.metrics), source.num_classes)
   check.check_metric_references(config, metrics_lib.tags(eval_metrics))
@@ -83,7 +82,7 @@ def build(config, task):
 def _build_trainables(config, strategy, plan, input_shape, num_classes):
   """Model, optimizer (built before the first step: a Keras 3 multi-replica pitfall) and step counter."""
   with strategy.scope():
-    model = build_model(config, input_shape, num_classes)
+    model = modeling.build_model(config, input_shape, num_classes)
     schedule = optimizers.learning_rate_schedule(config.optimizer, plan.learning_rate, plan.total_steps,
                                                  plan.steps_per_epoch)
     optimizer = optimizers.build(config.optimizer, schedule, loss_scaling=config.mixed_precision == "float16")
@@ -91,17 +90,3 @@ def _build_trainables(config, strategy, plan, input_shape, num_classes):
     step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
   return model, optimizer, step_counter
-
-
-def build_model(config, input_shape, num_classes):
-  """models.build under config.mixed_precision's Keras dtype policy (restored afterwards: it is global)."""
-  if config.mixed_precision == "float16" and not tf.config.list_physical_devices("GPU"):
-    logging.warning("mixed_precision='float16' on a machine without GPU is emulated and ~100x slower than "
-                    "float32 (measured: 47 vs 6 400 images/s on digits); use 'bfloat16' on CPUs")
-  previous = keras.mixed_precision.dtype_policy()
-  if config.mixed_precision:
-    keras.mixed_precision.set_dtype_policy(MIXED_PRECISION_POLICIES[config.mixed_precision])
-  try:
-    return models.build(config.model.name, input_shape, num_classes)
-  finally:
-    keras.mixed_precision.set_dtype_policy(previous)

@@ -151,13 +151,14 @@ class EvalLog:
 
 
 class BestCheckpoint:
-  """After each eval: keeps the checkpoint with the best checkpoint.best_metric in workdir/best."""
+  """After each eval: keeps the checkpoint with the best checkpoint.best_metric in workdir/best (saved inside
+  `weights_context`: with EMA, the model's weights in it are the averages that were evaluated)."""
 
-  def __init__(self, best):
-    self.best = best
+  def __init__(self, best, weights_context):
+    self.best, self.weights_context = best, weights_context
 
   def after_eval(self, state):
-    record = self.best.update(state.step, state.eval)
+    record = self.best.update(state.step, state.eval, self.weights_context)
     if record:
       state.writer.write_json(checkpoints_lib.BEST_RECORD, record)
 

@@ -10,11 +10,11 @@ from data import sources
 from loops import cluster
 from loops import losses
 from loops import metrics as metrics_lib
+from loops import modeling
 from loops import optimizers
 from loops import plugins
 from loops import strategy as strategy_lib
 from loops.errors import ConfigError, unknown_name
-import models
 
 MIXED_PRECISION = (None, "bfloat16", "float16")
 PROGRESS_BAR = ("auto", "on", "off")
@@ -83,15 +83,18 @@ def _check_data(d):
                       f"got {d.mean} and {d.std}")
   if d.std is not None and not all(s > 0 for s in d.std):
     raise ConfigError(f"data.std values must be > 0, got {d.std}")
+  for name in ("mixup_alpha", "cutmix_alpha"):
+    if not d[name] >= 0:
+      raise ConfigError(f"data.{name} must be >= 0 (0 = off; typical 0.2 for mixup, 1.0 for cutmix), got {d[name]}")
   if d.pipeline_threads is not None:
     _at_least("data.pipeline_threads", d.pipeline_threads, 0, "None (auto), 0 (tf.data's pool) or")
   _at_least("data.shuffle_buffer", d.shuffle_buffer, 1)
 
 
 def _check_model_and_loss(config):
-  _one_of("model", config.model.name, models.MODELS)
+  modeling.check(config.model)
   if plugins.is_import_path(config.loss.name):
-    plugins.load_callable(config.loss.name, "loss.name", 2)
+    plugins.load_callable(config.loss.name, "loss.name", 2, losses.EXTRA)
   else:
     _one_of("loss", config.loss.name, list(losses.LOSSES) + ["package.module:function"])
   if not 0.0 <= config.loss.label_smoothing < 1.0:
@@ -108,6 +111,8 @@ def _check_optimizer(o):
   if o.warmup_epochs < 0 or o.momentum < 0:
     raise ConfigError(f"optimizer.warmup_epochs and optimizer.momentum must be >= 0, got {o.warmup_epochs} and "
                       f"{o.momentum}")
+  if not 0.0 <= o.ema_decay < 1.0:
+    raise ConfigError(f"optimizer.ema_decay must be in [0, 1) (0 = off; e.g. 0.999), got {o.ema_decay}")
   epochs = list(o.decay_epochs)
   if o.schedule == "piecewise" and (not epochs or epochs != sorted(epochs) or epochs[0] <= 0):
     raise ConfigError(f"optimizer.schedule='piecewise' needs optimizer.decay_epochs in increasing order (> 0), "

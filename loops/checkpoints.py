@@ -1,5 +1,6 @@
 """Checkpoint series under workdir/checkpoints: explicit restore, periodic save, chief vs non-chief directories."""
 
+import contextlib
 import json
 import os
 import shutil
@@ -127,9 +128,9 @@ class BestCheckpoint:
         saved = json.load(f)
       self.value, self.step = saved["value"], saved["step"]
 
-  def update(self, step, results):
-    """Saves when results[metric] beats the best so far (every task decides alike: metrics are reduced);
-    returns the new record for best.json, or None."""
+  def update(self, step, results, weights_context=contextlib.nullcontext):
+    """Saves (inside weights_context()) when results[metric] beats the best so far (every task decides alike:
+    metrics are reduced); returns the new record for best.json, or None."""
     if not self._checkpoints:
       return None
     value = results[self.metric]
@@ -137,7 +138,8 @@ class BestCheckpoint:
     if not better or step == self.step:
       return None
     self.value, self.step = value, step
-    self._checkpoints.save(step)
+    with weights_context():
+      self._checkpoints.save(step)
     return {"metric": self.metric, "value": value, "step": step}
 
   def summary(self):

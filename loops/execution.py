@@ -22,6 +22,7 @@ import tensorflow as tf
 
 import data
 from loops import checkpoints as checkpoints_lib
+from loops import optimizers
 from loops import parameter_server
 from loops import steps
 from loops import strategy as strategy_lib
@@ -77,6 +78,10 @@ class _Execution:
   def step(self):
     return int(self.parts.step_counter.numpy())
 
+  def averaged_weights(self):
+    """Context: the model holds the optimizer's moving averages of its weights (optimizer.ema_decay), else as is."""
+    return optimizers.averaged_weights(self.parts.model, self.parts.optimizer)
+
   def _eval_results(self):
     return {f"eval/{name}": float(m.result().numpy()) for name, m in self.parts.eval_metrics.items()}
 
@@ -106,9 +111,10 @@ class SyncExecution(_Execution):
     with strategy.scope():
       self.train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
     train_step = steps.make_train_step(p.model, p.optimizer, p.loss_fn, self.train_metrics, p.plan.global_batch_size,
-                                       p.plan.grad_accum_steps, config.jit_compile)
+                                       p.step_counter, p.plan.grad_accum_steps, config.jit_compile)
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter)
-    self._eval_fn = steps.make_eval_fn(strategy, steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics))
+    eval_step = steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics, p.step_counter)
+    self._eval_fn = steps.make_eval_fn(strategy, eval_step)
     self._eval_data = self._distribute(lambda batch, shards, index, local: data.eval_dataset(
         p.source, config.data, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
     self._sum_over_workers = steps.make_sum_over_workers(strategy, parts.task.num_workers)
@@ -127,7 +133,8 @@ class SyncExecution(_Execution):
 
   def evaluate(self):
     self._reset(self.parts.eval_metrics)
-    self._eval_fn(self._eval_data)
+    with self.averaged_weights():
+      self._eval_fn(self._eval_data)
     return self._eval_results()
 
   def rewind(self, step):
@@ -153,7 +160,7 @@ class SyncExecution(_Execution):
     if self._norms is None:
       p = self.parts
       probe = next(iter(data.eval_dataset(p.source, self.config.data, batch_size=min(64, p.plan.global_batch_size))))
-      fn = steps.make_gradient_norms(p.strategy, p.model, p.loss_fn)
+      fn = steps.make_gradient_norms(p.strategy, p.model, p.loss_fn, p.step_counter)
       self._norms = lambda: fn(*probe[:2])
     return self._norms()
 
@@ -191,7 +198,7 @@ class ParameterServerExecution(_Execution):
     p = parts
     self.train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.Mean()}
     train_step = steps.make_train_step(p.model, p.optimizer, p.loss_fn, None, p.plan.global_batch_size,
-                                       p.plan.grad_accum_steps, config.jit_compile)
+                                       p.step_counter, p.plan.grad_accum_steps, config.jit_compile)
     self._coordinator = tf.distribute.coordinator.ClusterCoordinator(p.strategy)
     start_step = self.step
     self._iterator = iter(self._coordinator.create_per_worker_dataset(lambda: self._train_dataset(
@@ -203,7 +210,7 @@ class ParameterServerExecution(_Execution):
       p.step_counter.assign_add(1)
       return result
 
-    eval_step = steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics)
+    eval_step = steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics, p.step_counter)
     eval_data = data.eval_dataset(p.source, config.data, batch_size=p.plan.global_batch_size)
 
     @tf.function
@@ -225,7 +232,8 @@ class ParameterServerExecution(_Execution):
 
   def evaluate(self):
     self._reset(self.parts.eval_metrics)
-    self._run_eval()
+    with self.averaged_weights():
+      self._run_eval()
     return self._eval_results()
 
   def rewind(self, step):

@@ -3,6 +3,10 @@
 Contract: a loss is `fn(labels, logits, **kwargs) -> per-example losses of shape [batch]` (this replica's
 batch). The framework averages over the GLOBAL batch with tf.nn.compute_average_loss; a function that
 reduces by itself would silently divide the gradient by the number of replicas, so it is rejected.
+Labels are class ids [batch], or soft labels [batch, classes] when data.mixup_alpha/cutmix_alpha mix examples.
+A loss may also declare any of the keyword parameters in EXTRA: `images` (this replica's preprocessed batch),
+`outputs` (the model's output dict, "logits" included) and `step` (the global step before this update, int64);
+it gets exactly the ones it declares.
 """
 
 import functools
@@ -10,27 +14,46 @@ import functools
 import keras
 import tensorflow as tf
 
+from loops import modeling
 from loops import plugins
 from loops.errors import ConfigError, unknown_name
 
 
+EXTRA = ("images", "outputs", "step")
+
+
+def is_soft(labels):
+  return labels.shape.rank == 2
+
+
+def hard_labels(labels):
+  """Class ids: the labels themselves, or the largest share of soft labels."""
+  return tf.argmax(labels, axis=-1) if is_soft(labels) else labels
+
+
+def as_distribution(labels, logits):
+  """Soft labels as they are; class ids one-hot."""
+  if is_soft(labels):
+    return tf.cast(labels, logits.dtype)
+  return tf.one_hot(tf.cast(labels, tf.int32), tf.shape(logits)[-1], dtype=logits.dtype)
+
+
 def sparse_categorical_crossentropy(labels, logits, label_smoothing=0.0):
-  if label_smoothing:
-    one_hot = tf.one_hot(tf.cast(labels, tf.int32), tf.shape(logits)[-1], dtype=logits.dtype)
+  """Cross-entropy against class ids, or against one-hot/soft labels [batch, classes]."""
+  if label_smoothing or is_soft(labels):
     return keras.losses.categorical_crossentropy(
-        one_hot, logits, from_logits=True, label_smoothing=label_smoothing)
+        as_distribution(labels, logits), logits, from_logits=True, label_smoothing=label_smoothing)
   return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
 def multiclass_hinge(labels, logits):
-  one_hot = tf.one_hot(tf.cast(labels, tf.int32), tf.shape(logits)[-1], dtype=logits.dtype)
-  return keras.losses.categorical_hinge(one_hot, logits)
+  return keras.losses.categorical_hinge(as_distribution(labels, logits), logits)
 
 
 def focal(labels, logits, gamma=2.0, alpha=0.25):
-  """Focal loss (Lin et al. 2017) on one-hot targets, one value per example."""
-  one_hot = tf.one_hot(tf.cast(labels, tf.int32), tf.shape(logits)[-1], dtype=logits.dtype)
-  return keras.losses.categorical_focal_crossentropy(one_hot, logits, alpha=alpha, gamma=gamma, from_logits=True)
+  """Focal loss (Lin et al. 2017) on one-hot (or soft) targets, one value per example."""
+  return keras.losses.categorical_focal_crossentropy(as_distribution(labels, logits), logits, alpha=alpha,
+                                                     gamma=gamma, from_logits=True)
 
 
 LOSSES = {
@@ -41,11 +64,12 @@ LOSSES = {
 
 
 def build(loss_config):
-  """Returns fn(labels, logits) -> per-example losses, checked against the contract when traced."""
+  """Returns fn(labels, logits, *, images, outputs, step) -> per-example losses, checked against the contract when
+  traced; the wrapped function gets only the keywords of EXTRA it declares."""
   name = loss_config.name
   kwargs = dict(loss_config.kwargs)
   if plugins.is_import_path(name):
-    fn = plugins.load_callable(name, "loss.name", 2)
+    fn = plugins.load_callable(name, "loss.name", 2, EXTRA)
   elif name in LOSSES:
     fn = LOSSES[name]
     if name == "sparse_categorical_crossentropy":
@@ -53,18 +77,26 @@ def build(loss_config):
   else:
     raise unknown_name("loss", name, list(LOSSES) + ["package.module:function"])
   bound = functools.partial(fn, **kwargs)
+  declared = plugins.declared_keywords(fn, [k for k in EXTRA if k not in kwargs])
 
-  def per_example_loss(labels, logits):
-    losses = bound(labels, logits)
+  def per_example_loss(labels, logits, *, images=None, outputs=None, step=None):
+    given = {"images": images, "outputs": outputs, "step": step}
+    if "step" in declared:  # the step counter variable, read only when the loss asks for it
+      given["step"] = tf.convert_to_tensor(step)
+    losses = bound(labels, logits, **{k: given[k] for k in declared})
     check_per_example(name, losses, logits)
     return tf.cast(losses, tf.float32)
 
   return per_example_loss
 
 
-def validate(loss_fn, num_classes, batch=4):
-  """Calls the loss eagerly on a dummy batch, so a broken loss fails here with its message, not inside a trace."""
-  loss_fn(tf.zeros([batch], tf.int64), tf.zeros([batch, num_classes], tf.float32))
+def validate(loss_fn, model, input_shape, num_classes, soft_labels=False, batch=4):
+  """Calls the model and the loss eagerly on a zero batch (labels as the pipeline will give them), so a broken
+  loss or model output fails here with its own message, not inside a trace."""
+  images = tf.zeros([batch, *input_shape], tf.float32)
+  logits, outputs = modeling.forward(model, images, training=False)
+  labels = tf.fill([batch, num_classes], 1.0 / num_classes) if soft_labels else tf.zeros([batch], tf.int64)
+  loss_fn(labels, logits, images=images, outputs=outputs, step=tf.constant(0, tf.int64))
 
 
 def check_per_example(name, losses, logits):

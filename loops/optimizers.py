@@ -1,5 +1,6 @@
 """Optimizers by name and the learning-rate scaling rules, derived from the final batch and replica count."""
 
+import contextlib
 import math
 
 import keras
@@ -78,6 +79,8 @@ def build(opt_config, learning_rate, loss_scaling=False):
 def _build(opt_config, learning_rate):
   name = opt_config.name
   common = dict(learning_rate=learning_rate, global_clipnorm=opt_config.global_clipnorm)
+  if opt_config.ema_decay:  # Keras keeps the average in optimizer variables: checkpointed with the optimizer
+    common.update(use_ema=True, ema_momentum=float(opt_config.ema_decay))
   if name == "sgd":
     return keras.optimizers.SGD(momentum=opt_config.momentum, nesterov=opt_config.nesterov,
                                 weight_decay=opt_config.weight_decay, **common)
@@ -86,3 +89,28 @@ def _build(opt_config, learning_rate):
   if name == "adamw":
     return keras.optimizers.AdamW(weight_decay=opt_config.weight_decay or 0.004, **common)
   raise unknown_name("optimizer", name, OPTIMIZERS)
+
+
+def moving_averages(optimizer):
+  """The optimizer's exponential moving averages of the trainable weights, or None when optimizer.ema_decay is 0."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
+  return inner._model_variables_moving_average if getattr(inner, "use_ema", False) else None  # pylint: disable=protected-access
+
+
+@contextlib.contextmanager
+def averaged_weights(model, optimizer):
+  """Inside, the model's trainable weights are the optimizer's moving averages (eval, best checkpoint, export);
+  its own weights come back bit for bit afterwards. A no-op without EMA. Runs the same on every task."""
+  averages = moving_averages(optimizer)
+  if not averages:
+    yield
+    return
+  variables = model.trainable_variables
+  own = [v.numpy() for v in variables]
+  for variable, average in zip(variables, averages):
+    variable.assign(average.numpy())
+  try:
+    yield
+  finally:
+    for variable, value in zip(variables, own):
+      variable.assign(value)

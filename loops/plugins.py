@@ -1,4 +1,4 @@
-"""User code named in the config as "package.module:name" (losses, metrics, callbacks): one importer, one error style."""
+"""User code named in the config as "package.module:name" (models, losses, metrics, callbacks): one importer, one error style."""
 
 import importlib
 import inspect
@@ -25,19 +25,42 @@ def load(path, setting):
   return getattr(module, attr)
 
 
-def load_callable(path, setting, num_args):
-  """load(), checked to be callable with `num_args` positional arguments."""
+def load_callable(path, setting, num_args, keywords=()):
+  """load(), checked to be callable with `num_args` positional arguments (and whichever of the optional
+  `keywords` it declares)."""
   fn = load(path, setting)
-  if not callable(fn) or not accepts(fn, num_args):
+  if not callable(fn) or not accepts(fn, num_args, keywords):
     raise ConfigError(f"{setting}='{path}' must be a function taking {num_args} positional argument(s)"
                       f"{'' if not callable(fn) else f'; its signature is {_signature(fn)}'}")
   return fn
 
 
-def accepts(fn, num_args):
-  """Whether fn can be called with num_args positional arguments (True when Python cannot tell)."""
+def check_call(fn, args, kwargs, setting, name):
+  """ConfigError naming `setting` unless fn(*args, **kwargs) fits fn's signature (a wrong model.kwargs key)."""
   try:
-    inspect.signature(fn).bind(*range(num_args))
+    inspect.signature(fn).bind(*args, **kwargs)
+  except TypeError as e:
+    raise ConfigError(f"{setting} {dict(kwargs)} do not fit {name}: {e}; its signature is {_signature(fn)}") from None
+  except ValueError:  # no signature (some builtins)
+    pass
+
+
+def declared_keywords(fn, names):
+  """The subset of `names` that fn declares as parameters (or all of them, when fn takes **kwargs)."""
+  try:
+    parameters = inspect.signature(fn).parameters
+  except ValueError:
+    return ()
+  if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+    return tuple(names)
+  return tuple(n for n in names if n in parameters)
+
+
+def accepts(fn, num_args, keywords=()):
+  """Whether fn can be called with num_args positional arguments and the `keywords` it declares (True when
+  Python cannot tell)."""
+  try:
+    inspect.signature(fn).bind(*range(num_args), **dict.fromkeys(declared_keywords(fn, keywords)))
   except TypeError:
     return False
   except ValueError:  # no signature (some builtins)

@@ -95,7 +95,7 @@ def _built_in_callbacks(config, parts, execution, checkpoints, best, watcher, na
       callbacks_lib.TrainLog(parts.optimizer, parts.plan.global_batch_size, config.summary.progress_bar),
       callbacks_lib.Histograms(config.summary.histogram_every_steps, parts.model, execution),
       callbacks_lib.EvalLog(),
-      callbacks_lib.BestCheckpoint(best),
+      callbacks_lib.BestCheckpoint(best, execution.averaged_weights),
   ]
   stopping = config.early_stopping
   if stopping.metric:
@@ -104,7 +104,7 @@ def _built_in_callbacks(config, parts, execution, checkpoints, best, watcher, na
   saving_phase = [
       callbacks_lib.Preemption(watcher),
       saving.Checkpointing(checkpoints, config.checkpoint.every_steps, parts.run_variables.stopped_total_steps),
-      saving.Export(parts.model, config.export),
+      saving.Export(parts.model, config.export, execution.averaged_weights),
       saving.RunSummary(parts.plan, wall_started),
   ]
   return observers, saving_phase

@@ -7,6 +7,7 @@ import time
 from absl import logging
 import tensorflow as tf
 
+from loops import modeling
 from loops.callbacks import format_values
 from loops.triggers import Trigger
 
@@ -60,13 +61,17 @@ def previous_stop_reason(workdir):
 
 
 class Export:
-  """At the end: workdir/export/model.keras (chief), when config.export is set."""
+  """At the end: workdir/export/model.keras (chief), when config.export is set: the logits of the model, with
+  the averaged weights under optimizer.ema_decay (`weights_context`)."""
 
-  def __init__(self, model, enabled):
-    self.model, self.enabled = model, enabled
+  def __init__(self, model, enabled, weights_context):
+    self.model, self.enabled, self.weights_context = model, enabled, weights_context
 
   def on_train_end(self, state):
-    path = state.writer.save_model(self.model, "export/model.keras") if self.enabled else None
+    path = None
+    if self.enabled:
+      with self.weights_context():
+        path = state.writer.save_model(modeling.logits_model(self.model), "export/model.keras")
     if path:
       state.writer.info("exported %s", path)
     state.summary["export"] = path

@@ -3,8 +3,11 @@
 import keras
 import tensorflow as tf
 
+from loops import losses
+from loops import modeling
 
-def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, grad_accum_steps=1,
+
+def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_counter, grad_accum_steps=1,
                     jit_compile=False):
   """Per-replica train step: returns this replica's share of the global-batch loss.
 
@@ -19,8 +22,8 @@ def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, grad_
 
   def gradients_of(images, labels, with_regularization):
     with tf.GradientTape() as tape:
-      logits = tf.cast(model(images, training=True), tf.float32)
-      per_example = loss_fn(labels, logits)
+      logits, outputs = modeling.forward(model, images, training=True)
+      per_example = loss_fn(labels, logits, images=images, outputs=outputs, step=step_counter)
       loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
       if with_regularization and model.losses:
         loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
@@ -47,6 +50,7 @@ def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, grad_
   def step_fn(images, labels):
     gradients, loss, per_example, logits = compute(images, labels)
     optimizer.apply_gradients(zip(gradients, variables))
+    labels = losses.hard_labels(labels)
     if metrics is None:
       correct = tf.equal(tf.argmax(logits, axis=-1), tf.cast(labels, tf.int64))
       return {"loss": loss, "loss_sum": tf.reduce_sum(per_example),
@@ -75,12 +79,13 @@ def make_train_fn(strategy, step_fn, step_counter):
   return train_fn
 
 
-def make_eval_step(model, loss_fn, metrics):
-  """Per-replica eval step over (images, labels, weights); weight-0 rows are padding."""
+def make_eval_step(model, loss_fn, metrics, step_counter):
+  """Per-replica eval step over (images, labels, weights); weight-0 rows are padding. Metrics see the logits."""
 
   def step_fn(images, labels, weights):
-    logits = tf.cast(model(images, training=False), tf.float32)
-    metrics["loss"].update_state(loss_fn(labels, logits), sample_weight=weights)
+    logits, outputs = modeling.forward(model, images, training=False)
+    per_example = loss_fn(labels, logits, images=images, outputs=outputs, step=step_counter)
+    metrics["loss"].update_state(per_example, sample_weight=weights)
     for name, metric in metrics.items():
       if name != "loss":
         metric.update_state(labels, logits, sample_weight=weights)
@@ -112,13 +117,14 @@ def make_sum_over_workers(strategy, num_workers):
   return sum_over_workers
 
 
-def make_gradient_norms(strategy, model, loss_fn):
+def make_gradient_norms(strategy, model, loss_fn, step_counter):
   """fn(images, labels) -> per-variable gradient norms on a fixed probe batch (inference mode: BatchNorm
   statistics untouched; no optimizer step). Runs on every replica without collectives; returns replica 0's."""
 
   def norms(images, labels):
     with tf.GradientTape() as tape:
-      loss = tf.reduce_mean(loss_fn(labels, tf.cast(model(images, training=False), tf.float32)))
+      logits, outputs = modeling.forward(model, images, training=False)
+      loss = tf.reduce_mean(loss_fn(labels, logits, images=images, outputs=outputs, step=step_counter))
     return tf.stack([tf.norm(g) for g in tape.gradient(loss, model.trainable_variables)])
 
   @tf.function

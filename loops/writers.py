@@ -182,6 +182,14 @@ def flatten(config, prefix=""):
   return flat
 
 
+def _label_text(label):
+  """'3' for a class id; '3:0.70 5:0.30' for soft (mixed) labels: the two largest shares."""
+  if np.ndim(label) == 0:
+    return str(int(label))
+  top = np.argsort(label)[::-1][:2]
+  return " ".join(f"{c}:{label[c]:.2f}" for c in top if label[c] > 0)
+
+
 def _grid_png(images, labels):
   import matplotlib
   matplotlib.use("Agg")
@@ -197,7 +205,7 @@ def _grid_png(images, labels):
     low, high = float(image.min()), float(image.max())
     shown = (image - low) / (high - low) if high > low else np.zeros_like(image)
     ax.imshow(shown[..., 0] if shown.shape[-1] == 1 else shown, cmap="gray" if shown.shape[-1] == 1 else None)
-    ax.set_title(str(int(label)), fontsize=9)
+    ax.set_title(_label_text(label), fontsize=9)
   figure.tight_layout()
   buffer = io.BytesIO()
   figure.savefig(buffer, format="png", dpi=80)

@@ -1,7 +1,8 @@
-"""Models by name: `build(name, input_shape, num_classes, **kwargs)` -> a Keras model that outputs logits.
+"""Models by name: `MODELS[name](input_shape, num_classes, **kwargs)` -> a Keras model.
 
-A leaf: imports only loops.errors (the ground floor). To add a model: write a function `(input_shape, num_classes, **kwargs) -> keras.Model`
-in a file of this folder and add one line to MODELS.
+A leaf: imports only loops.errors (the ground floor). A model outputs logits, or a dict with "logits" and any other
+named outputs (an embedding, auxiliary logits) that a loss may read. Users name their own model function as
+"package.module:function" in `model.name` (loaded by loops/build.py); to ship one here, add a line to MODELS.
 """
 
 from loops.errors import unknown_name
@@ -14,9 +15,15 @@ MODELS = {
     "resnet50v2": resnet.resnet50v2,
     "resnet152v2": resnet.resnet152v2,
 }
+IMPORT_PATH = "package.module:function"
+
+
+def get(name):
+  """The registry's model function for `name`."""
+  if name not in MODELS:
+    raise unknown_name("model", name, list(MODELS) + [IMPORT_PATH])
+  return MODELS[name]
 
 
 def build(name, input_shape, num_classes, **kwargs):
-  if name not in MODELS:
-    raise unknown_name("model", name, MODELS)
-  return MODELS[name](tuple(input_shape), int(num_classes), **kwargs)
+  return get(name)(tuple(input_shape), int(num_classes), **kwargs)

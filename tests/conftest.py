@@ -22,6 +22,17 @@ def load_config(name, arg=None):
   return module.get_config(arg)
 
 
+def set_keys(config, overrides):
+  """config with each dotted key of `overrides` set (new keys allowed, as under model.kwargs); returns config."""
+  for key, value in overrides.items():
+    node, parts = config, key.split(".")
+    for part in parts[:-1]:
+      node = node[part]
+    with config.unlocked():
+      node[parts[-1]] = value
+  return config
+
+
 def run_main(*args, env=None, unset=(), timeout=300):
   """Runs `python main.py args...` in a fresh process (env added, `unset` variables removed); returns the
   CompletedProcess."""

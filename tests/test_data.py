@@ -216,3 +216,22 @@ def test_a_run_trains_on_an_image_folder(tmp_path):
   c.eval.every_steps = c.checkpoint.every_steps = 0
   summary = run.train_and_evaluate(c, str(tmp_path / "run"))
   assert summary["step"] == 4 and 0.0 <= summary["eval/accuracy"] <= 1.0
+
+
+def test_random_flips_follow_the_example_however_the_global_batch_is_split():
+  """Worker w of n gets rows w, w+n, ... of the one-pipeline global batch, flipped alike (multi-worker == mirrored)."""
+  cfg = load_config("digits_cnn", "synthetic").data
+  cfg.synthetic.train_examples, cfg.synthetic.image_shape, cfg.random_flip = 256, (4, 4, 3), True
+  source = data.load(cfg)
+  whole = batches(data.train_dataset(source, cfg, batch_size=32, steps_per_epoch=8, seed=1, start_step=3), 4)
+  for index in range(2):
+    shard = batches(data.train_dataset(source, cfg, batch_size=16, steps_per_epoch=8, seed=1, start_step=3,
+                                       num_shards=2, shard_index=index), 4)
+    for (x, y), (gx, gy) in zip(shard, whole):
+      np.testing.assert_array_equal(y, gy[index::2])
+      np.testing.assert_array_equal(x, gx[index::2])
+  cfg.random_flip = False
+  plain = batches(data.train_dataset(source, cfg, batch_size=32, steps_per_epoch=8, seed=1, start_step=3), 4)
+  flipped = [np.array_equal(a, b[:, ::-1]) and not np.array_equal(a, b)
+             for (x, _), (p, _) in zip(whole, plain) for a, b in zip(x, p)]
+  assert 0.3 < np.mean(flipped) < 0.7  # about half of the examples are mirrored

@@ -72,3 +72,36 @@ def test_multiclass_hinge_is_per_example():
   true = logits[np.arange(3), LABELS.numpy()]
   other = np.where(np.eye(3)[LABELS.numpy()] == 1, -np.inf, logits).max(axis=1)
   np.testing.assert_allclose(values, np.maximum(0.0, 1 + other - true), rtol=1e-6)
+
+
+def test_soft_and_one_hot_labels_in_the_built_in_cross_entropy():
+  ce = losses.build(loss_config("sparse_categorical_crossentropy"))
+  one_hot = tf.one_hot(LABELS, 3)
+  np.testing.assert_allclose(ce(one_hot, LOGITS).numpy(), ce(LABELS, LOGITS).numpy(), rtol=1e-6)
+  soft = tf.constant([[0.7, 0.3, 0.0], [0.0, 0.5, 0.5], [0.2, 0.2, 0.6]])
+  expected = -(soft.numpy() * tf.nn.log_softmax(LOGITS).numpy()).sum(axis=1)
+  np.testing.assert_allclose(ce(soft, LOGITS).numpy(), expected, rtol=1e-6)
+  np.testing.assert_array_equal(losses.hard_labels(soft).numpy(), [0, 1, 2])
+  for name in ("focal", "multiclass_hinge"):
+    fn = losses.build(loss_config(name))
+    np.testing.assert_allclose(fn(one_hot, LOGITS).numpy(), fn(LABELS, LOGITS).numpy(), rtol=1e-6)
+
+
+def test_a_loss_gets_exactly_the_keywords_it_declares(monkeypatch):
+  monkeypatch.syspath_prepend(FIXTURES)
+  import my_losses
+  images = tf.ones([3, 2, 2, 1])
+  outputs = {"logits": LOGITS, "embedding": tf.ones([3, 4])}
+  given = dict(images=images, outputs=outputs, step=tf.Variable(5, dtype=tf.int64))
+  plain = losses.build(loss_config("sparse_categorical_crossentropy"))(LABELS, LOGITS, **given).numpy()
+  np.testing.assert_allclose(losses.build(loss_config("my_losses:uses_images"))(LABELS, LOGITS, **given).numpy(),
+                             plain * 1.5, rtol=1e-6)
+  np.testing.assert_allclose(losses.build(loss_config("my_losses:uses_outputs"))(LABELS, LOGITS, **given).numpy(),
+                             plain + 0.04, rtol=1e-6)
+  np.testing.assert_allclose(losses.build(loss_config("my_losses:uses_step"))(LABELS, LOGITS, **given).numpy(), 0.0)
+  my_losses.RECORDED.clear()
+  losses.build(loss_config("my_losses:records_keywords"))(LABELS, LOGITS, **given)
+  assert my_losses.RECORDED == [["images", "outputs", "step"]]
+  with pytest.raises(TypeError):  # focal_loss declares none of them: it is called with (labels, logits) only
+    my_losses.focal_loss(LABELS, LOGITS, images=images)
+  losses.build(loss_config("my_losses:focal_loss"))(LABELS, LOGITS, **given)

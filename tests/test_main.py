@@ -44,6 +44,10 @@ def test_main_trains_and_writes_its_outputs_without_tensorflows_chatter(tmp_path
      "error: strategy 'multi_worker_mirrored' needs a cluster: set TF_CONFIG, run under srun, or start it with"),
     (["--config=configs/digits_cnn.py", "--config.strategy=parameter_server"],
      "error: strategy 'parameter_server' needs a cluster with one chief, workers and ps tasks"),
+    (["--config=configs/digits_cnn.py", "--config.model.name=examples.models:cnn_with_embedding",
+      "--config.model.kwargs.embeding_dim=16"],
+     "error: model.kwargs {'embeding_dim': 16} do not fit examples.models:cnn_with_embedding: got an unexpected"),
+    (["--config=configs/digits_cnn.py", "--config.data.mixup_alpha=-1"], "error: data.mixup_alpha must be >= 0"),
     (["--config=configs/digits_cnn.py", "--config.strategy=tpu"],
      "error: strategy 'tpu' found no TPU (cluster.tpu=''): "),
 ])

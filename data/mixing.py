@@ -1,0 +1,69 @@
+"""mixup (Zhang et al. 2018) and cutmix (Yun et al. 2019) on a whole GLOBAL batch, keyed per batch.
+
+Each example is mixed with a partner from the same global batch (a keyed permutation) by a share lambda ~
+Beta(alpha, alpha) drawn once per batch (cutmix: a box of area (1 - lambda) pasted from the partner; lambda is then
+the exact uncovered fraction). Labels become soft: lambda * one_hot(own) + (1 - lambda) * one_hot(partner).
+Everything is a function of (seed, batch key), so resume is exact and any split of the batch sees the same mixes.
+"""
+
+import tensorflow as tf
+
+_SALT_PARTNER, _SALT_CHOICE, _SALT_BETA_A, _SALT_BETA_B, _SALT_BOX = range(1, 6)
+
+
+def mixes(data_config):
+  return bool(data_config.mixup_alpha or data_config.cutmix_alpha)
+
+
+def make_mix(num_classes, data_config, seed):
+  """fn(images, labels, key) -> (mixed float32 images, soft labels [batch, num_classes]); None when both are off."""
+  if not mixes(data_config):
+    return None
+  mixup_alpha, cutmix_alpha = float(data_config.mixup_alpha), float(data_config.cutmix_alpha)
+
+  def mix(images, labels, key):
+    def seed_of(salt):
+      return tf.stack([tf.constant(seed * 16 + salt, tf.int64), tf.cast(key, tf.int64)])
+
+    soft = tf.one_hot(tf.cast(labels, tf.int32), num_classes, dtype=tf.float32)
+    partner = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(images)[0]), seed=seed_of(_SALT_PARTNER))
+    other_images, other_labels = tf.gather(images, partner), tf.gather(soft, partner)
+    if mixup_alpha and cutmix_alpha:
+      use_cutmix = tf.random.stateless_uniform([], seed=seed_of(_SALT_CHOICE)) < 0.5
+      images, share = tf.cond(use_cutmix, lambda: _cutmix(images, other_images, cutmix_alpha, seed_of),
+                              lambda: _mixup(images, other_images, mixup_alpha, seed_of))
+    elif mixup_alpha:
+      images, share = _mixup(images, other_images, mixup_alpha, seed_of)
+    else:
+      images, share = _cutmix(images, other_images, cutmix_alpha, seed_of)
+    return images, share * soft + (1.0 - share) * other_labels
+
+  return mix
+
+
+def _beta(alpha, seed_of):
+  a = tf.random.stateless_gamma([], seed=seed_of(_SALT_BETA_A), alpha=alpha)
+  b = tf.random.stateless_gamma([], seed=seed_of(_SALT_BETA_B), alpha=alpha)
+  return a / (a + b)
+
+
+def _mixup(images, other, alpha, seed_of):
+  share = _beta(alpha, seed_of)
+  return share * images + (1.0 - share) * other, share
+
+
+def _cutmix(images, other, alpha, seed_of):
+  """One box per batch, its area (1 - lambda) of the image, centred uniformly and clipped at the borders."""
+  height, width = tf.shape(images)[1], tf.shape(images)[2]
+  cut = tf.sqrt(1.0 - _beta(alpha, seed_of))
+  box_h = tf.cast(tf.round(cut * tf.cast(height, tf.float32)), tf.int32)
+  box_w = tf.cast(tf.round(cut * tf.cast(width, tf.float32)), tf.int32)
+  centre = tf.random.stateless_uniform([2], seed=seed_of(_SALT_BOX), minval=0, maxval=tf.int32.max, dtype=tf.int32)
+  cy, cx = centre[0] % height, centre[1] % width
+  y0, y1 = tf.clip_by_value(cy - box_h // 2, 0, height), tf.clip_by_value(cy + box_h - box_h // 2, 0, height)
+  x0, x1 = tf.clip_by_value(cx - box_w // 2, 0, width), tf.clip_by_value(cx + box_w - box_w // 2, 0, width)
+  rows, columns = tf.range(height), tf.range(width)
+  inside = (((rows >= y0) & (rows < y1))[:, None] & ((columns >= x0) & (columns < x1))[None, :])
+  mixed = tf.where(inside[None, :, :, None], other, images)
+  share = 1.0 - tf.cast((y1 - y0) * (x1 - x0), tf.float32) / tf.cast(height * width, tf.float32)
+  return mixed, share
