@@ -74,3 +74,12 @@ def test_ab_runs_a_command_on_a_base_commit_and_the_working_tree_alternately(tmp
   summary = json.loads(result.stdout.strip().splitlines()[-1])
   assert summary["results"]["cwd_is_repo"]["base"] == [0.0, 0.0]  # base ran in its own worktree
   assert summary["results"]["cwd_is_repo"]["head"] == [1.0, 1.0]
+
+
+def test_ab_compares_two_variants_of_the_working_tree_by_their_arguments():
+  probe = "import json, sys; json.dump({'value': float(sys.argv[2])}, open(sys.argv[1], 'w'))"
+  result = run_module("benchmarks.ab", "--rounds=2", "--key=value", "--base_args=2", "--head_args=3", "--", "python",
+                      "-c", probe, "{out}")
+  summary = json.loads(result.stdout.strip().splitlines()[-1])["results"]["value"]
+  assert summary["base"] == [2.0, 2.0] and summary["head"] == [3.0, 3.0]
+  assert summary["ratio_head_vs_base"] == 1.5
