@@ -120,7 +120,14 @@ def _multi_worker(config, task):
       implementation=COLLECTIVES[config.cluster.collective],
       timeout_seconds=config.cluster.collective_timeout_seconds)
   tf.distribute.MultiWorkerMirroredStrategy._collective_key_base = next(_COLLECTIVE_KEY_BASES)
-  strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
+  try:
+    strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
+  except RuntimeError as e:
+    if "configured at program startup" not in str(e):
+      raise
+    raise ConfigError("multi_worker_mirrored must be created before TensorFlow runs anything, but it already ran: "
+                      "usually a plug-in module (model, loss, metric or callback) that makes a tensor or variable "
+                      "when it is imported; make them inside its functions") from None
   logging.info("strategy multi_worker_mirrored: task %s:%d of %d workers, %d replica(s) in sync, collective %s",
                task.type, task.index, task.num_workers, strategy.num_replicas_in_sync, config.cluster.collective)
   return strategy

@@ -89,19 +89,22 @@ def test_soft_and_one_hot_labels_in_the_built_in_cross_entropy():
 
 def test_a_loss_gets_exactly_the_keywords_it_declares(monkeypatch):
   monkeypatch.syspath_prepend(FIXTURES)
+  import keyword_losses
   import my_losses
   images = tf.ones([3, 2, 2, 1])
   outputs = {"logits": LOGITS, "embedding": tf.ones([3, 4])}
   given = dict(images=images, outputs=outputs, step=tf.Variable(5, dtype=tf.int64))
   plain = losses.build(loss_config("sparse_categorical_crossentropy"))(LABELS, LOGITS, **given).numpy()
-  np.testing.assert_allclose(losses.build(loss_config("my_losses:uses_images"))(LABELS, LOGITS, **given).numpy(),
-                             plain * 1.5, rtol=1e-6)
-  np.testing.assert_allclose(losses.build(loss_config("my_losses:uses_outputs"))(LABELS, LOGITS, **given).numpy(),
-                             plain + 0.04, rtol=1e-6)
-  np.testing.assert_allclose(losses.build(loss_config("my_losses:uses_step"))(LABELS, LOGITS, **given).numpy(), 0.0)
-  my_losses.RECORDED.clear()
-  losses.build(loss_config("my_losses:records_keywords"))(LABELS, LOGITS, **given)
-  assert my_losses.RECORDED == [["images", "outputs", "step"]]
+
+  def value(name):
+    return losses.build(loss_config(f"keyword_losses:{name}"))(LABELS, LOGITS, **given).numpy()
+
+  np.testing.assert_allclose(value("uses_images"), plain * 1.5, rtol=1e-6)
+  np.testing.assert_allclose(value("uses_outputs"), plain + 0.04, rtol=1e-6)
+  np.testing.assert_allclose(value("uses_step"), 0.0)
+  keyword_losses.RECORDED.clear()
+  losses.build(loss_config("keyword_losses:records_keywords"))(LABELS, LOGITS, **given)
+  assert keyword_losses.RECORDED == [["images", "outputs", "step"]]
   with pytest.raises(TypeError):  # focal_loss declares none of them: it is called with (labels, logits) only
     my_losses.focal_loss(LABELS, LOGITS, images=images)
   losses.build(loss_config("my_losses:focal_loss"))(LABELS, LOGITS, **given)

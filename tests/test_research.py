@@ -57,19 +57,24 @@ def assert_same(reference, other, what):
     np.testing.assert_allclose(other[key], value, rtol=1e-5, atol=1e-7, err_msg=f"{what}: {key}")
 
 
-@pytest.mark.parametrize("loss, model", [("my_losses:uses_images", "digits_cnn"),
-                                         ("my_losses:uses_outputs", "examples.models:cnn_with_embedding"),
-                                         ("my_losses:uses_step", "digits_cnn")])
-def test_a_loss_keyword_gives_one_replicas_weights_on_two(loss, model, tmp_path, monkeypatch):
+@pytest.mark.parametrize("loss, model", [("keyword_losses:uses_images", "digits_cnn"),
+                                         ("keyword_losses:uses_outputs", "examples.models:cnn_with_embedding"),
+                                         ("keyword_losses:uses_step", "digits_cnn")])
+def test_a_loss_keyword_gives_one_replicas_weights_on_two_replicas_and_two_workers(loss, model, tmp_path,
+                                                                                    monkeypatch):
   monkeypatch.syspath_prepend(USER_LOSSES)
-  c = configured("digits_cnn", **{"loss.name": loss, "model.name": model})
-  assert_same(trained(c, "one_device", tmp_path / "one"), trained(c, "mirrored", tmp_path / "two"), loss)
+  overrides = {"loss.name": loss, "model.name": model}
+  single = trained(configured("digits_cnn", **overrides), "one_device", tmp_path / "one")
+  assert_same(single, trained(configured("digits_cnn", **overrides), "mirrored", tmp_path / "two"), loss)
+  multi_worker = mwms(tmp_path / "mwms", "configs/digits_cnn.py", {"train.steps": 6, "train.steps_per_loop": 3,
+                                                                   **overrides}, env={"PYTHONPATH": USER_LOSSES})
+  assert_same(single, multi_worker, f"{loss} on 2 workers")
 
 
 def test_a_loss_sees_the_global_step_before_its_update(tmp_path, monkeypatch):
   """uses_step trains only the updates of steps 0 and 1: 6 steps of it leave the weights of 2 plain steps."""
   monkeypatch.syspath_prepend(USER_LOSSES)
-  gated = trained(configured("digits_cnn", **{"loss.name": "my_losses:uses_step"}), "one_device", tmp_path / "a")
+  gated = trained(configured("digits_cnn", **{"loss.name": "keyword_losses:uses_step"}), "one_device", tmp_path / "a")
   plain = trained(configured("digits_cnn", **{"train.steps": 2, "train.steps_per_loop": 2}), "one_device",
                   tmp_path / "b")
   weights = [k for k in plain if "_trainable_variables" in k]
@@ -119,6 +124,7 @@ def test_digits_with_mixup_still_reaches_95_percent(tmp_path):
   c.data.mixup_alpha, c.summary.progress_bar = 0.2, "off"
   summary = run.train_and_evaluate(c, str(tmp_path))
   assert summary["eval/accuracy"] >= 0.95
+  assert summary["train/accuracy"] > 0.7  # against the largest share of each soft label
 
 
 def restored(config, directory, input_shape=(8, 8, 1), num_classes=10):
@@ -171,3 +177,15 @@ def test_weight_ema_is_evaluated_kept_best_exported_and_resumed_exactly(tiny_dig
 def test_weight_ema_on_two_replicas_is_one_replicas(tmp_path):
   c = configured("digits_cnn", **{"optimizer.ema_decay": 0.8})
   assert_same(trained(c, "one_device", tmp_path / "one"), trained(c, "mirrored", tmp_path / "two"), "ema")
+
+
+def test_a_plug_in_that_makes_tensorflow_state_when_imported_is_one_clear_error_under_mwms(tmp_path):
+  command = [sys.executable, "-m", "launch.local", "--workers=2", "--", sys.executable, "main.py",
+             "--config=configs/digits_cnn.py", f"--workdir={tmp_path}", "--config.strategy=multi_worker_mirrored",
+             "--config.loss.name=my_losses:nan_at_call"]  # my_losses makes a tf.Variable at import
+  env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+  env["PYTHONPATH"] = USER_LOSSES
+  done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 1, done.stdout[-3000:]
+  assert ("error: multi_worker_mirrored must be created before TensorFlow runs anything, but it already ran: usually "
+          "a plug-in module") in done.stdout
