@@ -13,7 +13,7 @@ An auxiliary reconstruction loss, ramped in over the first steps (uses `images`,
         --config.model.name=examples.models:cnn_with_embedding --config.model.kwargs.reconstruct=True \
         --config.loss.name=examples.losses:reconstruction_auxiliary
 
-Expected (2-core CPU, ~30 s each): eval/accuracy >= 0.95. Both return one loss per example and do not reduce: the
+Expected (2-core CPU, ~12 s each with start-up): eval/accuracy >= 0.95 (measured 0.992 and 0.983). Both return one loss per example and do not reduce: the
 framework averages over the GLOBAL batch, so any number of replicas computes the same update.
 """
 

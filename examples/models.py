@@ -3,7 +3,7 @@
     python main.py --config=configs/digits_cnn.py --workdir=runs/embedding \
         --config.model.name=examples.models:cnn_with_embedding --config.model.kwargs.embedding_dim=16
 
-Expected (2-core CPU, ~30 s): eval/accuracy >= 0.95, as the registry's digits_cnn. Eval metrics, the accuracy and
+Expected (2-core CPU, ~17 s with start-up): eval/accuracy >= 0.95 (measured 0.986), as the registry's digits_cnn. Eval metrics, the accuracy and
 the export use outputs["logits"]; a loss declaring `outputs` gets the whole dict (see examples/losses.py).
 """
 
