@@ -1,8 +1,9 @@
 """Input pipelines: preprocessing, then seeded per-epoch shuffle -> shard -> batch -> prefetch.
 
 For in-memory data the train stream is a pure function of (seed, start_step): epoch e is a permutation
-keyed on (seed, e) and random flips are keyed on (seed, epoch, batch), so a resumed run sees exactly the
-batches an uninterrupted run would have seen. Shuffling happens before sharding, with the same seed on
+keyed on (seed, e) and random flips (one draw per row of the global batch) and mixup/cutmix are keyed on
+(seed, step), so a resumed run sees exactly the batches an uninterrupted run would have seen, and an example is
+augmented alike however the global batch is split. Shuffling happens before sharding, with the same seed on
 every input pipeline, so the shards of one epoch are disjoint and together cover it.
 """
 
