@@ -97,7 +97,8 @@ def test_bad_normalisation_is_rejected():
 
 @pytest.mark.parametrize("name, shape, classes", [
     ("mnist", (28, 28, 1), 10), ("cifar10", (32, 32, 3), 10), ("quickdraw_bitmap", (28, 28, 1), 345)])
-def test_tfds_datasets_load_through_the_real_tfds_path(name, shape, classes, tmp_path):
+def test_tfds_datasets_load_through_the_real_tfds_path(name, shape, classes, tmp_path, monkeypatch):
+  monkeypatch.setattr(sources, "network_unreachable", lambda: None)  # mock_data stands in for the download
   cfg = digits_config()
   cfg.name, cfg.data_dir = name, str(tmp_path)
   for in_memory in (True, False):
@@ -116,10 +117,24 @@ def test_missing_tfds_data_says_how_to_provide_it(tmp_path):
     data.load(cfg)
 
 
+def test_without_network_a_missing_tfds_dataset_fails_at_once_without_trying_to_download(tmp_path, monkeypatch):
+  def must_not_download(self, *args, **kwargs):
+    raise AssertionError("download attempted without network")
+
+  monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", must_not_download)
+  monkeypatch.setattr(sources, "DOWNLOAD_PROBE", ("no-such-host.invalid", 443))  # unresolvable by definition
+  cfg = digits_config()
+  cfg.name, cfg.data_dir = "mnist", str(tmp_path)
+  with pytest.raises(FileNotFoundError, match=r"tfds dataset 'mnist' is not in .* and this machine has no network "
+                                              r"\(no-such-host.invalid:443 unreachable: .*\); provide it with `tfds"):
+    data.load(cfg)
+
+
 def test_failed_download_says_how_to_provide_it(tmp_path, monkeypatch):
   def no_network(self, *args, **kwargs):
     raise ConnectionError("network is unreachable")
 
+  monkeypatch.setattr(sources, "network_unreachable", lambda: None)  # as on a machine with network
   monkeypatch.setattr(tfds.core.DatasetBuilder, "download_and_prepare", no_network)
   cfg = digits_config()
   cfg.name, cfg.data_dir = "mnist", str(tmp_path)
