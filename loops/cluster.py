@@ -95,6 +95,9 @@ def from_tf_config(environ):
   if not isinstance(task, dict) or "type" not in task:
     raise ConfigError("TF_CONFIG has no 'task' with a 'type' (e.g. {\"type\": \"worker\", \"index\": 0})")
   task_type, index = task["type"], task.get("index", 0)
+  if "master" in cluster and "chief" not in cluster:  # SageMaker and legacy cloud training name the chief "master"
+    cluster = {("chief" if job == "master" else job): tasks for job, tasks in cluster.items()}
+    task_type = "chief" if task_type == "master" else task_type
   if task_type not in cluster:
     raise ConfigError(f"TF_CONFIG task.type '{task_type}' is not a job of the cluster; jobs: {', '.join(cluster)}")
   if not isinstance(index, int) or not 0 <= index < len(cluster[task_type]):

@@ -25,6 +25,17 @@ def test_chief_is_the_chief_task_or_worker_0(spec, task_type, index, chief):
   assert cluster.from_environment(tf_config(spec, task_type, index)).is_chief is chief
 
 
+@pytest.mark.parametrize("task_type, index, chief, rank", [("master", 0, True, 0), ("worker", 0, False, 1),
+                                                           ("worker", 1, False, 2)])
+def test_a_master_job_is_the_chief(task_type, index, chief, rank):
+  """SageMaker's and legacy cloud training's TF_CONFIG name the chief 'master'; every task renames it alike."""
+  spec = {"master": ["m:0"], "worker": ["a:1", "b:2"]}
+  task = cluster.from_environment(tf_config(spec, task_type, index))
+  assert task.type == ("chief" if task_type == "master" else "worker") and task.is_chief is chief
+  assert task.cluster == {"chief": ["m:0"], "worker": ["a:1", "b:2"]} and task.num_workers == 3
+  assert task.worker_index == rank
+
+
 @pytest.mark.parametrize("raw, message", [
     ("{not json", "TF_CONFIG is not valid JSON"),
     (json.dumps({"task": {"type": "worker", "index": 0}}), "TF_CONFIG has no 'cluster'"),
