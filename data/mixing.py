@@ -64,6 +64,7 @@ def _cutmix(images, other, alpha, seed_of):
   x0, x1 = tf.clip_by_value(cx - box_w // 2, 0, width), tf.clip_by_value(cx + box_w - box_w // 2, 0, width)
   rows, columns = tf.range(height), tf.range(width)
   inside = (((rows >= y0) & (rows < y1))[:, None] & ((columns >= x0) & (columns < x1))[None, :])
-  mixed = tf.where(inside[None, :, :, None], other, images)
+  box = tf.cast(inside, images.dtype)[None, :, :, None]  # 0/1 weights: exact, and cheaper than a broadcast select
+  mixed = box * other + (1.0 - box) * images
   share = 1.0 - tf.cast((y1 - y0) * (x1 - x0), tf.float32) / tf.cast(height * width, tf.float32)
   return mixed, share
