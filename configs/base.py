@@ -127,6 +127,13 @@ def get_config(arg=None):
   c.summary.histogram_every_steps = 0  # weight and gradient-norm histograms every N steps (0 = off)
   c.summary.progress_bar = "auto"  # Keras Progbar on the chief: auto (when stdout is a terminal) | on | off
   # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls), chief only.
+  # On one of these signals every task saves a checkpoint at the current step and exits with exit_code; rerunning
+  # the same command resumes there. 143 (128 + SIGTERM) is what TFJob's ExitCode restart policy and GCE treat as
+  # restartable; user errors exit 1. SLURM templates add SIGUSR1 (sbatch --signal=B:USR1@120) and requeue.
+  c.preemption = ml_collections.ConfigDict()
+  c.preemption.signals = "SIGTERM"  # comma-separated: SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP, SIGCONT
+  c.preemption.exit_code = 143
+
   c.summary.profile_steps = ()
 
   # Stop when early_stopping.metric ("" = off; eval/loss or eval/<metric>) has not improved by more than

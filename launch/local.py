@@ -19,7 +19,7 @@ import threading
 import time
 
 LOOPBACK = "127.0.0.1"
-PREEMPTED = 42
+PREEMPTED = 143  # the default preemption.exit_code (configs/base.py)
 
 
 def free_ports(count):
@@ -47,6 +47,16 @@ def tasks_of(spec):
   return [(job, index) for job in spec for index in range(len(spec[job]))]
 
 
+def preempted_code(command):
+  """The exit code meaning "preempted, checkpoint saved": --config.preemption.exit_code in the command, or 143."""
+  for i, arg in enumerate(command):
+    if arg.startswith("--config.preemption.exit_code="):
+      return int(arg.split("=", 1)[1])
+    if arg == "--config.preemption.exit_code" and i + 1 < len(command):
+      return int(command[i + 1])
+  return PREEMPTED
+
+
 def _pump(stream, prefix, out, lock):
   for line in iter(stream.readline, ""):
     with lock:
@@ -58,9 +68,11 @@ def _pump(stream, prefix, out, lock):
 def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, preempt_grace_seconds=120):
   """Runs the tasks to the end; returns (exit code, name of the failed task or None).
 
-  A task that exits with 42 (preempted after saving a checkpoint) gives the others preempt_grace_seconds to
-  save and exit too; the launcher then exits with 42, so a wrapper script can tell "rerun me" from a failure.
+  A task that exits with the preemption code (143 or the command's --config.preemption.exit_code: preempted
+  after saving a checkpoint) gives the others preempt_grace_seconds to save and exit too; the launcher then exits
+  with that code, so a wrapper script (or Kubernetes, SLURM) can tell "rerun me" from a failure.
   """
+  preempted = preempted_code(command)
   spec = cluster_spec(workers, ps)
   lock = threading.Lock()
   procs, pumps = {}, []
@@ -90,7 +102,7 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
       if failed or all(procs[name].poll() == 0 for name in lead):
         break
       time.sleep(poll_seconds)
-    if code == PREEMPTED:  # the others are saving the same checkpoint: let them finish before stopping them
+    if code == preempted:  # the others are saving the same checkpoint: let them finish before stopping them
       deadline = time.monotonic() + preempt_grace_seconds
       while time.monotonic() < deadline and any(procs[name].poll() is None for name in lead):
         time.sleep(poll_seconds)
@@ -104,8 +116,8 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
   if failed:
     with lock:
       reason = f"exit code {code}" if code > 0 else f"signal {-code}" if code < 0 else ""
-      if code == PREEMPTED:
-        out.write(f"[launch] task {failed} was preempted (exit code 42, checkpoint saved); rerun to resume\n")
+      if code == preempted:
+        out.write(f"[launch] task {failed} was preempted (exit code {code}, checkpoint saved); rerun to resume\n")
       else:
         out.write(f"[launch] task {failed} failed ({reason}); stopped the other tasks\n")
       out.flush()

@@ -7,6 +7,7 @@ before anything is written.
 
 import data
 from data import sources
+from loops import checkpoints as checkpoints_lib
 from loops import cluster
 from loops import losses
 from loops import metrics as metrics_lib
@@ -67,6 +68,11 @@ def _check_machine(config):
   timeout = config.cluster.collective_timeout_seconds
   if timeout is not None and not timeout > 0:
     raise ConfigError(f"cluster.collective_timeout_seconds must be > 0 or None (wait forever), got {timeout}")
+  checkpoints_lib.signal_numbers(config.preemption.signals)
+  code = config.preemption.exit_code
+  if not isinstance(code, int) or isinstance(code, bool) or not 2 <= code <= 255:
+    raise ConfigError(f"preemption.exit_code must be an integer in 2..255 (1 is a user error), got {code!r}; "
+                      "143 is what Kubernetes (TFJob restartPolicy ExitCode) and GCE restart")
   if config.nan_policy.mode == "rollback" and not strategy_lib.can_rewind_input(config.strategy):
     raise ConfigError(f"nan_policy.mode='rollback' is not available with {config.strategy} (its per-worker "
                       "datasets cannot be rewound); use 'stop'")

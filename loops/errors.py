@@ -45,3 +45,9 @@ def worker_lost(error, step, checkpoint):
       f"lost {'task ' + peer.group(1) if peer else 'another task'} during training near step {step} "
       f"({type(error).__name__}: {reason}); this task stops. Rerun the whole job to resume from "
       f"{checkpoint or 'the start (no checkpoint yet)'}")
+
+
+def unwritable_workdir(workdir, error):
+  """The ConfigError for a workdir that cannot be created or written (error: an OSError or tf.errors.OpError)."""
+  reason = getattr(error, "strerror", None) or getattr(error, "message", None) or str(error)
+  return ConfigError(f"workdir '{workdir}' is not writable: {reason}")

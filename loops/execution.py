@@ -166,7 +166,8 @@ class SyncExecution(_Execution):
 
   def preemption(self, checkpoints):
     use_flag = isinstance(self.parts.strategy, tf.distribute.TPUStrategy)  # the handler does not cover TPUs here
-    return checkpoints_lib.Preemption(self.parts.strategy, self._multi_worker, checkpoints, use_flag)
+    return checkpoints_lib.Preemption(self.parts.strategy, self._multi_worker, checkpoints, use_flag,
+                                      **_preemption_settings(self.config))
 
   def _distribute(self, make_dataset):
     """make_dataset(batch_size, num_shards, shard_index, local_replicas) -> this pipeline's tf.data.Dataset.
@@ -246,4 +247,9 @@ class ParameterServerExecution(_Execution):
     return None
 
   def preemption(self, checkpoints):
-    return checkpoints_lib.Preemption(self.parts.strategy, False, checkpoints, use_flag=True)
+    return checkpoints_lib.Preemption(self.parts.strategy, False, checkpoints, use_flag=True,
+                                      **_preemption_settings(self.config))
+
+
+def _preemption_settings(config):
+  return {"signals": config.preemption.signals, "exit_code": config.preemption.exit_code}

@@ -8,6 +8,7 @@
 
 import contextlib
 import os
+import posixpath
 import time
 
 from absl import logging
@@ -25,6 +26,7 @@ from loops import loop as loop_lib
 from loops import metrics as metrics_lib
 from loops import saving
 from loops import strategy as strategy_lib
+from loops import workdir_lock
 from loops import writers
 
 
@@ -50,40 +52,47 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base)
   if execution_lib.serve_if_server(config, task):
     return None
-  parts = build_lib.build(config, task)
-  user_callbacks = callbacks_lib.load_user_callbacks(config, callback_objects)
-  if dry_run:
-    return _dry_run_report(config, workdir, parts, user_callbacks)
   with contextlib.ExitStack() as cleanup:
-    checkpoints = checkpoints_lib.Checkpoints(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep,
-                                              task.is_chief)
-    cleanup.callback(checkpoints.close)
-    best = checkpoints_lib.BestCheckpoint(workdir, parts.checkpoint, parts.step_counter,
-                                          config.checkpoint.best_metric, config.checkpoint.best_mode, task.is_chief)
-    cleanup.callback(best.close)
-    checkpoints.restore_latest()  # refuses a checkpoint of another model before anything in the workdir is touched
-    writer = writers.for_task(workdir, task.is_chief)
-    writer.prepare_workdir(config)  # only once every name, value and checkpoint has been accepted
-    cleanup.callback(writer.close)
-    execution = execution_lib.make(parts, config)
-    watcher = execution.preemption(checkpoints)
-    cleanup.callback(watcher.close)
-    state = loop_lib.State(step=execution.step, total_steps=parts.plan.total_steps,
-                           steps_per_epoch=parts.plan.steps_per_epoch, is_chief=task.is_chief, workdir=workdir,
-                           writer=writer, config=config)
-    nan_guard = loop_lib.NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,
-                                  log=logging.warning)
-    every = _built_in_callbacks(config, parts, execution, checkpoints, best, watcher, nan_guard, wall_started)
-    loop = loop_lib.Loop(execution, callbacks_lib.assemble(every[0], user_callbacks, every[1]), state,
-                         steps_per_loop=parts.plan.steps_per_loop, eval_every_steps=config.eval.every_steps,
-                         nan_guard=nan_guard)
-    try:
-      return dict(loop.run().summary)
-    except execution_lib.PEER_FAILURES as e:
-      lost = execution_lib.lost_worker_error(parts.strategy, e, state.step, checkpoints.latest())
-      if lost is None:
-        raise
-      raise lost from e
+    if not dry_run:  # before anything is built, restored or written: a second run on this workdir stops here
+      cleanup.enter_context(workdir_lock.held(workdir, task.is_chief))
+    parts = build_lib.build(config, task)
+    user_callbacks = callbacks_lib.load_user_callbacks(config, callback_objects)
+    if dry_run:
+      return _dry_run_report(config, workdir, parts, user_callbacks)
+    return _train(config, workdir, parts, user_callbacks, wall_started, cleanup)
+
+
+def _train(config, workdir, parts, user_callbacks, wall_started, cleanup):
+  task = parts.task
+  checkpoints = checkpoints_lib.Checkpoints(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep,
+                                            task.is_chief)
+  cleanup.callback(checkpoints.close)
+  best = checkpoints_lib.BestCheckpoint(workdir, parts.checkpoint, parts.step_counter,
+                                        config.checkpoint.best_metric, config.checkpoint.best_mode, task.is_chief)
+  cleanup.callback(best.close)
+  checkpoints.restore_latest()  # refuses a checkpoint of another model before anything in the workdir is touched
+  writer = writers.for_task(workdir, task.is_chief)
+  writer.prepare_workdir(config)  # only once every name, value and checkpoint has been accepted
+  cleanup.callback(writer.close)
+  execution = execution_lib.make(parts, config)
+  watcher = execution.preemption(checkpoints)
+  cleanup.callback(watcher.close)
+  state = loop_lib.State(step=execution.step, total_steps=parts.plan.total_steps,
+                         steps_per_epoch=parts.plan.steps_per_epoch, is_chief=task.is_chief, workdir=workdir,
+                         writer=writer, config=config)
+  nan_guard = loop_lib.NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,
+                                log=logging.warning)
+  every = _built_in_callbacks(config, parts, execution, checkpoints, best, watcher, nan_guard, wall_started)
+  loop = loop_lib.Loop(execution, callbacks_lib.assemble(every[0], user_callbacks, every[1]), state,
+                       steps_per_loop=parts.plan.steps_per_loop, eval_every_steps=config.eval.every_steps,
+                       nan_guard=nan_guard)
+  try:
+    return dict(loop.run().summary)
+  except execution_lib.PEER_FAILURES as e:
+    lost = execution_lib.lost_worker_error(parts.strategy, e, state.step, checkpoints.latest())
+    if lost is None:
+      raise
+    raise lost from e
 
 
 def _built_in_callbacks(config, parts, execution, checkpoints, best, watcher, nan_guard, wall_started):
@@ -145,12 +154,16 @@ def _dry_run_report(config, workdir, parts, user_callbacks):
       "eval_metrics": metrics_lib.tags(parts.eval_metrics),
       "early_stopping": config.early_stopping.metric or "off",
       "callbacks": [type(c).__name__ for c in user_callbacks],
-      "workdir": os.path.abspath(workdir),
-      "checkpoints": os.path.join(os.path.abspath(workdir), "checkpoints"),
-      "resumes_from": tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints")),
+      "workdir": _absolute(workdir),
+      "checkpoints": posixpath.join(_absolute(workdir), "checkpoints"),
+      "resumes_from": tf.train.latest_checkpoint(posixpath.join(workdir, "checkpoints")),
   }
   print(f"config:\n{config}")
   print("dry run (nothing trained or written):")
   for key, value in report.items():
     print(f"  {key}: {value}")
   return report
+
+
+def _absolute(path):
+  return path if "://" in path else os.path.abspath(path)

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
-from loops.errors import ConfigError
+from loops.errors import unwritable_workdir
 
 
 def for_task(workdir, is_chief):
@@ -96,8 +96,7 @@ class Writer(NullWriter):
         f.write("ok")
       tf.io.gfile.remove(probe)
     except (tf.errors.OpError, OSError) as e:
-      reason = getattr(e, "strerror", None) or getattr(e, "message", None) or str(e)
-      raise ConfigError(f"workdir '{self.workdir}' is not writable: {reason}") from None
+      raise unwritable_workdir(self.workdir, e) from None
     self.write_json("config.json", json.loads(config.to_json_best_effort()))
 
   def scalars(self, step, values):

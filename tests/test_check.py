@@ -23,6 +23,11 @@ from tests.conftest import load_config
     ("data.mean", (0.5,), "data.mean and data.std must be set together"),
     ("data.pipeline_threads", -1, "data.pipeline_threads must be None"),
     ("mixed_precision", "fp16", r"unknown mixed_precision 'fp16'.*valid: None, bfloat16, float16"),
+    ("preemption.signals", "SIGTERM,SIGUSR3", r"preemption.signals: unknown or uncatchable signal 'SIGUSR3'; valid: "
+                                              r"SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP, SIGCONT"),
+    ("preemption.signals", "SIGKILL", r"uncatchable signal 'SIGKILL'"),
+    ("preemption.exit_code", 1, r"preemption.exit_code must be an integer in 2..255 \(1 is a user error\), got 1"),
+    ("preemption.exit_code", 300, r"preemption.exit_code must be an integer in 2..255"),
     ("nan_policy.mode", "retry", r"unknown nan_policy.mode 'retry'; valid: stop, rollback"),
     ("early_stopping.metric", "eval/los", r"early_stopping.metric 'eval/los' is not an eval metric"),
     ("early_stopping.mode", "down", r"unknown early_stopping.mode 'down'"),

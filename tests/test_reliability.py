@@ -70,8 +70,9 @@ def run_until(command, pattern, environment=None, delay=0.0):
   return "".join(lines)
 
 
-def start_and_sigterm(command, target_pattern, tmp_path, wait_for=r"step \d+/"):
-  """Starts command, waits for a progress line, SIGTERMs the process whose pid the pattern finds; returns output."""
+def start_and_sigterm(command, target_pattern, tmp_path, wait_for=r"step \d+/", signum=signal.SIGTERM):
+  """Starts command, waits for a progress line, signals (SIGTERM) the process whose pid the pattern finds; returns
+  (exit code, output)."""
   proc = subprocess.Popen(command, cwd=REPO, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)
   lines = []
@@ -81,7 +82,7 @@ def start_and_sigterm(command, target_pattern, tmp_path, wait_for=r"step \d+/"):
       if re.search(wait_for, line):
         break
     pid = target_pattern(proc, "".join(lines))
-    os.kill(pid, signal.SIGTERM)
+    os.kill(pid, signum)
     rest, _ = proc.communicate(timeout=180)
   finally:
     if proc.poll() is None:
@@ -112,27 +113,30 @@ def saved_step(workdir):
 
 
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
-def test_sigterm_saves_at_the_current_step_exits_42_and_the_rerun_resumes_there(strategy, tmp_path):
+def test_sigterm_saves_at_the_current_step_exits_143_and_the_rerun_resumes_there(strategy, tmp_path):
   workdir = tmp_path / "run"
   args = [PY, "main.py", *LONG, f"--workdir={workdir}", f"--config.strategy={strategy}",
           f"--config.cpu_replicas={2 if strategy == 'mirrored' else 0}"]
   code, output = start_and_sigterm(args, lambda proc, _: proc.pid, tmp_path)
-  assert code == 42, output[-3000:]
-  assert "preempted (SIGTERM): checkpoint saved; exiting with code 42" in output
+  assert code == 143, output[-3000:]
+  assert "preempted (SIGTERM): checkpoint saved; exiting with code 143" in output
   step, output = resume_for_20_more_steps(args, workdir)
   assert re.search(rf"step {step + 10}/{step + 20}", output)
 
 
-def test_sigterm_to_one_mwms_worker_saves_on_all_workers_and_exits_42(tmp_path):
+def test_a_configured_signal_to_one_mwms_worker_saves_on_all_workers_and_exits_with_the_configured_code(tmp_path):
   workdir = tmp_path / "mw"
   command = [PY, "-m", "launch.local", "--workers=2", "--", PY, "main.py", *LONG, f"--workdir={workdir}",
-             "--config.strategy=multi_worker_mirrored"]
+             "--config.strategy=multi_worker_mirrored", "--config.preemption.signals=SIGTERM,SIGUSR1",
+             "--config.preemption.exit_code=85"]
 
-  code, output = start_and_sigterm(command, launched_pid("worker:1"), tmp_path, wait_for=r"\[worker:0\].*step \d+/")
-  assert code == 42, output[-3000:]
-  assert re.search(r"\[launch\] task worker:[01] was preempted \(exit code 42, checkpoint saved\)", output)
-  for worker in ("worker:0", "worker:1"):  # the signal reached worker 1 only; both saved the same step
-    assert re.search(rf"\[{worker}\].*preempted \(SIGTERM\): checkpoint saved", output), output[-3000:]
+  code, output = start_and_sigterm(command, launched_pid("worker:1"), tmp_path, wait_for=r"\[worker:0\].*step \d+/",
+                                   signum=signal.SIGUSR1)
+  assert code == 85, output[-3000:]
+  assert re.search(r"\[launch\] task worker:[01] was preempted \(exit code 85, checkpoint saved\)", output)
+  # the signal reached worker 1 only; worker 0 learnt it from the coordination service; both saved the same step
+  assert re.search(r"\[worker:1\].*preempted \(SIGUSR1\): checkpoint saved; exiting with code 85", output)
+  assert re.search(r"\[worker:0\].*preempted \(by a peer or the platform\): checkpoint saved", output)
   assert saved_step(workdir) > 0
 
 
@@ -310,14 +314,14 @@ def test_a_lost_mwms_worker_stops_the_other_within_seconds_and_the_rerun_resumes
   assert_bit_identical(workdir, tmp_path / "ref")
 
 
-def test_sigterm_to_the_parameter_server_coordinator_saves_exits_42_and_the_rerun_resumes(tmp_path):
+def test_sigterm_to_the_parameter_server_coordinator_saves_exits_143_and_the_rerun_resumes(tmp_path):
   workdir = tmp_path / "ps"
   command = [PY, "-m", "launch.local", "--workers=2", "--ps=1", "--", PY, "main.py", *LONG, f"--workdir={workdir}",
              "--config.strategy=parameter_server"]
 
   code, output = start_and_sigterm(command, launched_pid("chief:0"), tmp_path, wait_for=r"\[chief:0\].*step \d+/")
-  assert code == 42, output[-3000:]
-  assert re.search(r"\[chief:0\].*preempted \(SIGTERM\): checkpoint saved; exiting with code 42", output)
+  assert code == 143, output[-3000:]
+  assert re.search(r"\[chief:0\].*preempted \(SIGTERM\): checkpoint saved; exiting with code 143", output)
   resume_for_20_more_steps(command, workdir)
 
 
