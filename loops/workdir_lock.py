@@ -89,6 +89,8 @@ class WorkdirLock:
 
   def _stale_reason(self, holder):
     if holder.get("host") == self._host and isinstance(holder.get("pid"), int):
+      if holder["pid"] == self._pid:  # a restarted container: same host name, same pid (often 1)
+        return f"process {holder['pid']} is this process (restarted)"
       return None if self._is_alive(holder["pid"]) else f"process {holder['pid']} is no longer running"
     age = self._clock() - float(holder.get("heartbeat", 0))
     if age > self._stale_seconds:
@@ -116,7 +118,7 @@ class WorkdirLock:
     try:
       with tf.io.gfile.GFile(self.path) as f:
         return json.loads(f.read())
-    except tf.errors.NotFoundError:
+    except (tf.errors.NotFoundError, tf.errors.FailedPreconditionError):  # no lock, or no such directory
       return None
     except ValueError:  # a torn or foreign file: treat as held by nobody we can name, but not silently
       return {"host": "?", "pid": None, "since": 0, "heartbeat": 0}

@@ -62,6 +62,13 @@ def test_a_lock_of_a_dead_process_on_this_host_is_taken_over_with_a_warning(tmp_
   second.release()
 
 
+def test_a_lock_with_this_hosts_name_and_this_pid_is_ours_from_before_a_restart(tmp_path, caplog):
+  """A restarted pod keeps its host name and runs its command as pid 1 again: that lock is stale, not "in use"."""
+  lock(tmp_path, host="job-worker-0", pid=1, alive=(1,)).acquire()._stop.set()
+  lock(tmp_path, host="job-worker-0", pid=1, alive=(1,)).acquire().release()
+  assert "process 1 is this process (restarted)" in caplog.text
+
+
 @pytest.mark.parametrize("age, taken_over", [(299.0, False), (301.0, True)])
 def test_another_hosts_lock_is_taken_over_only_when_its_heartbeat_is_stale(tmp_path, caplog, age, taken_over):
   clock = Clock()
