@@ -7,11 +7,14 @@ import os
 from loops.errors import ConfigError
 
 
+JOBS = ("chief", "worker", "ps", "evaluator")  # what tf.distribute accepts; "master" is read as "chief"
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
   type: str = "local"  # local (no cluster), chief, worker, ps, evaluator
   index: int = 0
-  cluster: dict = dataclasses.field(default_factory=dict)
+  cluster: dict = dataclasses.field(default_factory=dict)  # the training cluster: never an "evaluator" job
 
   @property
   def is_chief(self):
@@ -21,8 +24,14 @@ class Task:
     return self.type == "worker" and self.index == 0 and "chief" not in self.cluster
 
   @property
+  def is_evaluator(self):
+    """A side task that evaluates the training cluster's checkpoints; it never joins the cluster itself."""
+    return self.type == "evaluator"
+
+  @property
   def is_distributed(self):
-    return bool(self.cluster)
+    """This process is one task of a multi-process training cluster (an evaluator only watches one)."""
+    return bool(self.cluster) and not self.is_evaluator
 
   @property
   def worker_index(self):
@@ -79,7 +88,12 @@ def from_slurm(environ, port_base):
 
 
 def from_tf_config(environ):
-  """Parses TF_CONFIG (if set) into a Task; a malformed TF_CONFIG raises ConfigError naming the field."""
+  """Parses TF_CONFIG (if set) into a Task; a malformed TF_CONFIG raises ConfigError naming the field.
+
+  Accepts what cluster managers write: extra keys ("environment": "cloud", "job", task "trial"), a "master" job
+  for the chief (SageMaker, AI Platform), and an evaluator task whether or not its job is in "cluster"
+  (training-operator TFJob lists it, AI Platform does not). Vertex AI's CLUSTER_SPEC is not read.
+  """
   raw = environ.get("TF_CONFIG", "").strip()
   if not raw:
     return Task()
@@ -92,15 +106,40 @@ def from_tf_config(environ):
   cluster, task = spec.get("cluster"), spec.get("task")
   if not isinstance(cluster, dict) or not cluster:
     raise ConfigError("TF_CONFIG has no 'cluster' (e.g. {\"worker\": [\"host:port\", ...]})")
-  if not isinstance(task, dict) or "type" not in task:
+  if not isinstance(task, dict) or not isinstance(task.get("type"), str):
     raise ConfigError("TF_CONFIG has no 'task' with a 'type' (e.g. {\"type\": \"worker\", \"index\": 0})")
-  task_type, index = task["type"], task.get("index", 0)
-  if "master" in cluster and "chief" not in cluster:  # SageMaker and legacy cloud training name the chief "master"
-    cluster = {("chief" if job == "master" else job): tasks for job, tasks in cluster.items()}
-    task_type = "chief" if task_type == "master" else task_type
-  if task_type not in cluster:
+  cluster, task_type = _master_is_chief(_check_jobs(cluster), task["type"])
+  index = task.get("index", 0)
+  if task_type not in cluster and task_type != "evaluator":
     raise ConfigError(f"TF_CONFIG task.type '{task_type}' is not a job of the cluster; jobs: {', '.join(cluster)}")
-  if not isinstance(index, int) or not 0 <= index < len(cluster[task_type]):
-    raise ConfigError(f"TF_CONFIG task.index {index!r} is out of range: job '{task_type}' has "
-                      f"{len(cluster[task_type])} task(s)")
-  return Task(type=task_type, index=index, cluster=cluster)
+  tasks = len(cluster.get(task_type, ()))
+  if not isinstance(index, int) or isinstance(index, bool) or index < 0 or (tasks and index >= tasks):
+    raise ConfigError(f"TF_CONFIG task.index {index!r} is out of range: job '{task_type}' has {tasks} task(s)")
+  training = {job: addresses for job, addresses in cluster.items() if job != "evaluator"}
+  if not training:
+    raise ConfigError("TF_CONFIG cluster has no training job (chief, worker or ps), only an evaluator")
+  return Task(type=task_type, index=index, cluster=training)
+
+
+def _master_is_chief(cluster, task_type):
+  """SageMaker and AI Platform (legacy runtimes) name the chief "master"; every task renames it alike."""
+  if "master" not in cluster:
+    return cluster, task_type
+  if "chief" in cluster:
+    raise ConfigError("TF_CONFIG cluster has both a 'master' and a 'chief' job; name the chief once")
+  cluster = {("chief" if job == "master" else job): addresses for job, addresses in cluster.items()}
+  return cluster, "chief" if task_type == "master" else task_type
+
+
+def _check_jobs(cluster):
+  """The cluster without empty jobs (a TFJob replica type scaled to 0 is written as [])."""
+  for job, addresses in cluster.items():
+    if job not in JOBS + ("master",):
+      raise ConfigError(f"TF_CONFIG cluster job '{job}' is not one TensorFlow knows; valid: master, "
+                        f"{', '.join(JOBS)}")
+    if not isinstance(addresses, list) or not all(isinstance(a, str) for a in addresses):
+      raise ConfigError(f"TF_CONFIG cluster job '{job}' must be a list of \"host:port\" strings, got {addresses!r}")
+  for job in ("chief", "master"):
+    if len(cluster.get(job, ())) > 1:
+      raise ConfigError(f"TF_CONFIG cluster job '{job}' has {len(cluster[job])} tasks; a cluster has one chief")
+  return {job: addresses for job, addresses in cluster.items() if addresses}

@@ -80,6 +80,8 @@ def build(config, task):
   name = config.strategy
   if name not in STRATEGIES:
     raise unknown_name("strategy", name, STRATEGIES)
+  if task.is_evaluator and (name in MULTI_WORKER or name == "parameter_server"):
+    name = _evaluator_strategy(config, name)
   if name in MULTI_WORKER:
     return _multi_worker(config, task)
   if name == "parameter_server":
@@ -102,6 +104,13 @@ def build(config, task):
         compute_devices=devices, parameter_device="/cpu:0")
   logging.info("strategy %s with %d replica(s) on %s", name, strategy.num_replicas_in_sync, ", ".join(devices))
   return strategy
+
+
+def _evaluator_strategy(config, training_name):
+  """An evaluator task never joins the training cluster's collectives: it evaluates on its own devices."""
+  name = "mirrored" if len(replica_devices(config)) > 1 else "one_device"
+  logging.info("evaluator task: %s on this machine's devices (the training cluster runs %s)", name, training_name)
+  return name
 
 
 def _multi_worker(config, task):

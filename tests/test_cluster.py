@@ -1,4 +1,5 @@
 import json
+import os
 
 import pytest
 
@@ -74,3 +75,191 @@ def test_single_srun_task_is_local_and_bad_slurm_env_is_explained():
     cluster.from_environment(slurm_env(0, "n[1-2]", "2,1", 4))
   with pytest.raises(ConfigError, match="SLURM_PROCID is not set"):
     cluster.from_environment({}, source="slurm")
+
+
+# TF_CONFIG exactly as cluster managers write it (sources in each docstring).
+
+def _env(tf_config, **extra):
+  return {"TF_CONFIG": tf_config if isinstance(tf_config, str) else json.dumps(tf_config), **extra}
+
+
+TFJOB_TRAINING = {"chief": ["mnist-chief-0.team.svc:2222"], "ps": ["mnist-ps-0.team.svc:2222"],
+                  "worker": ["mnist-worker-0.team.svc:2222", "mnist-worker-1.team.svc:2222"]}
+TFJOB_EVALUATOR = {"evaluator": ["mnist-evaluator-0.team.svc:2222"]}
+
+
+@pytest.mark.parametrize("lists_evaluator", [True, False], ids=["operator_v1", "operator_v1alpha2"])
+@pytest.mark.parametrize("task_type, index, chief", [("chief", 0, True), ("worker", 0, False), ("worker", 1, False),
+                                                     ("ps", 0, False), ("evaluator", 0, False)])
+def test_kubeflow_tfjob(lists_evaluator, task_type, index, chief):
+  """training-operator genTFConfigJSONStr: {"cluster","task","environment":"cloud"}, Go's sorted map keys,
+  `<job>-<type>-<i>.<namespace>.svc:<tfjob-port>`; kubeflow.org/v1 lists the evaluator in "cluster" (pod_test.go
+  TestClusterSpec), v1alpha2 left it out (kubeflow/trainer#650). Training tasks never see it either way."""
+  spec = {**TFJOB_EVALUATOR, **TFJOB_TRAINING} if lists_evaluator else TFJOB_TRAINING
+  raw = json.dumps({"cluster": spec, "task": {"type": task_type, "index": index}, "environment": "cloud"},
+                   separators=(",", ":"))
+  task = cluster.from_environment(_env(raw))
+  assert (task.type, task.index, task.is_chief, task.is_evaluator) == (task_type, index, chief,
+                                                                       task_type == "evaluator")
+  assert task.cluster == TFJOB_TRAINING and task.num_workers == 3
+  assert task.is_distributed is (task_type != "evaluator")
+
+
+VERTEX_TRAINING = {"chief": ["workerpool0-7f3a-0:2222"], "worker": ["workerpool1-7f3a-0:2222",
+                                                                    "workerpool1-7f3a-1:2222"]}
+VERTEX_POOLS = {"workerpool0": ["workerpool0-7f3a-0:2222"],
+                "workerpool1": ["workerpool1-7f3a-0:2222", "workerpool1-7f3a-1:2222"],
+                "workerpool3": ["workerpool3-7f3a-0:2222"]}
+
+
+@pytest.mark.parametrize("task_type, index, pool, chief", [("chief", 0, "workerpool0", True),
+                                                           ("worker", 1, "workerpool1", False),
+                                                           ("evaluator", 0, "workerpool3", False)])
+def test_vertex_ai_with_its_cluster_spec(task_type, index, pool, chief):
+  """Vertex AI / AI Platform: workerPoolSpecs[0..3] = chief, workers, ps, evaluator; TF_CONFIG adds "job",
+  "environment": "cloud", task "trial" and "cloud", and never lists the evaluator (AI Platform's "TF_CONFIG and
+  distributed training" page); custom containers also get CLUSTER_SPEC with workerpoolN job names."""
+  tf_config = {"cluster": VERTEX_TRAINING, "environment": "cloud",
+               "job": {"python_module": "main", "args": ["--config=configs/digits_cnn.py"]},
+               "task": {"cloud": "q2ab5e1-ml", "index": index, "trial": "", "type": task_type}}
+  cluster_spec = {"cluster": VERTEX_POOLS, "environment": "cloud", "task": {"type": pool, "index": index, "trial": ""},
+                  "job": {}}
+  alone = cluster.from_environment(_env(tf_config))
+  assert alone == cluster.from_environment(_env(tf_config, CLUSTER_SPEC=json.dumps(cluster_spec)))
+  assert (alone.type, alone.index, alone.is_chief, alone.is_evaluator) == (task_type, index, chief,
+                                                                           task_type == "evaluator")
+  assert alone.cluster == VERTEX_TRAINING
+
+
+@pytest.mark.parametrize("task_type, index, parsed_type", [("master", 0, "chief"), ("worker", 0, "worker"),
+                                                           ("ps", 1, "ps")])
+def test_sagemaker_parameter_server(task_type, index, parsed_type):
+  """sagemaker-tensorflow-training-toolkit _build_tf_config: hosts[0] is "master" (port 2222), every host runs a
+  ps on 2223, the others are workers; "environment": "cloud"."""
+  raw = json.dumps({"cluster": {"master": ["algo-1:2222"], "ps": ["algo-1:2223", "algo-2:2223"],
+                                "worker": ["algo-2:2222"]}, "environment": "cloud",
+                    "task": {"index": index, "type": task_type}})
+  task = cluster.from_environment(_env(raw))
+  assert (task.type, task.index, task.is_chief) == (parsed_type, index, task_type == "master")
+  assert task.cluster == {"chief": ["algo-1:2222"], "ps": ["algo-1:2223", "algo-2:2223"], "worker": ["algo-2:2222"]}
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_ray_train_worker_only(index):
+  """Ray Train TensorflowTrainer (_setup_tensorflow_environment): a worker-only cluster, worker 0 is the chief."""
+  workers = ["10.0.0.5:36417", "10.0.0.6:40121", "10.0.0.7:33859"]
+  task = cluster.from_environment(_env({"cluster": {"worker": workers}, "task": {"type": "worker", "index": index}}))
+  assert (task.type, task.is_chief, task.worker_index, task.num_workers) == ("worker", index == 0, index, 3)
+
+
+@pytest.mark.parametrize("spec, task, message", [
+    ({"worker": ["a:1"], "workerpool0": ["b:2"]}, {"type": "worker"},
+     "cluster job 'workerpool0' is not one TensorFlow knows; valid: master, chief, worker, ps, evaluator"),
+    ({"master": ["m:1"], "chief": ["c:2"]}, {"type": "chief"}, "both a 'master' and a 'chief' job"),
+    ({"chief": ["c:1", "d:2"]}, {"type": "chief"}, "cluster job 'chief' has 2 tasks; a cluster has one chief"),
+    ({"worker": "a:1"}, {"type": "worker"}, "cluster job 'worker' must be a list of \"host:port\" strings"),
+    ({"evaluator": ["e:1"]}, {"type": "evaluator"}, "no training job \\(chief, worker or ps\\), only an evaluator"),
+    ({"worker": ["a:1"], "evaluator": ["e:1"]}, {"type": "evaluator", "index": 1},
+     "task.index 1 is out of range: job 'evaluator' has 1 task"),
+    ({"worker": ["a:1"]}, {"type": "evaluator", "index": -1}, "task.index -1 is out of range"),
+    ({"worker": ["a:1"]}, {"type": "worker", "index": True}, "task.index True is out of range"),
+])
+def test_what_tensorflow_would_refuse_is_one_line(spec, task, message):
+  with pytest.raises(ConfigError, match=message):
+    cluster.from_environment(_env({"cluster": spec, "task": task}))
+
+
+def test_an_empty_job_is_dropped():
+  """A TFJob replica type scaled to 0 is written as an empty list."""
+  task = cluster.from_environment(_env({"cluster": {"worker": ["a:1"], "ps": []}, "task": {"type": "worker"}}))
+  assert task.cluster == {"worker": ["a:1"]}
+
+
+# The strategies build their resolver from the parsed Task, never from os.environ["TF_CONFIG"].
+
+class _Captured(Exception):
+  pass
+
+
+def _capture(monkeypatch, name):
+  import tensorflow as tf
+
+  def fake(*args, cluster_resolver=None, **kwargs):
+    resolver = cluster_resolver or args[0]
+    raise _Captured(resolver.cluster_spec().as_dict(), resolver.task_type, resolver.task_id, resolver.rpc_layer)
+  monkeypatch.setattr(tf.distribute, name, fake)
+
+
+def _config(strategy):
+  from tests.conftest import load_config
+  c = load_config("digits_cnn")
+  c.strategy = strategy
+  return c
+
+
+WITH_MASTER_AND_EVALUATOR = {"cluster": {"master": ["m:2222"], "worker": ["w:2222"], "ps": ["p:2223"],
+                                         "evaluator": ["e:2222"]}, "environment": "cloud"}
+
+
+@pytest.mark.parametrize("strategy_name, tf_name, task_type, index, jobs", [
+    ("multi_worker_mirrored", "MultiWorkerMirroredStrategy", "master", 0, ("master", "worker", "evaluator")),
+    ("multi_worker_mirrored", "MultiWorkerMirroredStrategy", "worker", 0, ("master", "worker", "evaluator")),
+    ("parameter_server", "ParameterServerStrategy", "master", 0, ("master", "worker", "ps", "evaluator")),
+])
+def test_strategies_get_the_parsed_cluster(monkeypatch, strategy_name, tf_name, task_type, index, jobs):
+  """A TF_CONFIG with "master" and an evaluator job (TFConfigClusterResolver would hand TensorFlow both: it refuses
+  "master", and ParameterServerStrategy waits on every listed task) reaches the strategy as chief + workers
+  (+ ps), over grpc."""
+  from loops import strategy
+  spec = {job: WITH_MASTER_AND_EVALUATOR["cluster"][job] for job in jobs}
+  monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec, "task": {"type": task_type, "index": index},
+                                              "environment": "cloud"}))
+  _capture(monkeypatch, tf_name)
+  with pytest.raises(_Captured) as got:
+    strategy.build(_config(strategy_name), cluster.from_environment())
+  passed, resolver_type, resolver_index, rpc = got.value.args
+  assert passed == {("chief" if job == "master" else job): spec[job] for job in jobs if job != "evaluator"}
+  assert (resolver_type, resolver_index, rpc) == ("chief" if task_type == "master" else task_type, index, "grpc")
+
+
+@pytest.mark.parametrize("strategy_name", ["multi_worker_mirrored", "parameter_server"])
+def test_an_evaluator_evaluates_on_its_own_devices(monkeypatch, strategy_name):
+  import tensorflow as tf
+  from loops import strategy
+  for name in ("MultiWorkerMirroredStrategy", "ParameterServerStrategy"):
+    _capture(monkeypatch, name)  # joining the training cluster would raise _Captured
+  task = cluster.from_environment(_env({**WITH_MASTER_AND_EVALUATOR, "task": {"type": "evaluator", "index": 0}}))
+  built = strategy.build(_config(strategy_name), task)
+  assert isinstance(built, tf.distribute.OneDeviceStrategy) and built.num_replicas_in_sync == 1
+
+
+MWMS_FROM_ENVIRONMENT = """
+import json, os, sys
+from configs import base
+from loops import cluster, strategy
+c = base.get_config()
+c.strategy = "multi_worker_mirrored"
+s = strategy.build(c, cluster.from_environment())
+r = s.cluster_resolver
+print(json.dumps([r.cluster_spec().as_dict(), r.task_type, r.task_id, s.extended._is_chief, s.num_replicas_in_sync]))
+"""
+
+
+def test_mwms_starts_from_a_master_tf_config_with_an_evaluator():
+  """A real MultiWorkerMirroredStrategy (1 task on a loopback port) from SageMaker's "master" naming, with a TFJob
+  evaluator job and "environment": "cloud" in the same TF_CONFIG."""
+  import socket
+  import subprocess
+  import sys
+  from tests.conftest import REPO
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  tf_config = {"cluster": {"master": [f"127.0.0.1:{port}"], "evaluator": ["127.0.0.1:1"]},
+               "task": {"type": "master", "index": 0}, "environment": "cloud"}
+  env = {**os.environ, "TF_CONFIG": json.dumps(tf_config), "CUDA_VISIBLE_DEVICES": "", "TF_CPP_MIN_LOG_LEVEL": "3"}
+  done = subprocess.run([sys.executable, "-c", MWMS_FROM_ENVIRONMENT], cwd=REPO, env=env, capture_output=True,
+                        text=True, timeout=60)
+  assert done.returncode == 0, done.stderr[-2000:]
+  spec, task_type, task_id, is_chief, replicas = json.loads(done.stdout.strip().splitlines()[-1])
+  assert spec == {"chief": [f"127.0.0.1:{port}"]} and (task_type, task_id, is_chief, replicas) == ("chief", 0, True, 1)
