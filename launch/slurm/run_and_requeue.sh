@@ -1,0 +1,117 @@
+# Sourced by the sbatch templates (from the repository root): SLURM's early warning becomes a checkpoint and a
+# requeue, and the requeued job resumes at the saved step.
+#
+#   source launch/slurm/run_and_requeue.sh
+#   run_or_requeue srun python main.py ... "${TRAIN_ARGS[@]}"
+#
+# With `#SBATCH --signal=B:USR1@120` SLURM sends SIGUSR1 to the batch shell alone (B:) about 120 s before the time
+# limit (up to a minute earlier: SLURM looks once a minute); `scancel --batch --signal=USR1 JOB` asks the same by
+# hand. The trap below forwards it to the training (srun forwards signals to all its tasks), which was started with
+# TRAIN_ARGS: --config.preemption.signals=SIGTERM,SIGUSR1 --config.preemption.exit_code=$PREEMPTION_EXIT_CODE.
+# Every task saves a checkpoint at the current step and exits with PREEMPTION_EXIT_CODE (default 143), and then:
+#
+#   training exits with       the batch script
+#   0                         returns 0 (the template goes on)
+#   PREEMPTION_EXIT_CODE      `scontrol requeue JOB` (JOB = ${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID} for an array
+#                             task, else $SLURM_JOB_ID) and exits 0: the job did what it should (saved and arranged
+#                             its continuation; its state shows REQUEUED, then PENDING), and a non-zero status would
+#                             report a failure and trip slurm.conf's RequeueExit/RequeueExitHold where configured.
+#                             If the requeue fails (e.g. submitted with --no-requeue) it exits with the code.
+#   128 + SIGUSR1 (138)       the same, if SIGUSR1 had arrived: it reached the training before its handler was set
+#                             (it resumes from its last periodic checkpoint)
+#   anything else (1: a user  exits with that code, no requeue: rerunning would only fail again
+#   error, a crash)
+#
+# The requeued job reruns the whole script with the same environment and job id, so the same --workdir: the training
+# restores the saved checkpoint ("restored <workdir>/checkpoints/ckpt-N") and goes on to the end. Keep
+# `#SBATCH --open-mode=append` so the requeued run appends to the log instead of truncating it.
+#
+# SIGTERM to the batch shell means SLURM itself is ending the job (scancel, the time limit, or its own preemption,
+# which requeues by itself under PreemptMode=REQUEUE): SLURM sends it to every process of the job, so the training
+# saves and exits with the code anyway. The trap forwards it too (a second SIGTERM is harmless), keeps this shell
+# alive until the save is done (a batch shell that dies takes its job steps with it) and does NOT requeue: a
+# requeue would undo a scancel. The script exits with the training's code; rerun or resubmit to resume.
+#
+# Environment: PREEMPTION_EXIT_CODE (default 143), EXTRA_ARGS (more --config.* overrides appended to TRAIN_ARGS,
+# split on spaces; e.g. EXTRA_ARGS="--config.train.steps=20000").
+
+PREEMPTION_EXIT_CODE=${PREEMPTION_EXIT_CODE:-143}
+if ! [[ $PREEMPTION_EXIT_CODE =~ ^[0-9]+$ ]] || (( PREEMPTION_EXIT_CODE < 2 || PREEMPTION_EXIT_CODE > 255 )); then
+  echo "error: PREEMPTION_EXIT_CODE must be an exit code 2..255 (0 is success, 1 a user error), got" \
+       "'$PREEMPTION_EXIT_CODE'" >&2
+  exit 1
+fi
+read -r -a _rq_extra <<< "${EXTRA_ARGS:-}"
+TRAIN_ARGS=(--config.preemption.signals=SIGTERM,SIGUSR1 "--config.preemption.exit_code=$PREEMPTION_EXIT_CODE"
+            ${_rq_extra[@]+"${_rq_extra[@]}"})
+
+_rq_pid=""      # the running training (python or srun), "" between runs
+_rq_warned=0    # SIGUSR1 arrived: save, exit, requeue
+_rq_ending=0    # SIGTERM arrived: SLURM is ending the job; save and exit, no requeue
+_rq_caught=0    # a trapped signal interrupted `wait`
+
+_rq_forward() {
+  _rq_caught=1
+  if [ -n "$_rq_pid" ]; then
+    kill -"$1" "$_rq_pid" 2>/dev/null || true
+  fi
+}
+trap '_rq_warned=1
+      [ -z "$_rq_pid" ] || echo "[slurm] SIGUSR1: the training saves a checkpoint and exits, then a requeue" >&2
+      _rq_forward USR1' USR1
+trap '_rq_ending=1
+      [ -z "$_rq_pid" ] || echo "[slurm] SIGTERM: SLURM is ending the job; the training saves and exits" >&2
+      _rq_forward TERM' TERM
+
+_rq_requeue_and_exit() {  # $1: the training's exit code
+  local job=${SLURM_JOB_ID:-}
+  if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then
+    job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
+  fi
+  if [ -z "$job" ]; then
+    echo "[slurm] not a SLURM job (no SLURM_JOB_ID): nothing to requeue; rerun the same command to resume" >&2
+    exit "$1"
+  fi
+  if scontrol requeue "$job"; then
+    echo "[slurm] checkpoint saved; requeued job $job: it reruns this script and resumes at the saved step" >&2
+    exit 0
+  fi
+  echo "[slurm] checkpoint saved, but \`scontrol requeue $job\` failed (submitted with --no-requeue?);" \
+       "resubmit the job to resume" >&2
+  exit "$1"
+}
+
+# Runs "$@" (the training) in the background and waits for it, forwarding SIGUSR1/SIGTERM. Returns its exit code;
+# after a preemption it requeues and exits instead (see the table above).
+run_or_requeue() {
+  if (( _rq_ending )); then  # SIGTERM came between two runs: the job is ending
+    exit "$PREEMPTION_EXIT_CODE"
+  fi
+  if (( _rq_warned )); then  # the warning came between two runs: no time for another one
+    _rq_requeue_and_exit "$PREEMPTION_EXIT_CODE"
+  fi
+  "$@" &
+  _rq_pid=$!
+  if (( _rq_warned )); then _rq_forward USR1; fi  # a signal trapped between the check above and this line
+  if (( _rq_ending )); then _rq_forward TERM; fi
+  local code=0 status first=1
+  while :; do
+    _rq_caught=0
+    wait "$_rq_pid" 2>/dev/null && status=0 || status=$?
+    # 127 on a second wait: the first one had reaped it (a signal trapped just after it returned; bash < 5).
+    if (( status == 127 && ! first )); then break; fi
+    code=$status first=0
+    (( _rq_caught )) || break  # else a trapped signal interrupted `wait`: the training is still saving
+  done
+  _rq_pid=""
+  # 128 + SIGUSR1: the signal reached the training before it set up its handler; it resumes from its last checkpoint.
+  if (( code == PREEMPTION_EXIT_CODE || (_rq_warned && code == 128 + $(kill -l USR1)) )); then
+    if (( _rq_ending )); then
+      echo "[slurm] the training exited with $code after SIGTERM; SLURM is ending this job, so no requeue here" \
+           "(resubmit, or rerun the same script, to resume)" >&2
+      exit "$code"
+    fi
+    _rq_requeue_and_exit "$code"
+  fi
+  return "$code"
+}

@@ -1,0 +1,238 @@
+"""The sbatch templates under a stand-in SLURM: `srun` (one local task, forwards signals) and `scontrol` (writes its
+arguments to a file) first on PATH, the template run with bash as sbatch would. SIGUSR1 to the batch shell (what
+`#SBATCH --signal=B:USR1@120` does) must end in a checkpoint, `scontrol requeue JOB` and exit 0; rerunning the script
+(the requeued job) resumes at the saved step. See launch/slurm/run_and_requeue.sh."""
+
+import glob
+import json
+import os
+import re
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import REPO
+
+PY = sys.executable
+SLURM_DIR = os.path.join(REPO, "launch", "slurm")
+# ~5 s of training at ~350 steps/s; the signal comes at the first progress line (step 10), the save ~0.5 s later.
+FAST = ["--config.train.steps=1500", "--config.train.steps_per_loop=10", "--config.eval.every_steps=0",
+        "--config.checkpoint.every_steps=0", "--config.checkpoint.best_metric=", "--config.summary.progress_bar=off",
+        "--config.export=False"]
+
+FAKE_SRUN = f"""#!{PY}
+# srun stand-in: its command is the one task of a one-node step; signals are forwarded to it, as srun does.
+import os, signal, subprocess, sys
+env = dict(os.environ, SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_NTASKS="1",
+           SLURM_STEP_NUM_TASKS="1", SLURM_STEP_NODELIST="localhost", SLURM_STEP_TASKS_PER_NODE="1")
+task = subprocess.Popen(sys.argv[1:], env=env)
+for number in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+  signal.signal(number, lambda signum, frame: task.send_signal(signum))
+code = task.wait()
+sys.exit(128 - code if code < 0 else code)
+"""
+
+
+def write_executable(path, text):
+  path.write_text(text)
+  path.chmod(path.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+
+
+def free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.fixture
+def slurm(tmp_path):
+  """A bin directory with srun, scontrol (appends to scontrol.log) and python (this interpreter)."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  write_executable(bin_dir / "srun", FAKE_SRUN)
+  write_executable(bin_dir / "scontrol", f'#!/bin/sh\necho "$*" >> "{tmp_path / "scontrol.log"}"\n')
+  write_executable(bin_dir / "python", f'#!/bin/sh\nexec "{PY}" "$@"\n')
+  return bin_dir
+
+
+def scontrol_calls(tmp_path):
+  log = tmp_path / "scontrol.log"
+  return log.read_text().splitlines() if log.exists() else []
+
+
+def job_env(bin_dir, template, workdir, job, extra=()):
+  """The environment sbatch would give the template, plus the template's overrides for a fast digits run."""
+  env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+  env.update(job, PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}", CONFIG="configs/digits_cnn.py",
+             SLURM_JOB_NUM_NODES="1", EXTRA_ARGS=" ".join(extra))
+  if template == "multi_node_mwms.sbatch":
+    env.update(WORKDIR=str(workdir), COLLECTIVE="ring")
+    env["EXTRA_ARGS"] += f" --config.cluster.slurm_port_base={free_port()}"
+  else:  # one_node_mirrored: one run on the CPU (num_gpus=0) into WORKDIR_PREFIX-0gpu
+    env.update(GPU_COUNTS="0", WORKDIR_PREFIX=str(workdir)[:-len("-0gpu")])
+  return env
+
+
+def run_job(template, env, timeout=240):
+  return subprocess.run(["bash", os.path.join(SLURM_DIR, template)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, text=True, timeout=timeout)
+
+
+def start_and_signal(template, env, signal_batch_shell):
+  """Starts the job script, waits for its first progress line, then signal_batch_shell(proc); returns (code, output)."""
+  proc = subprocess.Popen(["bash", os.path.join(SLURM_DIR, template)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  lines = []
+  try:
+    for line in proc.stdout:
+      lines.append(line)
+      if re.search(r"step \d+/", line):
+        break
+    signal_batch_shell(proc)
+    rest, _ = proc.communicate(timeout=180)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait()
+  return proc.returncode, "".join(lines) + rest
+
+
+def saved_step(workdir):
+  steps = [int(m.group(1)) for p in glob.glob(str(workdir / "checkpoints" / "ckpt-*.index"))
+           if (m := re.search(r"ckpt-(\d+)\.index$", p))]
+  return max(steps)
+
+
+@pytest.mark.parametrize("template, job, requeued", [
+    ("multi_node_mwms.sbatch", {"SLURM_JOB_ID": "4242"}, "4242"),
+    ("one_node_mirrored.sbatch", {"SLURM_JOB_ID": "4300", "SLURM_ARRAY_JOB_ID": "4299", "SLURM_ARRAY_TASK_ID": "7"},
+     "4299_7"),
+], ids=["mwms-job", "mirrored-array-task"])
+def test_usr1_to_the_batch_shell_saves_requeues_and_the_requeued_job_resumes(slurm, tmp_path, template, job,
+                                                                             requeued):
+  workdir = tmp_path / "run-0gpu"
+  env = job_env(slurm, template, workdir, job, FAST)
+  code, output = start_and_signal(template, env, lambda proc: os.kill(proc.pid, signal.SIGUSR1))  # B:USR1
+  assert code == 0, output[-3000:]
+  assert "preempted (SIGUSR1): checkpoint saved; exiting with code 143" in output, output[-3000:]
+  assert f"requeued job {requeued}" in output
+  assert output.index("preempted (SIGUSR1)") < output.index("requeued job")  # the shell waited for the save
+  assert scontrol_calls(tmp_path) == [f"requeue {requeued}"]
+  step = saved_step(workdir)
+  assert 0 < step < 1500
+
+  rerun = run_job(template, dict(env, SLURM_RESTART_COUNT="1"))  # the requeued job: same script, same job
+  assert rerun.returncode == 0, rerun.stdout[-3000:]
+  assert f"restored {workdir}/checkpoints/ckpt-{step}" in rerun.stdout
+  assert json.load(open(workdir / "summary.json"))["step"] == 1500
+  assert scontrol_calls(tmp_path) == [f"requeue {requeued}"]  # no second requeue
+
+
+def test_a_user_error_is_passed_through_without_requeue(slurm, tmp_path):
+  env = job_env(slurm, "multi_node_mwms.sbatch", tmp_path / "run-0gpu", {"SLURM_JOB_ID": "4444"},
+                ["--config.train.no_such_key=1"])
+  result = run_job("multi_node_mwms.sbatch", env)
+  assert result.returncode == 1, result.stdout[-3000:]
+  assert "error:" in result.stdout and "no_such_key" in result.stdout
+  assert scontrol_calls(tmp_path) == []
+
+
+STAND_IN = f"""#!{PY}
+# python stand-in (no training): records its arguments; EXIT=N exits N, EXIT=sleep dies of any signal,
+# EXIT=save saves for 1 s on SIGTERM/SIGUSR1 and exits 143, like main.py.
+import os, signal, sys, time
+with open(os.environ["ARGS_LOG"], "a") as f:
+  f.write(" ".join(sys.argv[1:]) + "\\n")
+mode = os.environ["EXIT"]
+def save(signum, frame):
+  signal.signal(signal.SIGTERM, signal.SIG_IGN)  # SLURM's, srun's and the batch shell's SIGTERMs: one save
+  time.sleep(1)
+  print(f"preempted ({{signal.Signals(signum).name}}): checkpoint saved", flush=True)
+  sys.exit(143)
+if mode == "save":
+  signal.signal(signal.SIGTERM, save)
+  signal.signal(signal.SIGUSR1, save)
+  print("step 10/100", flush=True)
+if mode in ("save", "sleep"):
+  time.sleep(60)
+sys.exit(int(mode))
+"""
+
+
+@pytest.fixture
+def stand_in(tmp_path):
+  """A bin directory whose python is STAND_IN (no training)."""
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  write_executable(bin_dir / "srun", FAKE_SRUN)
+  write_executable(bin_dir / "scontrol", f'#!/bin/sh\necho "$*" >> "{tmp_path / "scontrol.log"}"\n')
+  write_executable(bin_dir / "python", STAND_IN)
+  return bin_dir
+
+
+def stand_in_env(bin_dir, tmp_path, template, job, exit, extra=()):
+  env = job_env(bin_dir, template, tmp_path / "run-0gpu", job, extra)
+  env.update(EXIT=exit, ARGS_LOG=str(tmp_path / "args.log"))
+  return env
+
+
+@pytest.mark.parametrize("template", ["multi_node_mwms.sbatch", "one_node_mirrored.sbatch"])
+@pytest.mark.parametrize("training_exit, job_exit, requeued", [(0, 0, False), (99, 0, True), (1, 1, False),
+                                                                (143, 143, False)])
+def test_only_the_preemption_exit_code_requeues(stand_in, tmp_path, template, training_exit, job_exit, requeued):
+  env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "77"}, str(training_exit), ["--config.seed=3"])
+  env["PREEMPTION_EXIT_CODE"] = "99"
+  result = run_job(template, env, timeout=30)
+  assert result.returncode == job_exit, result.stdout
+  assert scontrol_calls(tmp_path) == (["requeue 77"] if requeued else [])
+  args = (tmp_path / "args.log").read_text()
+  assert "--config.preemption.signals=SIGTERM,SIGUSR1 --config.preemption.exit_code=99 --config.seed=3" in args
+  assert "--config=configs/digits_cnn.py" in args
+
+
+@pytest.mark.parametrize("template", ["multi_node_mwms.sbatch", "one_node_mirrored.sbatch"])
+def test_a_training_killed_by_the_warning_before_its_handler_is_set_is_requeued_too(stand_in, tmp_path, template):
+  """SIGUSR1 forwarded while the training is still starting (no handler yet: it dies of the signal, 128 + 10)."""
+  env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "78"}, "sleep")
+  proc = subprocess.Popen(["bash", os.path.join(SLURM_DIR, template)], cwd=REPO, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  try:
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "args.log").exists() and time.monotonic() < deadline:
+      time.sleep(0.05)
+    time.sleep(0.2)  # from the stand-in's first line to its sleep
+    os.kill(proc.pid, signal.SIGUSR1)
+    output, _ = proc.communicate(timeout=20)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+      proc.wait()
+  assert proc.returncode == 0, output
+  assert "requeued job 78" in output
+  assert scontrol_calls(tmp_path) == ["requeue 78"]
+
+
+@pytest.mark.parametrize("template", ["multi_node_mwms.sbatch", "one_node_mirrored.sbatch"])
+def test_sigterm_from_slurm_waits_for_the_save_and_does_not_requeue(stand_in, tmp_path, template):
+  """scancel, the time limit, SLURM's own preemption: SIGTERM to every process of the job. The batch shell outlives
+  the training's save, passes its 143 on and does not requeue (that would undo a scancel)."""
+  env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "79"}, "save")
+  code, output = start_and_signal(template, env, lambda proc: os.killpg(proc.pid, signal.SIGTERM))
+  assert code == 143, output
+  assert output.index("preempted (SIGTERM): checkpoint saved") < output.index("SLURM is ending this job, so no requeue")
+  assert scontrol_calls(tmp_path) == []
+
+
+def test_templates_are_valid_bash_and_ask_for_the_warning_and_requeue():
+  for path in glob.glob(os.path.join(SLURM_DIR, "*")):
+    assert subprocess.run(["bash", "-n", path], capture_output=True).returncode == 0, path
+  for path in glob.glob(os.path.join(SLURM_DIR, "*.sbatch")):
+    text = open(path).read()
+    for line in ("#SBATCH --signal=B:USR1@120", "#SBATCH --requeue", "#SBATCH --open-mode=append",
+                 "source launch/slurm/run_and_requeue.sh"):
+      assert line in text, (path, line)
