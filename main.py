@@ -79,7 +79,10 @@ def main(argv):
     logging.set_verbosity(logging.ERROR)  # clean-up warnings at exit must not bury the error line
     python_logging.getLogger("tensorflow").setLevel(python_logging.ERROR)
     hint = "" if isinstance(e, (ConfigError, WorkerLostError)) else " (rerun with --debug for the traceback)"
-    sys.exit(f"error: {_last_line(e)}{hint}")
+    print(f"error: {_last_line(e)}{hint}", file=sys.stderr)
+    # A lost peer is not the user's error: exit with the "restart me" code (Kubernetes' ExitCode policy retries
+    # codes >= 128); everything else is permanent (1).
+    sys.exit(_CONFIG.value.preemption.exit_code if isinstance(e, WorkerLostError) else 1)
 
 
 # Dicts handed to user functions as **kwargs: any key may be set from the command line.

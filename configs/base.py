@@ -14,6 +14,10 @@ def get_config(arg=None):
   c.seed = 0
   c.deterministic = False  # tf.config.experimental.enable_op_determinism()
 
+  # train | evaluate: a sidecar evaluator that trains nothing; it evaluates each new checkpoint of the workdir once
+  # (summaries in workdir/eval, best checkpoint by checkpoint.best_metric in workdir/eval/best) and exits after the
+  # final one. A TF_CONFIG task of type "evaluator" (Kubeflow TFJob, Vertex AI) runs in this mode.
+  c.mode = "train"
   # one_device | mirrored (multi_worker_mirrored, parameter_server, central_storage, tpu: see WORKSPACE.md).
   c.strategy = "one_device"
   c.cpu_replicas = 0  # >0: N logical CPU devices (mirrored on a CPU-only machine). 0 = off.
@@ -110,6 +114,8 @@ def get_config(arg=None):
   # Reported as eval/<name>, with eval/loss always: registry names (accuracy, top5_accuracy) or
   # "package.module:factory" strings whose factory() returns a keras.metrics.Metric (see WORKSPACE.md).
   c.eval.metrics = ("accuracy", "top5_accuracy")
+  c.eval.sidecar_poll_seconds = 10.0  # mode=evaluate: how often to look for a new checkpoint
+  c.eval.sidecar_timeout_seconds = 3600.0  # mode=evaluate: give up after this long without a new checkpoint
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 1000  # 0 = only at the end (any number of steps, as eval.every_steps).
@@ -123,10 +129,6 @@ def get_config(arg=None):
   c.nan_policy.mode = "stop"
   c.nan_policy.max_retries = 3
 
-  c.summary = ml_collections.ConfigDict()
-  c.summary.histogram_every_steps = 0  # weight and gradient-norm histograms every N steps (0 = off)
-  c.summary.progress_bar = "auto"  # Keras Progbar on the chief: auto (when stdout is a terminal) | on | off
-  # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls), chief only.
   # On one of these signals every task saves a checkpoint at the current step and exits with exit_code; rerunning
   # the same command resumes there. 143 (128 + SIGTERM) is what TFJob's ExitCode restart policy and GCE treat as
   # restartable; user errors exit 1. SLURM templates add SIGUSR1 (sbatch --signal=B:USR1@120) and requeue.
@@ -134,6 +136,10 @@ def get_config(arg=None):
   c.preemption.signals = "SIGTERM"  # comma-separated: SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP, SIGCONT
   c.preemption.exit_code = 143
 
+  c.summary = ml_collections.ConfigDict()
+  c.summary.histogram_every_steps = 0  # weight and gradient-norm histograms every N steps (0 = off)
+  c.summary.progress_bar = "auto"  # Keras Progbar on the chief: auto (when stdout is a terminal) | on | off
+  # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls), chief only.
   c.summary.profile_steps = ()
 
   # Stop when early_stopping.metric ("" = off; eval/loss or eval/<metric>) has not improved by more than

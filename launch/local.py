@@ -5,7 +5,9 @@
 
 Each task's output lines are prefixed with its name ("[worker:1] ..."). When a task fails, the others are
 stopped and the launcher exits with that task's code (or 1), naming it. With --ps M the cluster gets a chief
-(the coordinator), N workers and M parameter servers; the job ends when the chief ends.
+(the coordinator), N workers and M parameter servers; the job ends when the chief ends. --evaluator adds a sidecar
+evaluator task (not part of the cluster, as AI Platform writes it) that evaluates each checkpoint the job writes;
+the job then also waits for it to evaluate the final one.
 """
 
 import argparse
@@ -65,7 +67,8 @@ def _pump(stream, prefix, out, lock):
   stream.close()
 
 
-def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, preempt_grace_seconds=120):
+def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, preempt_grace_seconds=120,
+           evaluator=False):
   """Runs the tasks to the end; returns (exit code, name of the failed task or None).
 
   A task that exits with the preemption code (143 or the command's --config.preemption.exit_code: preempted
@@ -76,7 +79,7 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
   spec = cluster_spec(workers, ps)
   lock = threading.Lock()
   procs, pumps = {}, []
-  for job, index in tasks_of(spec):
+  for job, index in tasks_of(spec) + ([("evaluator", 0)] if evaluator else []):
     name = f"{job}:{index}"
     task_env = dict(os.environ if env is None else env)
     task_env["TF_CONFIG"] = json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
@@ -91,7 +94,7 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
     pump.start()
     pumps.append(pump)
   # The job ends when every task has ended, or (parameter servers) when the chief has: its workers wait forever.
-  lead = ["chief:0"] if ps else list(procs)
+  lead = ["chief:0"] + (["evaluator:0"] if evaluator else []) if ps else list(procs)
   failed, code = None, 0
   try:
     while True:
@@ -141,9 +144,11 @@ def _stop(proc, grace_seconds=5):
 def main(argv=None):
   parser = argparse.ArgumentParser(
       prog="python -m launch.local", description=__doc__.split("\n\n")[0],
-      usage="python -m launch.local --workers N [--ps M] -- COMMAND ...")
+      usage="python -m launch.local --workers N [--ps M] [--evaluator] -- COMMAND ...")
   parser.add_argument("--workers", type=int, required=True, help="number of worker tasks (>= 1)")
   parser.add_argument("--ps", type=int, default=0, help="parameter servers (adds a chief coordinator)")
+  parser.add_argument("--evaluator", action="store_true",
+                      help="add a sidecar evaluator task (TF_CONFIG task type 'evaluator', outside the cluster)")
   parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each task runs, after --")
   args = parser.parse_args(argv)
   command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -151,7 +156,7 @@ def main(argv=None):
     parser.error("give the command to run after --")
   if args.workers < 1 or args.ps < 0:
     parser.error("--workers must be >= 1 and --ps >= 0")
-  code, _ = launch(command, args.workers, args.ps)
+  code, _ = launch(command, args.workers, args.ps, evaluator=args.evaluator)
   return code
 
 

@@ -57,7 +57,14 @@ def _at_least(key, value, low, what="an integer"):
     raise ConfigError(f"{key} must be {what} >= {low}, got {value!r}")
 
 
+MODES_OF_RUN = ("train", "evaluate")
+
+
 def _check_machine(config):
+  _one_of("mode", config.mode, MODES_OF_RUN)
+  for key in ("eval.sidecar_poll_seconds", "eval.sidecar_timeout_seconds"):
+    if not config.eval[key.split(".")[1]] > 0:
+      raise ConfigError(f"{key} must be > 0, got {config.eval[key.split('.')[1]]}")
   _one_of("strategy", config.strategy, strategy_lib.STRATEGIES)
   for key in ("cpu_replicas", "intra_op_threads", "inter_op_threads"):
     _at_least(key, config[key], 0)

@@ -7,6 +7,7 @@
 """
 
 import contextlib
+import dataclasses
 import os
 import posixpath
 import time
@@ -25,6 +26,7 @@ from loops import execution as execution_lib
 from loops import loop as loop_lib
 from loops import metrics as metrics_lib
 from loops import saving
+from loops import sidecar
 from loops import strategy as strategy_lib
 from loops import workdir_lock
 from loops import writers
@@ -50,15 +52,20 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   check_lib.check(config)
   strategy_lib.configure_devices(config)
   task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base)
+  if config.mode == "evaluate" and not task.is_evaluator:
+    task = cluster.Task(type="evaluator", cluster=task.cluster)
   if execution_lib.serve_if_server(config, task):
     return None
   with contextlib.ExitStack() as cleanup:
     if not dry_run:  # before anything is built, restored or written: a second run on this workdir stops here
-      cleanup.enter_context(workdir_lock.held(workdir, task.is_chief))
+      locked = posixpath.join(workdir, "eval") if task.is_evaluator else workdir  # one evaluator per workdir
+      cleanup.enter_context(workdir_lock.held(locked, task.is_chief or task.is_evaluator))
     parts = build_lib.build(config, task)
     user_callbacks = callbacks_lib.load_user_callbacks(config, callback_objects)
     if dry_run:
       return _dry_run_report(config, workdir, parts, user_callbacks)
+    if task.is_evaluator:
+      return sidecar.Sidecar(config, workdir, parts).run()
     return _train(config, workdir, parts, user_callbacks, wall_started, cleanup)
 
 
@@ -73,6 +80,7 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup):
   checkpoints.restore_latest()  # refuses a checkpoint of another model before anything in the workdir is touched
   writer = writers.for_task(workdir, task.is_chief)
   writer.prepare_workdir(config)  # only once every name, value and checkpoint has been accepted
+  writer.write_json("plan.json", dataclasses.asdict(parts.plan))  # the derived values (the evaluator's end step)
   cleanup.callback(writer.close)
   execution = execution_lib.make(parts, config)
   watcher = execution.preemption(checkpoints)

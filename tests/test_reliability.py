@@ -300,7 +300,7 @@ def test_a_lost_mwms_worker_stops_the_other_within_seconds_and_the_rerun_resumes
     for worker in workers:
       if worker.poll() is None:
         worker.kill()
-  assert workers[0].returncode == 1, rest[-3000:]
+  assert workers[0].returncode == 143, rest[-3000:]  # restartable: Kubernetes' ExitCode policy retries >= 128
   assert waited < 60, waited
   last = rest.strip().splitlines()[-1]
   assert re.match(r"error: lost task /job:worker/(replica:0/)?task:1 during training near step \d+ "

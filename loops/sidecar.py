@@ -1,0 +1,115 @@
+"""The sidecar evaluator (config.mode=evaluate, or a TF_CONFIG task of type "evaluator"): trains nothing.
+
+It watches workdir/checkpoints, evaluates every new checkpoint once (in step order, on the full eval set, with the
+EMA weights when the run keeps them), writes eval/... summaries to workdir/eval, keeps the best checkpoint by
+checkpoint.best_metric in workdir/eval/best, and exits once it has evaluated the training's final checkpoint:
+the step of the workdir's plan.json (written by the chief at the start of each run), or the step where an
+early-stopped run ended (summary.json). A restarted evaluator goes on after the last step it evaluated
+(workdir/eval/evaluated.json).
+"""
+
+import json
+import posixpath
+import time
+
+from absl import logging
+import tensorflow as tf
+
+from loops import checkpoints as checkpoints_lib
+from loops import execution as execution_lib
+from loops import writers
+from loops.callbacks import format_values
+from loops.errors import ConfigError, first_line
+
+PROGRESS = "evaluated.json"
+
+
+def read_json(path):
+  """The JSON at path, or None when it does not exist or cannot be parsed (e.g. replaced while read)."""
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      return json.loads(f.read())
+  except (tf.errors.NotFoundError, ValueError):
+    return None
+
+
+def checkpoint_steps(directory):
+  """[(step, path)] of the checkpoints the training's index lists, oldest first (CheckpointManager numbers them by
+  step)."""
+  state = tf.train.get_checkpoint_state(directory)
+  if state is None:
+    return []
+  paths = dict.fromkeys([*state.all_model_checkpoint_paths, state.model_checkpoint_path])
+  found = []
+  for path in paths:
+    path = path if "://" in path or path.startswith("/") else posixpath.join(directory, path)
+    found.append((int(path.rsplit("-", 1)[1]), path))
+  return sorted(found)
+
+
+def is_final(workdir, step):
+  """Whether `step` is where the training ends: plan.json's total, or the step an early-stopped run ended at."""
+  plan = read_json(posixpath.join(workdir, "plan.json")) or {}
+  summary = read_json(posixpath.join(workdir, "summary.json")) or {}
+  if plan.get("total_steps") is not None and step >= plan["total_steps"]:
+    return True
+  return bool(summary.get("stopped_early")) and summary.get("step") == step
+
+
+class Sidecar:
+  """Evaluates a training run's checkpoints as they appear; run() returns the summary of what it evaluated."""
+
+  def __init__(self, config, workdir, parts):
+    self.config, self.workdir, self.parts = config, workdir, parts
+    self.checkpoint_dir = posixpath.join(workdir, "checkpoints")
+    self.eval_dir = posixpath.join(workdir, "eval")
+    self.writer = writers.Writer(self.eval_dir)
+    self.execution = execution_lib.make(parts, config)
+    self.best = checkpoints_lib.BestCheckpoint(self.eval_dir, parts.checkpoint, parts.step_counter,
+                                               config.checkpoint.best_metric, config.checkpoint.best_mode, True)
+    done = read_json(posixpath.join(self.eval_dir, PROGRESS)) or {}
+    self.last_step, self.final, self.results = done.get("step", -1), done.get("final", False), done.get("eval", {})
+
+  def run(self):
+    self.writer.prepare_workdir(self.config)
+    poll, timeout = self.config.eval.sidecar_poll_seconds, self.config.eval.sidecar_timeout_seconds
+    waited_since = time.monotonic()
+    try:
+      while not self.final:
+        pending = [(s, p) for s, p in checkpoint_steps(self.checkpoint_dir) if s > self.last_step]
+        for step, path in pending:
+          self._evaluate(step, path)
+        if pending:
+          waited_since = time.monotonic()
+        elif time.monotonic() - waited_since > timeout:
+          raise ConfigError(f"evaluator: no new checkpoint in {self.checkpoint_dir} for {timeout:.0f} s "
+                            f"(eval.sidecar_timeout_seconds; last evaluated step {self.last_step}); is the "
+                            "training running?")
+        else:
+          time.sleep(poll)
+    finally:
+      self.writer.close()
+    summary = {"step": self.last_step, **self.results, **self.best.summary()}
+    logging.info("evaluator done: %s", format_values(summary))
+    return summary
+
+  def _evaluate(self, step, path):
+    damage = checkpoints_lib.unreadable(path)  # removed meanwhile (checkpoint.keep) or torn
+    if damage:
+      logging.warning("evaluator: skipping checkpoint %s (%s)", path, damage)
+      return
+    try:
+      self.parts.checkpoint.restore(path).assert_existing_objects_matched()
+    except (AssertionError, ValueError, LookupError, tf.errors.OpError) as e:
+      raise ConfigError(f"evaluator: checkpoint {path} does not match this config's model/optimizer: "
+                        f"{first_line(e)}") from None
+    results = self.execution.evaluate()
+    self.writer.scalars(step, results)
+    self.writer.flush()
+    record = self.best.update(step, results, self.execution.averaged_weights)
+    if record:
+      self.writer.write_json(checkpoints_lib.BEST_RECORD, record)
+    self.last_step, self.results, self.final = step, results, is_final(self.workdir, step)
+    self.writer.write_json(PROGRESS, {"step": step, "eval": results, "final": self.final})
+    logging.info("evaluated %s (step %d%s): %s", path, step, ", final" if self.final else "",
+                 format_values(results))
