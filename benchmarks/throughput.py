@@ -6,7 +6,8 @@ Same model, data, strategy, global batch and steps per call for all four:
   framework  the framework's compiled loop (loops.steps) over the real input pipeline (data.train_dataset)
   keras_fit  model.fit with steps_per_execution = train.steps_per_loop on the same pipeline
   bare_loop  the TF custom-training tutorial: one strategy.run + strategy.reduce step per tf.function call
-  synthetic  the framework's loop on one preprocessed batch repeated (no input pipeline work): the upper bound
+  synthetic  the framework's loop on one preprocessed batch held on the devices (no input work): the upper bound
+  host_pipeline  the framework's loop over the tf.data pipeline, when "framework" is device-resident
 Warm-up calls (tracing) are not timed; every figure is the median of --windows timed windows, interleaved
 a, b, c, d, a, b, ... so machine noise hits all alike. Also measures the machine's float32 matmul peak and the
 model's training FLOPs per image (TF profiler) to report the fraction of peak reached.
@@ -78,6 +79,24 @@ class Nothing:
     pass
 
 
+class OneBatch:
+  """For make_resident_train_fn: every step trains on the same preprocessed batch, each replica its share of it
+  (no gather, no augmentation, no iterator: the loop's upper bound)."""
+
+  def __init__(self, batch, replicas):
+    import tensorflow as tf
+    self.tf, self.images, self.labels = tf, tf.constant(batch[0]), tf.constant(batch[1])
+    self.per_replica = len(batch[1]) // replicas
+
+  def global_indices(self, step):
+    return step
+
+  def replica_batch(self, indices, step):
+    tf = self.tf
+    start = tf.distribute.get_replica_context().replica_id_in_sync_group * self.per_replica
+    return self.images[start:start + self.per_replica], self.labels[start:start + self.per_replica]
+
+
 def EpochTimer(keras):
   class Timer(keras.callbacks.Callback):
     seconds = None
@@ -99,6 +118,7 @@ def main(argv):
   import tensorflow as tf
 
   import data
+  from data import resident as resident_lib
   from loops import cluster, losses, optimizers, plan as plan_lib, steps, strategy as strategy_lib
 
   strategy_lib.configure_devices(config)
@@ -136,7 +156,8 @@ def main(argv):
     reference = models.build(config.model.name, input_shape, source.num_classes)
 
   # (a) the framework's loop and (d) the same loop on one batch repeated.
-  def framework_runner(dataset, python_loop=False, with_metrics=True, policy=None, jit_compile=False):
+  def framework_runner(dataset, python_loop=False, with_metrics=True, policy=None, jit_compile=False,
+                       resident=False):
     model, optimizer = fresh_model(policy)
     with strategy.scope():
       metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
@@ -145,8 +166,16 @@ def main(argv):
       metrics = {"loss": Nothing(), "accuracy": Nothing()}
     step_fn = steps.make_train_step(model, optimizer, loss_fn, metrics, plan.global_batch_size, counter,
                                     jit_compile=jit_compile)
-    train_fn = steps.make_train_fn(strategy, step_fn, counter)
-    iterator = iter(strategy.experimental_distribute_dataset(dataset))
+    if resident:  # the train split on the devices, each batch gathered there (data/resident.py), or one batch
+      on_devices = OneBatch(one_batch, plan.replicas) if resident == "one_batch" else resident_lib.ResidentTrainData(
+          strategy, source, config.data, seed=config.seed, global_batch_size=plan.global_batch_size,
+          steps_per_epoch=plan.steps_per_epoch)
+      resident_fn = steps.make_resident_train_fn(strategy, step_fn, counter, on_devices)
+      train_fn = lambda _, calls: resident_fn(calls)  # noqa: E731
+      iterator = None
+    else:
+      train_fn = steps.make_train_fn(strategy, step_fn, counter)
+      iterator = iter(strategy.experimental_distribute_dataset(dataset))
     calls = tf.constant(1 if python_loop else k, tf.int32)
     repeats = k if python_loop else 1
 
@@ -166,7 +195,6 @@ def main(argv):
     return dataset.with_options(options)
 
   one_batch = next(iter(real_dataset()))
-  synthetic_dataset = tf.data.Dataset.from_tensors(one_batch).repeat().prefetch(tf.data.AUTOTUNE)
 
   # (b) Keras fit, steps_per_execution = k.
   def keras_runner():
@@ -207,8 +235,13 @@ def main(argv):
       float(loss)
     return window
 
-  runners = {"framework": framework_runner(real_dataset()), "keras_fit": keras_runner(),
-             "bare_loop": bare_runner(), "synthetic": framework_runner(synthetic_dataset)}
+  # "framework" is the input path a run with this config takes (device-resident when data/resident.py says so);
+  # "host_pipeline" is the tf.data path, measured too when the framework's is resident.
+  residency = resident_lib.decide(source, config.data, synchronous=True)
+  runners = {"framework": framework_runner(real_dataset(), resident=residency.resident), "keras_fit": keras_runner(),
+             "bare_loop": bare_runner(), "synthetic": framework_runner(None, resident="one_batch")}
+  if residency.resident:
+    runners["host_pipeline"] = framework_runner(real_dataset())
   if _LEVERS.value:
     runners["lever_python_loop"] = framework_runner(real_dataset(), python_loop=True)
     runners["lever_no_metrics"] = framework_runner(real_dataset(), with_metrics=False)
@@ -233,6 +266,10 @@ def main(argv):
       "ratio_vs_keras_fit": rates["framework"] / rates["keras_fit"],
       "ratio_vs_bare_loop": rates["framework"] / rates["bare_loop"],
       "ratio_real_vs_synthetic": rates["framework"] / rates["synthetic"],
+      "device_resident": residency.resident,
+      "device_resident_reason": residency.reason,
+      **({"ratio_host_pipeline_vs_synthetic": rates["host_pipeline"] / rates["synthetic"]}
+         if "host_pipeline" in rates else {}),
       **{f"ratio_{name}": rates[name] / rates["framework"] for name in rates if name.startswith("lever_")},
       "gemm_peak_gflops": peak,
       "model_gflops_per_image": per_image,
@@ -251,7 +288,9 @@ def main(argv):
         f"batch {plan.global_batch_size}, {plan.replicas} replica(s), {config.model.name})")
   for name, rate in rates.items():
     print(f"{name:<12}{rate:>12.0f}")
-  for key in ("ratio_vs_keras_fit", "ratio_vs_bare_loop", "ratio_real_vs_synthetic", "gemm_peak_gflops",
+  print(f"train input: {'device-resident' if residency.resident else 'host pipeline'} ({residency.reason})")
+  for key in ("ratio_vs_keras_fit", "ratio_vs_bare_loop", "ratio_real_vs_synthetic",
+              *(["ratio_host_pipeline_vs_synthetic"] if "host_pipeline" in rates else []), "gemm_peak_gflops",
               "model_gflops_per_image", "fraction_of_peak"):
     print(f"{key:<26}{results[key]:.4g}")
   if _OUT.value:

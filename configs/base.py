@@ -56,6 +56,12 @@ def get_config(arg=None):
   # step's threads; tf.data's default pool with GPUs/TPUs), 0 = tf.data's default, N = a private pool of N.
   c.data.pipeline_threads = config_dict.placeholder(int)
   c.data.shuffle_buffer = 50_000
+  # auto | on | off: keep an in-memory train split on every replica's device and gather each step's batch there,
+  # inside the compiled loop (the host pipeline's exact batches, no per-step input hand-off). auto and on: when
+  # the split fits device_resident_max_bytes per device and the run is synchronous without mixup/cutmix;
+  # otherwise the host pipeline, with a log line saying why. --dry_run reports the decision and the bytes.
+  c.data.device_resident = "auto"
+  c.data.device_resident_max_bytes = 2 * 2**30
   c.data.synthetic = ml_collections.ConfigDict()
   c.data.synthetic.image_shape = (28, 28, 1)
   c.data.synthetic.num_classes = 10

@@ -49,15 +49,31 @@ def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shar
     if size and tuple(source.image_shape[:2]) != (size, size):
       images = tf.image.resize(images, (size, size))
     if flip:
-      flip_seed = tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)])
-      draws = tf.random.stateless_uniform([tf.shape(images)[0] * num_shards], seed=flip_seed)[shard_index::num_shards]
-      flipped = tf.where(draws < 0.5)  # only these rows are reversed (measured 3x cheaper than a broadcast select)
-      images = tf.tensor_scatter_nd_update(images, flipped, tf.reverse(tf.gather_nd(images, flipped), axis=[2]))
+      images = flip_rows(images, flip_draws(seed, key, tf.shape(images)[0] * num_shards)[shard_index::num_shards])
     if mean is not None:
       images = (images - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
     return images, labels
 
   return preprocess
+
+
+def epoch_order(seed, epoch, size):
+  """The permutation of the train split's `size` examples for `epoch` (every pipeline and replica computes it
+  alike, so shards of it are disjoint)."""
+  seed = tf.cast(seed, tf.int64)
+  return tf.random.experimental.stateless_shuffle(tf.range(size, dtype=tf.int64),
+                                                  seed=tf.stack([seed, tf.cast(epoch, tf.int64)]))
+
+
+def flip_rows(images, draws):
+  """Reverses (left-right) the rows whose draw is < 0.5. Commutes with per-pixel scaling and normalisation."""
+  flipped = tf.where(draws < 0.5)  # only these rows are reversed (measured 3x cheaper than a broadcast select)
+  return tf.tensor_scatter_nd_update(images, flipped, tf.reverse(tf.gather_nd(images, flipped), axis=[2]))
+
+
+def flip_draws(seed, key, rows):
+  """One uniform draw per row of a global batch of `rows`, keyed on (seed, key); a row is flipped when < 0.5."""
+  return tf.random.stateless_uniform([rows], seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)]))
 
 
 def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, start_step=0,
@@ -108,8 +124,7 @@ def _batches(source, data_config, batch_size, steps_per_epoch, seed, start_step,
       epoch_seed = tf.constant(seed, tf.int64)
       if decorrelate:
         epoch_seed += tf.cast(tf.math.floormod(tf.timestamp() * 1e6, 2.0**40), tf.int64)
-      order = tf.random.experimental.stateless_shuffle(tf.range(size, dtype=tf.int64),
-                                                       seed=tf.stack([epoch_seed, epoch]))
+      order = epoch_order(epoch_seed, epoch, size)
       ds = tf.data.Dataset.from_tensor_slices(order).shard(num_shards, shard_index).take(examples_per_shard)
       ds = ds.skip(tf.where(epoch == start_epoch, tf.constant(skip, tf.int64), 0))
       return ds.batch(batch_size, drop_remainder=True)

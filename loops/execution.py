@@ -16,11 +16,13 @@ ParameterServerExecution: the coordinator of parameter_server (workers step asyn
 import contextlib
 import math
 
+from absl import logging
 import keras
 import numpy as np
 import tensorflow as tf
 
 import data
+from data import resident as resident_lib
 from loops import checkpoints as checkpoints_lib
 from loops import optimizers
 from loops import parameter_server
@@ -60,6 +62,11 @@ def metrics_scope(strategy):
 def lost_worker_error(strategy, error, step, checkpoint):
   """The one-line WorkerLostError for a peer failure in multi-worker training, or None (not a lost peer)."""
   return worker_lost(error, step, checkpoint) if strategy_lib.is_multi_worker(strategy) else None
+
+
+def residency(parts, config):
+  """data/resident.py's decision for this run (logged once by the caller that acts on it)."""
+  return resident_lib.decide(parts.source, config.data, synchronous=not _asynchronous(parts.strategy))
 
 
 def make(parts, config):
@@ -112,6 +119,15 @@ class SyncExecution(_Execution):
       self.train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
     train_step = steps.make_train_step(p.model, p.optimizer, p.loss_fn, self.train_metrics, p.plan.global_batch_size,
                                        p.step_counter, p.plan.grad_accum_steps, config.jit_compile)
+    self.residency = residency(parts, config)
+    logging.info("train input: %s (%s)", "device-resident" if self.residency.resident else "host pipeline",
+                 self.residency.reason)
+    if self.residency.resident:
+      data_on_devices = resident_lib.ResidentTrainData(
+          strategy, p.source, config.data, global_batch_size=p.plan.global_batch_size,
+          steps_per_epoch=p.plan.steps_per_epoch, seed=config.seed,
+          num_workers=input_pipelines(strategy, p.task), worker_index=p.task.worker_index if self._multi_worker else 0)
+      self._resident_fn = steps.make_resident_train_fn(strategy, train_step, p.step_counter, data_on_devices)
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter)
     eval_step = steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics, p.step_counter)
     self._eval_fn = steps.make_eval_fn(strategy, eval_step)
@@ -121,6 +137,8 @@ class SyncExecution(_Execution):
     self._iterator, self._start_step, self._norms = None, self.step, None
 
   def train(self, num_steps):
+    if self.residency.resident:
+      return self._train_output(self._resident_fn(tf.constant(num_steps, tf.int32)))
     if self._iterator is None:  # made at the first call, so a finished run never starts the input pipeline
       self._iterator = iter(self._distribute(self._train_pipeline))
     loss = self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))

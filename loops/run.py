@@ -152,6 +152,7 @@ def _dry_run_report(config, workdir, parts, user_callbacks):
       "train_examples": source.train_size,
       "eval_examples": source.eval_size,
       "input_shape": list(parts.input_shape),
+      "device_resident": _residency_line(parts, config),
       "num_classes": source.num_classes,
       "steps_per_epoch": plan.steps_per_epoch,
       "total_steps": plan.total_steps,
@@ -171,6 +172,13 @@ def _dry_run_report(config, workdir, parts, user_callbacks):
   for key, value in report.items():
     print(f"  {key}: {value}")
   return report
+
+
+def _residency_line(parts, config):
+  residency = execution_lib.residency(parts, config)
+  if residency.resident:
+    return f"yes, {residency.bytes_per_device} bytes per device ({residency.reason})"
+  return f"no: host pipeline ({residency.reason})"
 
 
 def _absolute(path):

@@ -79,6 +79,27 @@ def make_train_fn(strategy, step_fn, step_counter):
   return train_fn
 
 
+def make_resident_train_fn(strategy, step_fn, step_counter, resident):
+  """tf.function(num_steps) -> global loss of the last step; each step's batch is gathered on the devices from
+  `resident` (data/resident.py) by the step counter: no iterator, nothing handed over from the host."""
+
+  def replica_step(indices, step):
+    return step_fn(*resident.replica_batch(indices, step))
+
+  @tf.function
+  def train_fn(num_steps):
+    loss = tf.constant(0.0)
+    for i in tf.range(num_steps):
+      step = step_counter.read_value()
+      per_replica_loss = strategy.run(replica_step, args=(resident.global_indices(step), step))
+      step_counter.assign_add(1)
+      if i == num_steps - 1:
+        loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+    return loss
+
+  return train_fn
+
+
 def make_eval_step(model, loss_fn, metrics, step_counter):
   """Per-replica eval step over (images, labels, weights); weight-0 rows are padding. Metrics see the logits."""
 

@@ -1,4 +1,5 @@
-"""Smoke runs of both benchmark commands (one tiny window each), so they cannot rot. Full runs: -m slow."""
+"""Smoke runs of the benchmark commands (one tiny window each), so they cannot rot, and the scaling study's
+arithmetic on fake runs. Full runs: -m slow."""
 
 import csv
 import json
@@ -45,15 +46,130 @@ def test_throughput_benchmark_smoke(tmp_path):
 
 def test_scaling_benchmark_smoke(tmp_path):
   out = tmp_path / "scaling"
-  run_module("benchmarks.scaling", "--config=configs/digits_cnn.py", f"--out={out}", "--epochs=3")  # as shipped
+  run_module("benchmarks.scaling", "--config=configs/digits_cnn.py", f"--out={out}", "--epochs=3", "--repeats=1",
+             "--settle_seconds=0")  # as shipped, one round
   summary = json.load(open(out / "scaling.json"))
   assert summary["efficiency_2_workers"] == pytest.approx(summary["speedup_2_workers"] / 2)
-  rows = list(csv.DictReader(open(out / "scaling.csv")))
+  rows = [r for r in csv.DictReader(open(out / "scaling.csv")) if r["statistic"] == "median"]
   assert [(r["setup"], r["replicas"]) for r in rows] == [
       ("mirrored", "1"), ("mirrored", "2"), ("multi_worker", "1"), ("multi_worker", "2")]
   assert [int(r["global_batch_size"]) for r in rows] == [64, 128, 64, 128]
+  assert all(run["epoch_seconds"] > 0 and run["load_before"] >= 0 for run in summary["runs"])
   for png in ("epoch_time.png", "images_per_sec.png", "speedup.png"):
     assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def fake_runs(seconds):
+  """Runs as benchmarks.scaling.measure records them, from {(setup, replicas): [epoch seconds per repeat]}."""
+  return [{"setup": setup, "replicas": replicas, "repeat": repeat, "global_batch_size": 64 * replicas,
+           "epoch_seconds": value, "images_per_sec": 6400 / value, "load_before": 1.0, "load_after": 2.0,
+           "other_cpu_share": 0.1}
+          for (setup, replicas), values in seconds.items() for repeat, value in enumerate(values)]
+
+
+FAKE_SECONDS = {("mirrored", 1): [1.0, 1.2, 1.1], ("mirrored", 2): [1.0, 1.0, 1.0],
+                ("multi_worker", 1): [2.0, 4.0, 2.2], ("multi_worker", 2): [1.0, 2.5, 1.0]}
+
+
+def test_scaling_schedule_runs_each_pair_back_to_back_alternating_which_goes_first():
+  from benchmarks import scaling
+  assert scaling.schedule(3, ["mirrored", "multi_worker"]) == [
+      ("mirrored", 1, 0), ("mirrored", 2, 0), ("multi_worker", 1, 0), ("multi_worker", 2, 0),
+      ("mirrored", 2, 1), ("mirrored", 1, 1), ("multi_worker", 2, 1), ("multi_worker", 1, 1),
+      ("mirrored", 1, 2), ("mirrored", 2, 2), ("multi_worker", 1, 2), ("multi_worker", 2, 2)]
+  assert scaling.schedule(2, ["multi_worker"]) == [
+      ("multi_worker", 1, 0), ("multi_worker", 2, 0), ("multi_worker", 2, 1), ("multi_worker", 1, 1)]
+
+
+def test_scaling_measure_runs_cases_one_at_a_time_in_order_after_settling():
+  from benchmarks import scaling
+  events, clock = [], iter(range(100))
+  snapshot = lambda: {"time": next(clock) * 10.0, "load": 1.5, "busy_cpu_seconds": None, "own_cpu_seconds": 0.0}
+
+  def run_case(setup, replicas, repeat):
+    events.append(("run", setup, replicas, repeat))
+    return {"epoch_seconds": 1.0 + replicas, "images_per_sec": 100.0, "global_batch_size": 64}
+
+  order = scaling.schedule(2, ["multi_worker"])
+  runs = scaling.measure(order, run_case, 7, sleep=lambda s: events.append(("sleep", s)), snapshot=snapshot)
+  assert events == [e for case in order for e in (("sleep", 7), ("run", *case))]
+  assert [(r["setup"], r["replicas"], r["repeat"]) for r in runs] == order
+  assert runs[0]["epoch_seconds"] == 2.0 and runs[0]["wall_seconds"] == 10.0 and runs[0]["other_cpu_share"] is None
+
+
+def test_scaling_machine_load_is_the_cpu_share_other_processes_used():
+  from benchmarks import scaling
+  before = {"time": 0.0, "load": 0.5, "busy_cpu_seconds": 100.0, "own_cpu_seconds": 10.0}
+  after = {"time": 10.0, "load": 2.5, "busy_cpu_seconds": 115.0, "own_cpu_seconds": 20.0}  # 15 busy, 10 ours
+  load = scaling.machine_load(before, after, cores=2)
+  assert load == {"wall_seconds": 10.0, "load_before": 0.5, "load_after": 2.5, "other_cpu_share": 0.25}
+
+
+def test_scaling_spread_gives_median_min_max_and_inclusive_quartiles():
+  from benchmarks import scaling
+  assert scaling.spread([3.0, 1.0, 2.0, 10.0, 4.0]) == {
+      "median": 3.0, "min": 1.0, "q1": 2.0, "q3": 4.0, "max": 10.0, "values": [3.0, 1.0, 2.0, 10.0, 4.0]}
+  assert scaling.spread([5.0]) == {"median": 5.0, "min": 5.0, "q1": 5.0, "q3": 5.0, "max": 5.0, "values": [5.0]}
+
+
+def test_scaling_speedup_is_the_median_of_pair_ratios_beside_the_ratio_of_medians():
+  from benchmarks import scaling
+  results = scaling.summarise(fake_runs(FAKE_SECONDS))
+  workers = results["speedup"]["multi_worker"]
+  assert workers["values"] == [2.0, 1.6, 2.2]  # 2.0/1.0, 4.0/2.5, 2.2/1.0: each round's pair
+  assert workers["median"] == 2.0 and workers["min"] == 1.6 and workers["max"] == 2.2
+  assert workers["ratio_of_medians"] == pytest.approx(2.2 / 1.0)  # a slow round shifts it, not the paired median
+  assert workers["median_from_images_per_sec"] == pytest.approx(2.0)
+  assert results["speedup_2_workers"] == 2.0 and results["efficiency_2_workers"] == 1.0
+  assert results["efficiency"]["multi_worker"]["min"] == 0.8
+  assert results["speedup_2_mirrored_replicas"] == pytest.approx(1.1)
+  case = results["cases"][2]
+  assert (case["setup"], case["replicas"], case["epoch_seconds"]["median"]) == ("multi_worker", 1, 2.2)
+  assert case["epoch_seconds"]["values"] == [2.0, 4.0, 2.2]
+  assert [(r["setup"], r["replicas"], r["speedup"]) for r in results["rows"]] == [
+      ("mirrored", 1, 1.0), ("mirrored", 2, pytest.approx(1.1)), ("multi_worker", 1, 1.0), ("multi_worker", 2, 2.0)]
+
+
+def test_scaling_csv_holds_each_statistic_and_every_repeat_per_case(tmp_path):
+  from benchmarks import scaling
+  results = scaling.summarise(fake_runs(FAKE_SECONDS))
+  scaling.write_csv(scaling.csv_rows(results), tmp_path / "scaling.csv")
+  rows = list(csv.DictReader(open(tmp_path / "scaling.csv")))
+  workers2 = {r["statistic"]: r for r in rows if (r["setup"], r["replicas"]) == ("multi_worker", "2")}
+  assert list(workers2) == ["median", "min", "q1", "q3", "max", "repeat_1", "repeat_2", "repeat_3"]
+  assert float(workers2["median"]["speedup"]) == 2.0 and float(workers2["min"]["efficiency"]) == 0.8
+  assert float(workers2["repeat_2"]["epoch_seconds"]) == 2.5 and float(workers2["repeat_2"]["speedup"]) == 1.6
+  assert workers2["repeat_1"]["load_after"] == "2.0" and workers2["median"]["load_after"] == ""
+  assert len(rows) == 4 * 8
+
+
+def test_scaling_plot_writes_three_titled_pngs(tmp_path):
+  from benchmarks import scaling
+  results = scaling.summarise(fake_runs(FAKE_SECONDS))
+  titles = scaling.plot(results, str(tmp_path), "configs/x.py, batch 64 per replica\n2 cores, Some CPU")
+  assert set(titles) == {"epoch_time.png", "images_per_sec.png", "speedup.png"}
+  for filename, title in titles.items():
+    assert (tmp_path / filename).read_bytes()[:4] == b"\x89PNG"
+    assert "batch 64" in title and "2 cores, Some CPU" in title
+
+
+def test_scaling_machine_description_names_cores_and_cpu():
+  from benchmarks import scaling
+  machine = scaling.machine_description()
+  assert machine["cores"] == os.cpu_count() and machine["cpu"]
+
+
+def test_scaling_worker_cases_get_one_thread_each_unless_overridden():
+  from benchmarks import scaling
+  runner = scaling.CaseRunner("configs/digits_cnn.py", "/tmp/out", 3, ["inter_op_threads=2"], batch=64)
+  runner.steps_per_loop = {1: 11, 2: 5}
+  command = runner.command("multi_worker", 2, "/tmp/out/w")
+  assert command[2:4] == ["launch.local", "--workers=2"]
+  assert "--config.intra_op_threads=1" in command and "--config.inter_op_threads=2" in command
+  assert "--config.inter_op_threads=1" not in command
+  assert "--config.train.global_batch_size=128" in command and "--config.train.steps_per_loop=5" in command
+  mirrored = runner.command("mirrored", 1, "/tmp/out/m")
+  assert "--config.cpu_replicas=0" in mirrored and "--config.train.steps_per_loop=11" in mirrored
 
 
 @pytest.mark.slow
