@@ -26,7 +26,11 @@ def check_throughput(out):
   results = json.load(open(out))
   for key in THROUGHPUT_KEYS:
     assert key in results, key
-  assert set(results["images_per_sec"]) == {"framework", "keras_fit", "bare_loop", "synthetic"}
+  contenders = {"framework", "keras_fit", "bare_loop", "synthetic"}
+  assert set(results["images_per_sec"]) == contenders | ({"host_pipeline"} if results["device_resident"] else set())
+  if results["device_resident"]:
+    assert results["ratio_host_pipeline_vs_synthetic"] == pytest.approx(
+        results["images_per_sec"]["host_pipeline"] / results["images_per_sec"]["synthetic"])
   assert all(v > 0 for v in results["images_per_sec"].values())
   rates = results["images_per_sec"]
   assert results["ratio_vs_keras_fit"] == pytest.approx(rates["framework"] / rates["keras_fit"])
@@ -42,6 +46,7 @@ def test_throughput_benchmark_smoke(tmp_path):
   assert "ratio_vs_keras_fit" in result.stdout and "framework" in result.stdout
   results = check_throughput(out)
   assert results["steps_per_window"] == 5
+  assert results["device_resident"] and "train input: device-resident" in result.stdout  # digits fits: measured both
 
 
 def test_scaling_benchmark_smoke(tmp_path):
