@@ -33,11 +33,13 @@ def get_config(arg=None):
   c.cluster.tpu = ""  # strategy=tpu: TPU name or grpc:// address ("" = from the environment, e.g. a TPU VM).
 
   c.data = ml_collections.ConfigDict()
-  # digits | synthetic | mnist | cifar10 | quickdraw_bitmap | image_folder | tfds:<any tfds name>
+  # digits | synthetic | mnist | cifar10 | quickdraw_bitmap | image_folder | npz | tfds:<any tfds name>
   c.data.name = "digits"
-  c.data.train_split = "train"
+  c.data.train_split = "train"  # npz: split S reads the arrays x_S and y_S
   c.data.eval_split = "test"
-  # tfds data_dir (None = tfds default, ~/tensorflow_datasets); image_folder: ROOT of ROOT/<split>/<class>/*.png
+  # tfds data_dir (None = tfds default, ~/tensorflow_datasets); image_folder: ROOT of ROOT/<split>/<class>/*.png;
+  # npz: PATH.npz holding x_train, y_train, x_test, y_test (keras.datasets' load_data() saved with np.savez).
+  # Any tf.io.gfile path (local, gs://, ram://).
   c.data.data_dir = config_dict.placeholder(str)
   c.data.corrupt_images = "fail"  # image_folder: an unreadable/corrupt file stops the run (fail) or is counted (skip)
   c.data.download = True  # let tfds try to download when the data is not on disk.
@@ -49,8 +51,10 @@ def get_config(arg=None):
   # keyed per step (exact resume, same on any number of replicas); labels become soft. Both set: one per batch.
   c.data.mixup_alpha = 0.0
   c.data.cutmix_alpha = 0.0
-  # Load whole tfds splits into memory: full per-epoch shuffles and exact resume. False streams from disk
-  # through a shuffle buffer of data.shuffle_buffer examples (for datasets larger than memory).
+  # Load whole tfds splits / image folders into memory: full per-epoch shuffles and exact resume. False streams
+  # from disk through a shuffle buffer of data.shuffle_buffer examples (for datasets larger than memory); an image
+  # folder then shuffles file paths and decodes in the pipeline (after one up-front decode pass that checks every
+  # file). npz files are always held in memory.
   c.data.in_memory = True
   # Input-pipeline threads: None = auto (1 when training on CPU, so the pipeline does not compete with the
   # step's threads; tf.data's default pool with GPUs/TPUs), 0 = tf.data's default, N = a private pool of N.

@@ -1,4 +1,7 @@
-"""Datasets: sources (digits, synthetic, tfds) and the train/eval input pipelines. A leaf: imports only loops.errors (the ground floor)."""
+"""Datasets: sources (digits, synthetic, tfds, image folders, npz files) and the train/eval input pipelines.
+
+A leaf: imports only loops.errors (the ground floor).
+"""
 
 from data.pipeline import eval_dataset, output_shape, train_dataset
 from data.sources import SOURCES, Source, load

@@ -83,7 +83,8 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
   Every epoch has exactly `steps_per_epoch` batches on every shard; the stream starts at `start_step`.
   In-memory sources get a full per-epoch permutation keyed on (seed, epoch): resume is exact and cheap.
   Streamed sources use a shuffle buffer seeded by (seed, start_step): resume lands on the right step but
-  with a different (still seeded) example order, and skipping into an epoch reads the skipped examples.
+  with a different (still seeded) example order, and skipping into an epoch reads the skipped examples (for
+  sources of records, e.g. file paths, only the records: images are decoded after shuffle, shard and skip).
   decorrelate=True mixes the clock into each epoch's permutation (in-memory data), for asynchronous workers that
   all run this same function (parameter servers) and must not read the same order; it is not reproducible.
   With mixup/cutmix every pipeline reads and mixes the whole global batch, then keeps its rows (shard i of n gets
@@ -137,6 +138,8 @@ def _batches(source, data_config, batch_size, steps_per_epoch, seed, start_step,
   ds = source.train.shuffle(buffer, seed=seed * _EPOCH_SEED_STRIDE + int(start_step),
                             reshuffle_each_iteration=True)
   ds = ds.shard(num_shards, shard_index).take(examples_per_shard).repeat().skip(skip)
+  if source.decode is not None:  # records (file paths) are shuffled, sharded and skipped; kept ones are decoded
+    ds = ds.map(lambda record, label: (source.decode(record), label), num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(batch_size, drop_remainder=True).enumerate(start=int(start_step))
   return ds.map(lambda key, xy: (xy[0], xy[1], key), num_parallel_calls=tf.data.AUTOTUNE)
 
@@ -152,13 +155,20 @@ def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0
   global_batch = batch_size * num_shards * local_replicas
   padded_size = math.ceil(source.eval_size / global_batch) * global_batch
   ds = source.eval.map(lambda image, label: (image, label, 1.0))
-  padding = tf.data.Dataset.from_tensors(
-      (tf.zeros(source.image_shape, source.eval.element_spec[0].dtype), tf.constant(0, tf.int64), 0.0))
-  ds = ds.concatenate(padding.repeat(padded_size - source.eval_size))
-  ds = ds.shard(num_shards, shard_index).batch(batch_size, drop_remainder=True)
+  blank = tf.zeros([] if source.decode is not None else source.image_shape, source.eval.element_spec[0].dtype)
+  padding = tf.data.Dataset.from_tensors((blank, tf.constant(0, tf.int64), 0.0))
+  ds = ds.concatenate(padding.repeat(padded_size - source.eval_size)).shard(num_shards, shard_index)
+  if source.decode is not None:  # each shard decodes its own records; padding records become zero images
+    ds = ds.map(lambda record, label, weight: (_decode_real(source, record, weight), label, weight),
+                num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.batch(batch_size, drop_remainder=True)
   ds = ds.map(lambda images, labels, weights: preprocess(images, labels, 0) + (weights,),
               num_parallel_calls=tf.data.AUTOTUNE)
   return _finish(ds, data_config)
+
+
+def _decode_real(source, record, weight):
+  return tf.cond(weight > 0, lambda: source.decode(record), lambda: tf.zeros(source.image_shape, tf.uint8))
 
 
 def pipeline_threads(data_config):

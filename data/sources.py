@@ -5,15 +5,18 @@ Each source returns unbatched `(image, label)` datasets in a fixed order, images
 """
 
 import dataclasses
+import functools
+import io
 import os
 import re
 import socket
+import zipfile
 
 from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from loops.errors import first_line, unknown_name
+from loops.errors import ConfigError, first_line, unknown_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +32,9 @@ class Source:
   image_shape: tuple  # stored shape (H, W, C), before resizing.
   max_value: float  # pixel value that maps to 1.0.
   train_arrays: tuple = None
+  # Streamed records: train/eval yield (record, label) (e.g. a file path) and decode(record) is the uint8 image of
+  # image_shape; the pipeline shuffles, shards and skips records and decodes only those it keeps. None = images.
+  decode: object = None
 
 
 def from_arrays(name, train, evaluation, num_classes, max_value):
@@ -69,6 +75,86 @@ def synthetic(data_config):
 
   return from_arrays("synthetic", make(cfg.train_examples), make(cfg.eval_examples),
                      num_classes=cfg.num_classes, max_value=255.0)
+
+
+NPZ_KEYS = "x_train, y_train, x_test, y_test"
+NPZ_HOW = (f"write one with np.savez(PATH, x_train=..., y_train=..., x_test=..., y_test=...) (e.g. the arrays of "
+           f"keras.datasets.mnist.load_data()) and set data.data_dir=PATH")
+
+
+def check_npz_settings(data_config):
+  """ConfigError unless data.data_dir names an .npz file and both split names can be array-name suffixes."""
+  if not (data_config.data_dir or "").endswith(".npz"):
+    raise ConfigError(f"data.name='npz' needs data.data_dir=PATH.npz (a local or tf.io.gfile path of an .npz "
+                      f"holding {NPZ_KEYS}), got {data_config.data_dir!r}")
+  for key in ("train_split", "eval_split"):
+    if not re.fullmatch(r"\w+", data_config[key]):
+      raise ConfigError(f"data.{key}='{data_config[key]}' cannot name an npz split: split S reads the arrays x_S "
+                        f"and y_S (train, test, or any other suffix the file has)")
+
+
+def npz(data_config):
+  """An .npz of x_train, y_train, x_test, y_test (keras.datasets' load_data() saved with np.savez), in memory.
+
+  Split S (data.train_split, data.eval_split) reads x_S and y_S. Images: uint8 0-255, (N, H, W) (a channel axis is
+  added) or (N, H, W, C); labels: integer class ids (N,) or (N, 1). num_classes = the largest id + 1 over both
+  splits. Read through tf.io.gfile, so ram:// and gs:// paths work.
+  """
+  check_npz_settings(data_config)
+  path = data_config.data_dir
+  arrays = _read_npz(path)
+  names = (data_config.train_split, data_config.eval_split)
+  needed = list(dict.fromkeys(f"{xy}_{name}" for name in names for xy in "xy"))
+  missing = [key for key in needed if key not in arrays.files]
+  if missing:
+    raise ConfigError(f"npz file '{path}' has no {', '.join(missing)} (data.train_split='{names[0]}' and "
+                      f"data.eval_split='{names[1]}' need {', '.join(needed)}); it has: "
+                      f"{', '.join(arrays.files) or 'no arrays'}")
+  train, evaluation = (_npz_split(arrays, name, path) for name in names)
+  if train[0].shape[1:] != evaluation[0].shape[1:]:
+    raise ConfigError(f"npz file '{path}': x_{names[1]} images are {evaluation[0].shape[1:]} but x_{names[0]} are "
+                      f"{train[0].shape[1:]} (height, width, channels); they must match")
+  num_classes = int(max(train[1].max(initial=-1), evaluation[1].max(initial=-1))) + 1
+  return from_arrays(f"npz:{path}", train, evaluation, num_classes=num_classes, max_value=255.0)
+
+
+def _read_npz(path):
+  if not tf.io.gfile.exists(path):
+    raise ConfigError(f"npz file '{path}' does not exist; {NPZ_HOW}")
+  with tf.io.gfile.GFile(path, "rb") as f:
+    content = f.read()
+  if not content.startswith(b"PK"):  # an .npz is a zip archive of .npy files
+    what = "one .npy array" if content.startswith(b"\x93NUMPY") else "not a zip archive"
+    raise ConfigError(f"'{path}' is {what}, not an .npz archive of {NPZ_KEYS}; {NPZ_HOW}")
+  try:
+    return np.load(io.BytesIO(content), allow_pickle=False)
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+    raise ConfigError(f"'{path}' is not a readable .npz archive ({first_line(e)}); {NPZ_HOW}") from None
+
+
+def _npz_split(arrays, split, path):
+  """(uint8 images (N, H, W, C), int64 labels (N,)) of one split, or one ConfigError naming what is wrong."""
+  x_key, y_key = f"x_{split}", f"y_{split}"
+  try:
+    images, labels = arrays[x_key], arrays[y_key]
+  except (ValueError, OSError) as e:  # object arrays (pickles), a damaged member
+    raise ConfigError(f"npz file '{path}': {x_key} or {y_key} cannot be read ({first_line(e)})") from None
+  if images.ndim not in (3, 4) or images.dtype != np.uint8:
+    raise ConfigError(f"npz file '{path}': {x_key} must be uint8 images (N, H, W) or (N, H, W, C) with pixels "
+                      f"0-255, got {images.dtype} of shape {images.shape}")
+  if images.ndim == 3:
+    images = images[..., np.newaxis]
+  if labels.dtype.kind not in "iu" or not (labels.ndim == 1 or labels.ndim == 2 and labels.shape[1] == 1):
+    raise ConfigError(f"npz file '{path}': {y_key} must be integer class ids of shape (N,) or (N, 1), got "
+                      f"{labels.dtype} of shape {labels.shape}")
+  labels = labels.reshape(-1)
+  if len(labels) != len(images):
+    raise ConfigError(f"npz file '{path}': {x_key} has {len(images)} images but {y_key} has {len(labels)} labels; "
+                      f"they must be equally many")
+  if len(labels) and labels.min() < 0:
+    raise ConfigError(f"npz file '{path}': {y_key} has negative labels (smallest {labels.min()}); class ids must "
+                      f"be 0, 1, ..., num_classes - 1")
+  return images, labels.astype(np.int64)
 
 
 DOWNLOAD_PROBE = ("storage.googleapis.com", 443)  # where tfds looks first (its GCS mirror) for every dataset
@@ -139,11 +225,12 @@ CORRUPT_IMAGE_POLICIES = ("fail", "skip")
 
 
 def image_folder(data_config):
-  """Images in data_dir/<split>/<class name>/*.{png,jpg,jpeg,gif,bmp,webp}, decoded once into memory.
+  """Images in data_dir/<split>/<class name>/*.{png,jpg,jpeg,gif,bmp,webp}, listed through tf.io.gfile.
 
-  Classes are the sorted sub-directories of the train split. Every image is decoded (and resized to
-  data.image_size when set); an unreadable or corrupt file stops the load naming it (data.corrupt_images=fail)
-  or is left out and counted (skip).
+  Classes are the sorted sub-directories of the train split. data.in_memory=True decodes every image once into
+  memory (resized to data.image_size when set); False streams them: (path, label) records that the pipeline
+  shuffles, shards and skips, decoding only the images it keeps (see _streamed_folder). Either way an unreadable
+  or corrupt file stops the load naming it (data.corrupt_images=fail) or is left out and counted (skip).
   """
   root, policy = data_config.data_dir, data_config.corrupt_images
   if policy not in CORRUPT_IMAGE_POLICIES:
@@ -151,60 +238,147 @@ def image_folder(data_config):
   if not root:
     raise ValueError("data.name='image_folder' needs data.data_dir=ROOT holding ROOT/<split>/<class>/<images>")
   train_dir = os.path.join(root, data_config.train_split)
-  if not os.path.isdir(train_dir):
+  if not tf.io.gfile.isdir(train_dir):
     raise FileNotFoundError(f"image folder '{train_dir}' does not exist (expected ROOT/<split>/<class>/<images> "
                             f"with ROOT=data.data_dir and split=data.train_split)")
-  classes = sorted(d for d in os.listdir(train_dir) if os.path.isdir(os.path.join(train_dir, d)))
+  classes = _sub_directories(train_dir)
   if not classes:
     raise ValueError(f"image folder '{train_dir}' has no class sub-directories")
   first = _image_files(train_dir, classes)[:1]
   channels = int(tf.io.decode_image(tf.io.read_file(first[0][0]), expand_animations=False).shape[-1]) if first else 3
+  if not data_config.in_memory:
+    return _streamed_folder(root, classes, channels, data_config)
   splits = [_decode_folder(os.path.join(root, split), classes, channels, data_config.image_size, policy)
             for split in (data_config.train_split, data_config.eval_split)]
   return from_arrays(f"image_folder:{root}", *splits, num_classes=len(classes), max_value=255.0)
+
+
+def _sub_directories(directory):
+  names = (name.rstrip("/") for name in tf.io.gfile.listdir(directory))  # gs:// lists directories as "name/"
+  return sorted(name for name in names if tf.io.gfile.isdir(os.path.join(directory, name)))
 
 
 def _image_files(split_dir, classes):
   files = []
   for label, name in enumerate(classes):
     directory = os.path.join(split_dir, name)
-    if os.path.isdir(directory):
-      files += [(os.path.join(directory, f), label) for f in sorted(os.listdir(directory))
+    if tf.io.gfile.isdir(directory):
+      files += [(os.path.join(directory, f), label) for f in sorted(tf.io.gfile.listdir(directory))
                 if f.lower().endswith(IMAGE_SUFFIXES)]
   return files
 
 
-def _decode_folder(split_dir, classes, channels, size, policy):
-  if not os.path.isdir(split_dir):
+def _split_files(split_dir, classes):
+  """(path, label) of every image of one split; its class folders must be among the train split's."""
+  if not tf.io.gfile.isdir(split_dir):
     raise FileNotFoundError(f"image folder '{split_dir}' does not exist")
-  folders = {d for d in os.listdir(split_dir) if os.path.isdir(os.path.join(split_dir, d))}
-  unknown = sorted(folders - set(classes))
+  unknown = sorted(set(_sub_directories(split_dir)) - set(classes))
   if unknown:
     raise ValueError(f"'{split_dir}' has class folders that the train split lacks: {', '.join(unknown[:5])}")
-  images, labels, skipped = [], [], []
-  for path, label in _image_files(split_dir, classes):
-    try:
-      image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
-    except (tf.errors.InvalidArgumentError, tf.errors.NotFoundError, tf.errors.PermissionDeniedError) as e:
-      reason = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\].*$", "", e.message).strip()
-      if policy == "fail":
-        raise ValueError(f"image {path} is unreadable or corrupt ({reason}); set data.corrupt_images=skip to "
-                         f"leave such files out (valid: {', '.join(CORRUPT_IMAGE_POLICIES)})") from None
-      skipped.append(path)
-      continue
-    if size:
-      image = tf.cast(tf.round(tf.image.resize(image, (size, size))), tf.uint8)
-    elif images and image.shape != images[0].shape:
-      raise ValueError(f"images differ in size ({path} is {image.shape[:2]}, {images[0].shape[:2]} before): "
-                       f"set data.image_size to resize them all")
-    images.append(image.numpy())
-    labels.append(label)
+  return _image_files(split_dir, classes)
+
+
+def _decode_file(path, channels, size, shape=None):
+  """uint8 image of one file, resized to (size, size) when size is set: the same ops in memory and streamed.
+  shape: the static shape every image must have (streamed batches need it)."""
+  image = tf.io.decode_image(tf.io.read_file(path), channels=channels, expand_animations=False)
+  if size:
+    image = tf.cast(tf.round(tf.image.resize(image, (size, size))), tf.uint8)
+  return image if shape is None else tf.ensure_shape(image, shape)
+
+
+def _unreadable(path, error):
+  """ConfigError for a file that does not decode (data.corrupt_images=fail)."""
+  reason = re.sub(r"\{\{.*?\}\}\s*|\s*\[Op:\w+\].*$", "", error.message).strip()
+  return ConfigError(f"image {path} is unreadable or corrupt ({reason}); set data.corrupt_images=skip to "
+                     f"leave such files out (valid: {', '.join(CORRUPT_IMAGE_POLICIES)})")
+
+
+DECODE_ERRORS = (tf.errors.InvalidArgumentError, tf.errors.NotFoundError, tf.errors.PermissionDeniedError)
+
+
+def _report_skipped(skipped, split_dir):
   if skipped:
     logging.warning("skipped %d unreadable or corrupt image(s) in %s (data.corrupt_images=skip): %s%s",
                     len(skipped), split_dir, ", ".join(skipped[:3]), ", ..." if len(skipped) > 3 else "")
+
+
+def _different_sizes(path, shape, first_shape):
+  shape, first_shape = (tuple(int(d) for d in s[:2]) for s in (shape, first_shape))
+  return ValueError(f"images differ in size ({path} is {shape}, {first_shape} before): "
+                    f"set data.image_size to resize them all")
+
+
+def _decode_folder(split_dir, classes, channels, size, policy):
+  images, labels, skipped = [], [], []
+  for path, label in _split_files(split_dir, classes):
+    try:
+      image = _decode_file(path, channels, size)
+    except DECODE_ERRORS as e:
+      if policy == "fail":
+        raise _unreadable(path, e) from None
+      skipped.append(path)
+      continue
+    if not size and images and image.shape != images[0].shape:
+      raise _different_sizes(path, image.shape, images[0].shape)
+    images.append(image.numpy())
+    labels.append(label)
+  _report_skipped(skipped, split_dir)
   if not images:
     return np.zeros((0, 1, 1, channels), np.uint8), np.zeros((0,), np.int64)
   return np.stack(images), np.array(labels, np.int64)
+
+
+def _streamed_folder(root, classes, channels, data_config):
+  """A Source of (path, label) records and a decode function: no image is held in memory.
+
+  Every file is decoded once up front in a parallel tf.data pass that keeps only its shape (cost: one decode
+  epoch, no memory), so a corrupt file stops the load naming it or is left out before the sizes are counted, and
+  a size mismatch is found before training. The train/eval sizes are then exact, as in memory.
+  """
+  size, splits, shapes = data_config.image_size, [], []
+  for split in (data_config.train_split, data_config.eval_split):
+    split_dir = os.path.join(root, split)
+    files, split_shapes = _readable_files(_split_files(split_dir, classes), channels, size,
+                                          data_config.corrupt_images, split_dir)
+    splits.append(files)
+    shapes.append(split_shapes)
+  shapes = np.concatenate(shapes)
+  if not len(shapes):
+    shapes = np.array([(size or 1, size or 1, channels)])
+  different = np.flatnonzero(np.any(shapes != shapes[0], axis=1))
+  if len(different):  # only without data.image_size: decoding resizes otherwise
+    raise _different_sizes((splits[0] + splits[1])[different[0]][0], shapes[different[0]], shapes[0])
+  image_shape = tuple(int(d) for d in shapes[0])
+
+  def records(files):
+    paths, labels = [p for p, _ in files], [label for _, label in files]
+    return tf.data.Dataset.from_tensor_slices((tf.constant(paths, tf.string), tf.constant(labels, tf.int64)))
+
+  decode = functools.partial(_decode_file, channels=channels, size=size, shape=image_shape)
+  return Source(name=f"image_folder:{root}", train=records(splits[0]), eval=records(splits[1]),
+                train_size=len(splits[0]), eval_size=len(splits[1]), num_classes=len(classes),
+                image_shape=image_shape, max_value=255.0, decode=decode)
+
+
+def _readable_files(files, channels, size, policy, split_dir):
+  """(the files that decode, their decoded shapes as an (N, 3) array): one parallel pass that drops failures
+  (ignore_errors) and finds them by their missing indices."""
+  paths = tf.constant([p for p, _ in files], tf.string)
+  shapes = tf.data.Dataset.from_tensor_slices(paths).enumerate().map(
+      lambda i, path: (i, tf.shape(_decode_file(path, channels, size), tf.int64)), num_parallel_calls=tf.data.AUTOTUNE)
+  readable, decoded = np.zeros(len(files), bool), np.zeros((len(files), 3), np.int64)
+  for i, shape in shapes.ignore_errors().batch(4096).as_numpy_iterator():
+    readable[i], decoded[i] = True, shape
+  unreadable = [path for (path, _), ok in zip(files, readable) if not ok]
+  if unreadable and policy == "fail":
+    try:
+      _decode_file(unreadable[0], channels, size)
+    except DECODE_ERRORS as e:
+      raise _unreadable(unreadable[0], e) from None
+    raise ConfigError(f"image {unreadable[0]} failed to decode once, then decoded: is the folder being written to?")
+  _report_skipped(unreadable, split_dir)
+  return [file for file, ok in zip(files, readable) if ok], decoded[readable]
 
 
 SOURCES = {
@@ -216,6 +390,7 @@ SOURCES = {
     "cifar100": tfds_source("cifar100"),
     "quickdraw_bitmap": tfds_source("quickdraw_bitmap"),
     "image_folder": image_folder,
+    "npz": npz,
 }
 TFDS_PREFIX = "tfds:"
 

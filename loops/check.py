@@ -92,6 +92,8 @@ def _check_data(d):
   _one_of("data.corrupt_images", d.corrupt_images, sources.CORRUPT_IMAGE_POLICIES)
   _one_of("data.device_resident", d.device_resident, resident.CHOICES)
   _at_least("data.device_resident_max_bytes", d.device_resident_max_bytes, 0, "a number of bytes")
+  if d.name == "npz":
+    sources.check_npz_settings(d)
   if d.image_size is not None:
     _at_least("data.image_size", d.image_size, 1, "None (keep) or a number of pixels")
   if (d.mean is None) != (d.std is None) or (d.mean is not None and len(d.mean) != len(d.std)):

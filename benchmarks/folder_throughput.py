@@ -1,0 +1,165 @@
+"""Training throughput on a folder of JPEGs, streamed and in memory, side by side with synthetic data.
+
+  python -m benchmarks.folder_throughput --config=configs/digits_cnn.py --folder=/tmp/jpegs [--make=4000]
+      [--size=32] [--windows=3] [--config.KEY=VALUE ...] [--out=results.json]
+
+--make=N first writes N train JPEGs (and N/10 test ones) of size x size x 3 in 10 classes under --folder.
+Contenders (the framework's compiled loop, same model weights, batch and steps per call):
+  streamed   data.name=image_folder, data.in_memory=False (paths shuffled, JPEGs decoded in the pipeline)
+  in_memory  data.name=image_folder, data.in_memory=True (decoded once at load)
+  synthetic  data.name=synthetic of the same shape, classes and train size (in memory)
+  streamed_shared_pool  streamed with data.pipeline_threads=0 (tf.data's shared pool instead of 1 private thread)
+Also the input pipeline alone (pipeline_only:<name>, batches pulled without training) and load times.
+Windows are interleaved (a, b, c, d, a, ...); each figure is the median of --windows windows.
+"""
+
+import functools
+import json
+import os
+import statistics
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from absl import app
+from absl import flags
+import keras
+from ml_collections import config_flags
+import numpy as np
+import tensorflow as tf
+
+import data
+from loops import cluster, losses, optimizers, plan as plan_lib, steps, strategy as strategy_lib
+import models
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, as for main.py (model, batch, optimizer).")
+_FOLDER = flags.DEFINE_string("folder", None, "ROOT of ROOT/{train,test}/<class>/*.jpg.")
+_MAKE = flags.DEFINE_integer("make", 0, "Write this many train JPEGs (and a tenth as many test ones) first.")
+_SIZE = flags.DEFINE_integer("size", 32, "Side of the generated JPEGs (--make).")
+_WINDOWS = flags.DEFINE_integer("windows", 3, "Timed windows per contender (median reported).")
+_WINDOW_CALLS = flags.DEFINE_integer("window_calls", 5, "Calls of train.steps_per_loop steps per window.")
+_OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
+flags.mark_flags_as_required(["config", "folder"])
+
+
+def make_folder(root, count, size, classes=10):
+  """count train and count // 10 test JPEGs: a class colour plus noise, so the labels are learnable."""
+  rng = np.random.default_rng(0)
+  for split, n in (("train", count), ("test", max(classes, count // 10))):
+    for i in range(n):
+      label = i % classes
+      folder = os.path.join(root, split, f"class_{label}")
+      tf.io.gfile.makedirs(folder)
+      image = rng.integers(0, 64, (size, size, 3)) + np.array([25 * label, 255 - 25 * label, 128])
+      with tf.io.gfile.GFile(os.path.join(folder, f"{i:06d}.jpg"), "wb") as f:
+        f.write(tf.io.encode_jpeg(np.clip(image, 0, 255).astype(np.uint8), quality=90).numpy())
+
+
+def load_cases(config):
+  """{name: (data config, Source)} for the four data cases, and the seconds each folder load took."""
+  def data_config(**changes):
+    d = config.data.copy_and_resolve_references()
+    d.name, d.data_dir, d.in_memory = "image_folder", _FOLDER.value, False
+    d.update(changes)
+    return d
+
+  cases = {"streamed": data_config(), "in_memory": data_config(in_memory=True),
+           "streamed_shared_pool": data_config(pipeline_threads=0)}
+  load_seconds = {}
+  for name, d in cases.items():
+    started = time.perf_counter()
+    cases[name] = (d, data.load(d))
+    load_seconds[name] = time.perf_counter() - started
+  folder = cases["streamed"][1]
+  synthetic = data_config(name="synthetic")
+  synthetic.synthetic.update(image_shape=folder.image_shape, num_classes=folder.num_classes,
+                             train_examples=folder.train_size, eval_examples=folder.eval_size)
+  cases["synthetic"] = (synthetic, data.load(synthetic))
+  return cases, load_seconds
+
+
+def training_window(config, strategy, plan, reference, dataset):
+  """window(): --window_calls calls of the framework's compiled loop on a fresh copy of `reference`."""
+  with strategy.scope():
+    model = keras.models.clone_model(reference)
+    model.set_weights(reference.get_weights())
+    optimizer = optimizers.build(config.optimizer, plan.learning_rate)
+    optimizer.build(model.trainable_variables)
+    metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
+    counter = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+  step_fn = steps.make_train_step(model, optimizer, losses.build(config.loss), metrics, plan.global_batch_size,
+                                  counter)
+  train_fn = steps.make_train_fn(strategy, step_fn, counter)
+  iterator = iter(strategy.experimental_distribute_dataset(dataset))
+  calls = tf.constant(plan.steps_per_loop, tf.int32)
+
+  def window():
+    for _ in range(_WINDOW_CALLS.value):
+      loss = train_fn(iterator, calls)
+    float(loss)
+  return window
+
+
+def pipeline_window(dataset, batches):
+  """window(): pull `batches` batches without training (the pipeline's headroom over the training rate)."""
+  iterator = iter(dataset)
+
+  def window():
+    for _ in range(batches):
+      next(iterator)
+  return window
+
+
+def interleaved_seconds(windows):
+  for window in windows.values():  # warm-up: tracing and pipeline start-up, not timed
+    window()
+  seconds = {name: [] for name in windows}
+  for _ in range(_WINDOWS.value):
+    for name, window in windows.items():
+      started = time.perf_counter()
+      window()
+      seconds[name].append(time.perf_counter() - started)
+  return seconds
+
+
+def main(argv):
+  del argv
+  config = _CONFIG.value
+  if _MAKE.value:
+    make_folder(_FOLDER.value, _MAKE.value, _SIZE.value)
+  strategy_lib.configure_devices(config)
+  strategy = strategy_lib.build(config, cluster.Task())
+  keras.utils.set_random_seed(config.seed)
+  cases, load_seconds = load_cases(config)
+  folder_config, folder = cases["streamed"]
+  plan = plan_lib.derive(config, strategy.num_replicas_in_sync, folder.train_size)
+  with strategy.scope():
+    reference = models.build(config.model.name, data.output_shape(folder, folder_config), folder.num_classes)
+  batches = plan.steps_per_loop * _WINDOW_CALLS.value
+  windows = {}
+  for name, (d, source) in cases.items():
+    stream = functools.partial(data.train_dataset, source, d, batch_size=plan.global_batch_size,
+                               steps_per_epoch=plan.steps_per_epoch, seed=config.seed)
+    windows[name] = training_window(config, strategy, plan, reference, stream())
+    windows[f"pipeline_only:{name}"] = pipeline_window(stream(), batches)
+  seconds = interleaved_seconds(windows)
+  images = batches * plan.global_batch_size
+  rates = {name: images / statistics.median(times) for name, times in seconds.items()}
+  print(f"{folder.train_size} train images {folder.image_shape}, {config.model.name}, batch "
+        f"{plan.global_batch_size}, median of {_WINDOWS.value} windows of {batches} steps")
+  for name, rate in rates.items():
+    print(f"{name:<32}{rate:>10.0f} images/s  {rate / rates['synthetic']:.3f} x synthetic  "
+          f"windows: {', '.join(f'{images / s:.0f}' for s in seconds[name])}")
+  print("load seconds: " + ", ".join(f"{name} {s:.2f}" for name, s in load_seconds.items()))
+  if _OUT.value:
+    with open(_OUT.value, "w") as f:
+      json.dump({"images_per_sec": rates, "ratio_vs_synthetic": {n: r / rates["synthetic"] for n, r in rates.items()},
+                 "window_seconds": seconds, "load_seconds": load_seconds, "steps_per_window": batches,
+                 "images": [folder.train_size, folder.eval_size, list(folder.image_shape)],
+                 "model": config.model.name, "global_batch_size": plan.global_batch_size,
+                 "tensorflow": tf.__version__, "date": time.strftime("%Y-%m-%d")}, f, indent=2)
+  return 0
+
+
+if __name__ == "__main__":
+  app.run(main)
