@@ -71,29 +71,29 @@ class ResidentTrainData:
     self.workers, self.worker = num_workers, worker_index
     self.local_replicas = self.replicas // num_workers
     self.flips = data_config.random_flip
-    self._order = tf.Variable(tf.zeros([self.size], tf.int64), trainable=False, name="resident_order")
-    self._order_epoch = tf.Variable(-1, dtype=tf.int64, trainable=False, name="resident_order_epoch")
+
+  def call_indices(self, first_step, num_steps):
+    """Cross-replica context: [num_steps, L * B] rows of this worker's batches for the steps of one call, local
+    replica by local replica (computed once per call: each epoch's permutation the call touches, then one gather).
+
+    One worker: step j of an epoch takes rows [j G, (j + 1) G) of the permutation (tf.distribute splits a global
+    batch by replica). W workers: the host pipeline of worker w reads the permutation's shard w::W in batches of B
+    (per replica), handing consecutive batches to its L local replicas: step j takes batches jL .. jL + L - 1.
+    """
+    steps = tf.cast(first_step, tf.int64) + tf.range(tf.cast(num_steps, tf.int64))
+    epochs, within = steps // self.steps_per_epoch, steps % self.steps_per_epoch
+    first_epoch = epochs[0]
+    orders = tf.map_fn(lambda epoch: pipeline.epoch_order(self.seed, epoch, self.size),
+                       tf.range(first_epoch, epochs[-1] + 1), fn_output_signature=tf.int64)
+    if self.workers > 1:
+      orders = orders[:, self.worker::self.workers]
+    rows = self.local_replicas * self.per_replica
+    columns = within[:, tf.newaxis] * rows + tf.range(rows, dtype=tf.int64)[tf.newaxis, :]
+    return tf.gather(tf.gather(orders, epochs - first_epoch), columns, batch_dims=1)
 
   def global_indices(self, step):
-    """Cross-replica context: this worker's rows of the global batch of `step`, local replica by local replica
-    (the epoch's permutation is computed once per epoch).
-
-    One worker: rows [j G, (j + 1) G) of the permutation (tf.distribute splits the global batch by replica).
-    W workers: the host pipeline of worker w reads the permutation's shard w::W in batches of B (per replica),
-    handing consecutive batches to its L local replicas: step j of the epoch takes batches jL .. jL + L - 1.
-    """
-    step = tf.cast(step, tf.int64)
-    epoch, within = step // self.steps_per_epoch, step % self.steps_per_epoch
-
-    def refresh():
-      self._order.assign(pipeline.epoch_order(self.seed, epoch, self.size))
-      return self._order_epoch.assign(epoch)
-
-    tf.cond(tf.not_equal(epoch, self._order_epoch), refresh, lambda: self._order_epoch.read_value())
-    rows = self.local_replicas * self.per_replica
-    if self.workers == 1:
-      return self._order[within * rows:(within + 1) * rows]
-    return self._order[self.worker::self.workers][within * rows:(within + 1) * rows]
+    """Cross-replica context: this worker's rows of the batch of `step` (call_indices for one step)."""
+    return self.call_indices(step, 1)[0]
 
   def replica_batch(self, indices, step):
     """Replica context: this replica's (preprocessed images, labels) of the global batch `indices` of `step`."""

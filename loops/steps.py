@@ -89,9 +89,10 @@ def make_resident_train_fn(strategy, step_fn, step_counter, resident):
   @tf.function
   def train_fn(num_steps):
     loss = tf.constant(0.0)
+    first_step = step_counter.read_value()
+    rows = resident.call_indices(first_step, num_steps)  # every step's rows of this call, gathered once
     for i in tf.range(num_steps):
-      step = step_counter.read_value()
-      per_replica_loss = strategy.run(replica_step, args=(resident.global_indices(step), step))
+      per_replica_loss = strategy.run(replica_step, args=(rows[i], first_step + tf.cast(i, tf.int64)))
       step_counter.assign_add(1)
       if i == num_steps - 1:
         loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)

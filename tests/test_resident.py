@@ -149,3 +149,19 @@ def test_two_mwms_workers_train_bit_identically_resident_or_not(tmp_path):
   assert len(host) >= 10 and sorted(host) == sorted(on_devices)
   for name, value in host.items():
     np.testing.assert_array_equal(on_devices[name], value, err_msg=name)
+
+
+def test_one_call_spanning_several_epochs_takes_each_steps_rows_of_its_own_epoch():
+  config = digits_config()
+  source = data.load(config.data)
+  strategy = strategy_lib.build(config, task=_local_task())
+  steps_per_epoch = source.train_size // 64  # 22: a call of 50 steps from step 15 touches epochs 0, 1, 2 and 3
+  on_devices = resident.ResidentTrainData(strategy, source, config.data, global_batch_size=64,
+                                          steps_per_epoch=steps_per_epoch, seed=config.seed)
+  rows = tf.function(on_devices.call_indices)(tf.constant(15, tf.int64), tf.constant(50)).numpy()
+  host = data.train_dataset(source, config.data, batch_size=64, steps_per_epoch=steps_per_epoch, seed=config.seed,
+                            start_step=15)
+  assert rows.shape == (50, 64)
+  for i, (_, labels) in zip(range(50), host):
+    np.testing.assert_array_equal(source.train_arrays[1][rows[i]], labels.numpy(), err_msg=f"step {15 + i}")
+  assert len(set(rows[7 - 0].tolist()) & set(rows[7 + 22].tolist())) < 64  # steps 22 and 44: different epochs
