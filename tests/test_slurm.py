@@ -49,15 +49,20 @@ def free_port():
     return s.getsockname()[1]
 
 
-@pytest.fixture
-def slurm(tmp_path):
-  """A bin directory with srun, scontrol (appends to scontrol.log) and python (this interpreter)."""
+def fake_bin(tmp_path, python):
+  """A bin directory with srun, scontrol (appends its arguments to scontrol.log) and `python` (a script)."""
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir()
   write_executable(bin_dir / "srun", FAKE_SRUN)
   write_executable(bin_dir / "scontrol", f'#!/bin/sh\necho "$*" >> "{tmp_path / "scontrol.log"}"\n')
-  write_executable(bin_dir / "python", f'#!/bin/sh\nexec "{PY}" "$@"\n')
+  write_executable(bin_dir / "python", python)
   return bin_dir
+
+
+@pytest.fixture
+def slurm(tmp_path):
+  """srun, scontrol and python (this interpreter)."""
+  return fake_bin(tmp_path, f'#!/bin/sh\nexec "{PY}" "$@"\n')
 
 
 def scontrol_calls(tmp_path):
@@ -166,13 +171,8 @@ sys.exit(int(mode))
 
 @pytest.fixture
 def stand_in(tmp_path):
-  """A bin directory whose python is STAND_IN (no training)."""
-  bin_dir = tmp_path / "bin"
-  bin_dir.mkdir()
-  write_executable(bin_dir / "srun", FAKE_SRUN)
-  write_executable(bin_dir / "scontrol", f'#!/bin/sh\necho "$*" >> "{tmp_path / "scontrol.log"}"\n')
-  write_executable(bin_dir / "python", STAND_IN)
-  return bin_dir
+  """srun, scontrol and a python that is STAND_IN (no training)."""
+  return fake_bin(tmp_path, STAND_IN)
 
 
 def stand_in_env(bin_dir, tmp_path, template, job, exit, extra=()):
