@@ -42,12 +42,9 @@ class Checkpoints:
     preemption handler, it is kept, and the files are moved at the next start). A readable checkpoint that does
     not match the model is refused.
     """
-    state = tf.train.get_checkpoint_state(self.directory)
-    if state is None:
+    candidates = index_paths(self.directory)
+    if not candidates:
       return None
-    candidates = [p if os.path.isabs(p) or "://" in p else os.path.join(self.directory, p)
-                  for p in [state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]]
-    candidates = list(dict.fromkeys(candidates))
     damaged = []
     for path in candidates:
       damage = unreadable(path)
@@ -96,6 +93,16 @@ class Checkpoints:
   def close(self):
     if self._temporary:
       shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def index_paths(directory):
+  """The checkpoints directory's index lists, latest first, as full paths (local or any tf.io.gfile URL); [] when
+  there is none."""
+  state = tf.train.get_checkpoint_state(directory)
+  if state is None:
+    return []
+  paths = [state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]
+  return list(dict.fromkeys(p if os.path.isabs(p) or "://" in p else os.path.join(directory, p) for p in paths))
 
 
 def unreadable(path):

@@ -119,15 +119,7 @@ class SyncExecution(_Execution):
       self.train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
     train_step = steps.make_train_step(p.model, p.optimizer, p.loss_fn, self.train_metrics, p.plan.global_batch_size,
                                        p.step_counter, p.plan.grad_accum_steps, config.jit_compile)
-    self.residency = residency(parts, config)
-    logging.info("train input: %s (%s)", "device-resident" if self.residency.resident else "host pipeline",
-                 self.residency.reason)
-    if self.residency.resident:
-      data_on_devices = resident_lib.ResidentTrainData(
-          strategy, p.source, config.data, global_batch_size=p.plan.global_batch_size,
-          steps_per_epoch=p.plan.steps_per_epoch, seed=config.seed,
-          num_workers=input_pipelines(strategy, p.task), worker_index=p.task.worker_index if self._multi_worker else 0)
-      self._resident_fn = steps.make_resident_train_fn(strategy, train_step, p.step_counter, data_on_devices)
+    self._train_step, self._resident_fn = train_step, None
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter)
     eval_step = steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics, p.step_counter)
     self._eval_fn = steps.make_eval_fn(strategy, eval_step)
@@ -137,12 +129,26 @@ class SyncExecution(_Execution):
     self._iterator, self._start_step, self._norms = None, self.step, None
 
   def train(self, num_steps):
-    if self.residency.resident:
+    if self._resident_fn is None and self._iterator is None:  # at the first call: a finished run or an evaluator
+      self._start_train_input()                                # never places or starts the train input
+    if self._resident_fn is not None:
       return self._train_output(self._resident_fn(tf.constant(num_steps, tf.int32)))
-    if self._iterator is None:  # made at the first call, so a finished run never starts the input pipeline
-      self._iterator = iter(self._distribute(self._train_pipeline))
     loss = self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))
     return self._train_output(loss)
+
+  def _start_train_input(self):
+    """The train split on the devices (data/resident.py decides) or the host pipeline's distributed iterator."""
+    p, strategy = self.parts, self.parts.strategy
+    decision = residency(p, self.config)
+    logging.info("train input: %s (%s)", "device-resident" if decision.resident else "host pipeline", decision.reason)
+    if not decision.resident:
+      self._iterator = iter(self._distribute(self._train_pipeline))
+      return
+    data_on_devices = resident_lib.ResidentTrainData(
+        strategy, p.source, self.config.data, global_batch_size=p.plan.global_batch_size,
+        steps_per_epoch=p.plan.steps_per_epoch, seed=self.config.seed,
+        num_workers=input_pipelines(strategy, p.task), worker_index=p.task.worker_index if self._multi_worker else 0)
+    self._resident_fn = steps.make_resident_train_fn(strategy, self._train_step, p.step_counter, data_on_devices)
 
   def _train_pipeline(self, batch, shards, index, local):
     steps_per_epoch = self.parts.plan.steps_per_epoch

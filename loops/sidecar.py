@@ -36,15 +36,7 @@ def read_json(path):
 def checkpoint_steps(directory):
   """[(step, path)] of the checkpoints the training's index lists, oldest first (CheckpointManager numbers them by
   step)."""
-  state = tf.train.get_checkpoint_state(directory)
-  if state is None:
-    return []
-  paths = dict.fromkeys([*state.all_model_checkpoint_paths, state.model_checkpoint_path])
-  found = []
-  for path in paths:
-    path = path if "://" in path or path.startswith("/") else posixpath.join(directory, path)
-    found.append((int(path.rsplit("-", 1)[1]), path))
-  return sorted(found)
+  return sorted((int(path.rsplit("-", 1)[1]), path) for path in checkpoints_lib.index_paths(directory))
 
 
 def is_final(workdir, step):

@@ -46,12 +46,18 @@ def event_scalars(directory, tag):
   return values
 
 
-def test_an_evaluator_after_a_run_evaluates_each_checkpoint_once_and_matches_the_trainers_eval(tiny_digits, tmp_path):
+def test_an_evaluator_after_a_run_evaluates_each_checkpoint_once_and_matches_the_trainers_eval(tiny_digits, tmp_path,
+                                                                                              caplog):
+  from absl import logging as absl_logging
+  absl_logging.set_verbosity(absl_logging.INFO)
   workdir = str(tmp_path / "w")
   trained = run.train_and_evaluate(tiny_digits, workdir)  # eval at 10 and 20, checkpoints at 10 and 20
+  assert "train input: device-resident" in caplog.text
+  caplog.clear()
   tiny_digits.mode = "evaluate"
   tiny_digits.eval.sidecar_poll_seconds = 0.1
   evaluated = run.train_and_evaluate(tiny_digits, workdir)
+  assert "train input:" not in caplog.text  # an evaluator neither places nor streams the train split
   assert evaluated["step"] == 20
   for key in ("eval/loss", "eval/accuracy", "eval/top5_accuracy"):
     assert evaluated[key] == pytest.approx(trained[key], abs=1e-6), key
