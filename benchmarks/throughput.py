@@ -88,10 +88,15 @@ class OneBatch:
     self.tf, self.images, self.labels = tf, tf.constant(batch[0]), tf.constant(batch[1])
     self.per_replica = len(batch[1]) // replicas
 
+  steps_per_block = 1 << 30
+
   def call_indices(self, first_step, num_steps):
     return self.tf.zeros([num_steps])
 
-  def replica_batch(self, indices, step):
+  def replica_block(self, rows, first_step):
+    return rows
+
+  def step_batch(self, block, i):
     tf = self.tf
     start = tf.distribute.get_replica_context().replica_id_in_sync_group * self.per_replica
     return self.images[start:start + self.per_replica], self.labels[start:start + self.per_replica]

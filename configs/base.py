@@ -62,7 +62,7 @@ def get_config(arg=None):
   c.data.shuffle_buffer = 50_000
   # auto | on | off: keep an in-memory train split on every replica's device and gather each step's batch there,
   # inside the compiled loop (the host pipeline's exact batches, no per-step input hand-off). auto and on: when
-  # the split fits device_resident_max_bytes per device and the run is synchronous without mixup/cutmix;
+  # the split fits device_resident_max_bytes per device and the run is synchronous (flips and mixup/cutmix too);
   # otherwise the host pipeline, with a log line saying why. --dry_run reports the decision and the bytes.
   c.data.device_resident = "auto"
   c.data.device_resident_max_bytes = 2 * 2**30

@@ -17,17 +17,36 @@ def mixes(data_config):
 
 def make_mix(num_classes, data_config, seed):
   """fn(images, labels, key) -> (mixed float32 images, soft labels [batch, num_classes]); None when both are off."""
+  mix_pairs = make_pair_mix(num_classes, data_config, seed)
+  if mix_pairs is None:
+    return None
+
+  def mix(images, labels, key):
+    partner = partners(seed, key, tf.shape(images)[0])
+    return mix_pairs(images, labels, tf.gather(images, partner), tf.gather(labels, partner), key)
+
+  return mix
+
+
+def partners(seed, key, size):
+  """The partner of each of a batch's `size` rows (a permutation keyed on (seed, key))."""
+  return tf.random.experimental.stateless_shuffle(tf.range(size), seed=_seed(seed, _SALT_PARTNER, key))
+
+
+def make_pair_mix(num_classes, data_config, seed):
+  """fn(images, labels, partner_images, partner_labels, key) -> (mixed images, soft labels): rows mixed with their
+  partners (any subset of a batch's rows, given their partners, mixes exactly as in the whole batch); None when
+  both are off."""
   if not mixes(data_config):
     return None
   mixup_alpha, cutmix_alpha = float(data_config.mixup_alpha), float(data_config.cutmix_alpha)
 
-  def mix(images, labels, key):
+  def mix_pairs(images, labels, other_images, other_labels, key):
     def seed_of(salt):
-      return tf.stack([tf.constant(seed * 16 + salt, tf.int64), tf.cast(key, tf.int64)])
+      return _seed(seed, salt, key)
 
     soft = tf.one_hot(tf.cast(labels, tf.int32), num_classes, dtype=tf.float32)
-    partner = tf.random.experimental.stateless_shuffle(tf.range(tf.shape(images)[0]), seed=seed_of(_SALT_PARTNER))
-    other_images, other_labels = tf.gather(images, partner), tf.gather(soft, partner)
+    other_soft = tf.one_hot(tf.cast(other_labels, tf.int32), num_classes, dtype=tf.float32)
     if mixup_alpha and cutmix_alpha:
       use_cutmix = tf.random.stateless_uniform([], seed=seed_of(_SALT_CHOICE)) < 0.5
       images, share = tf.cond(use_cutmix, lambda: _cutmix(images, other_images, cutmix_alpha, seed_of),
@@ -36,9 +55,13 @@ def make_mix(num_classes, data_config, seed):
       images, share = _mixup(images, other_images, mixup_alpha, seed_of)
     else:
       images, share = _cutmix(images, other_images, cutmix_alpha, seed_of)
-    return images, share * soft + (1.0 - share) * other_labels
+    return images, share * soft + (1.0 - share) * other_soft
 
-  return mix
+  return mix_pairs
+
+
+def _seed(seed, salt, key):
+  return tf.stack([tf.constant(seed * 16 + salt, tf.int64), tf.cast(key, tf.int64)])
 
 
 def _beta(alpha, seed_of):
@@ -66,5 +89,8 @@ def _cutmix(images, other, alpha, seed_of):
   inside = (((rows >= y0) & (rows < y1))[:, None] & ((columns >= x0) & (columns < x1))[None, :])
   box = tf.cast(inside, images.dtype)[None, :, :, None]  # 0/1 weights: exact, and cheaper than a broadcast select
   mixed = box * other + (1.0 - box) * images
-  share = 1.0 - tf.cast((y1 - y0) * (x1 - x0), tf.float32) / tf.cast(height * width, tf.float32)
+  # In float64: a division by a constant is strength-reduced to a multiplication by its reciprocal in one graph and
+  # not in another (tf.data vs a tf.function); float32 results could then differ by 1 ulp, float64 ones cannot.
+  uncovered = tf.cast(height * width - (y1 - y0) * (x1 - x0), tf.float64) / tf.cast(height * width, tf.float64)
+  share = tf.cast(uncovered, tf.float32)
   return mixed, share

@@ -3,11 +3,12 @@ gathers its batch there by index inside the compiled loop (no per-step iterator 
 
 The batches are those of data/pipeline.py's host stream for the same seed: epoch e is `epoch_order(seed, e)`,
 step s of the epoch takes rows [s * G, (s + 1) * G) of it (G = global batch), replica r takes its contiguous
-share (as tf.distribute splits a global batch), and random flips use the same per-row draws keyed on the step.
-So resume is exact at any step (the batch is a function of the step counter), and 1 or N replicas see the same
-examples; under multi_worker_mirrored worker w takes the permutation's shard w::W as its host pipeline does.
-Parameter servers and mixup/cutmix keep the host pipeline (a log line says so).
-"""
+share (as tf.distribute splits a global batch), and random flips and mixup/cutmix use the same draws, partners and
+shares keyed on the step (a replica gathers only its rows and their partners). So resume is exact at any step (the
+batch is a function of the step counter), and 1 or N replicas see the same examples; under multi_worker_mirrored
+worker w takes the permutation's shard w::W as its host pipeline does. Each call computes its steps' rows once and
+gathers the images of up to BLOCK_MAX_BYTES of steps per replica at once. Parameter servers keep the host
+pipeline (a log line says so)."""
 
 import dataclasses
 
@@ -18,6 +19,9 @@ from data import mixing
 from data import pipeline
 
 CHOICES = ("auto", "on", "off")
+# A call gathers the images of up to this many bytes of steps per replica at once (digits: all 50 steps of a call in
+# 0.8 MB; ResNet-50 at 224 px, 256 per replica: 4 steps): one gather instead of one per step.
+BLOCK_MAX_BYTES = 160 * 2**20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,8 +42,7 @@ def decide(source, data_config, *, synchronous):
   budget = int(data_config.device_resident_max_bytes)
   blockers = [(size > budget, f"the train split ({size / 2**20:.1f} MiB) is larger than "
                               f"data.device_resident_max_bytes ({budget / 2**20:.1f} MiB)"),
-              (not synchronous, "parameter-server workers read their own datasets"),
-              (mixing.mixes(data_config), "mixup/cutmix run in the host pipeline")]
+              (not synchronous, "parameter-server workers read their own datasets")]
   for blocked, reason in blockers:
     if blocked:
       return Residency(False, reason, 0)
@@ -54,62 +57,91 @@ def resident_bytes(source, data_config):
 
 
 class ResidentTrainData:
-  """The train split on every replica's device (a mirrored, non-trainable variable) and the per-step gather."""
+  """The train split on every replica's device (a mirrored, non-trainable variable) and the per-step gather.
+
+  A step's batch is read in "groups": the rows the host pipeline augments together under one key. One worker:
+  one group, the global batch (key = step), replica l taking rows [l B, (l + 1) B). W workers of L local replicas
+  each: L groups of W B rows (key = step L + l), replica l of worker w taking rows w, w + W, ... of group l (the
+  host pipeline's shard w::W handed in batches of B to its local replicas is exactly this).
+  """
 
   def __init__(self, strategy, source, data_config, *, global_batch_size, steps_per_epoch, seed, num_workers=1,
                worker_index=0):
     images, labels = source.train_arrays
-    # Scaled, resized and normalised once (not per step); only the flips, keyed per step, remain per batch.
+    # Scaled, resized and normalised once (not per step); only the flips and mixes, keyed per step, remain.
     images = pipeline.make_preprocess(source, data_config, training=False)(images, labels, 0)[0]
     with strategy.scope():
       self.images = tf.Variable(images, trainable=False, name="resident_images")
       self.labels = tf.Variable(labels, trainable=False, name="resident_labels")
     self.size, self.seed = len(labels), seed
-    self.global_batch, self.steps_per_epoch = global_batch_size, steps_per_epoch
-    self.replicas = strategy.num_replicas_in_sync
-    self.per_replica = global_batch_size // self.replicas
+    self.steps_per_epoch = steps_per_epoch
+    self.per_replica = global_batch_size // strategy.num_replicas_in_sync
     self.workers, self.worker = num_workers, worker_index
-    self.local_replicas = self.replicas // num_workers
+    self.local_replicas = strategy.num_replicas_in_sync // num_workers
+    self.groups = 1 if num_workers == 1 else self.local_replicas
+    self.group_size = global_batch_size if num_workers == 1 else self.per_replica * num_workers
     self.flips = data_config.random_flip
+    self.mix_pairs = mixing.make_pair_mix(source.num_classes, data_config, seed)
+    image_bytes = int(np.prod(images.shape[1:])) * 4 * (2 if self.mix_pairs else 1)
+    self.steps_per_block = max(1, BLOCK_MAX_BYTES // (self.per_replica * image_bytes))
 
   def call_indices(self, first_step, num_steps):
-    """Cross-replica context: [num_steps, L * B] rows of this worker's batches for the steps of one call, local
-    replica by local replica (computed once per call: each epoch's permutation the call touches, then one gather).
-
-    One worker: step j of an epoch takes rows [j G, (j + 1) G) of the permutation (tf.distribute splits a global
-    batch by replica). W workers: the host pipeline of worker w reads the permutation's shard w::W in batches of B
-    (per replica), handing consecutive batches to its L local replicas: step j takes batches jL .. jL + L - 1.
-    """
+    """Cross-replica context: [num_steps, groups, group size] rows of the steps of one call (computed once per
+    call: each epoch's permutation the call touches, then one gather). Group g of step j of an epoch is
+    positions [(j G + g) S, (j G + g + 1) S) of the epoch's permutation (G groups of S rows per step)."""
     steps = tf.cast(first_step, tf.int64) + tf.range(tf.cast(num_steps, tf.int64))
     epochs, within = steps // self.steps_per_epoch, steps % self.steps_per_epoch
     first_epoch = epochs[0]
     orders = tf.map_fn(lambda epoch: pipeline.epoch_order(self.seed, epoch, self.size),
                        tf.range(first_epoch, epochs[-1] + 1), fn_output_signature=tf.int64)
-    if self.workers > 1:
-      orders = orders[:, self.worker::self.workers]
-    rows = self.local_replicas * self.per_replica
-    columns = within[:, tf.newaxis] * rows + tf.range(rows, dtype=tf.int64)[tf.newaxis, :]
+    groups = within[:, tf.newaxis] * self.groups + tf.range(self.groups, dtype=tf.int64)[tf.newaxis, :]
+    columns = groups[:, :, tf.newaxis] * self.group_size + tf.range(self.group_size, dtype=tf.int64)
     return tf.gather(tf.gather(orders, epochs - first_epoch), columns, batch_dims=1)
 
   def global_indices(self, step):
-    """Cross-replica context: this worker's rows of the batch of `step` (call_indices for one step)."""
+    """Cross-replica context: the groups of rows of the batch of `step` (call_indices for one step)."""
     return self.call_indices(step, 1)[0]
 
+  def replica_block(self, rows, first_step):
+    """Replica context: this replica's share of the c consecutive steps from `first_step` whose groups are `rows`
+    [c, groups, group size]: its images [c, B, ...] (flipped) and labels gathered at once; with mixup/cutmix also
+    its rows' partners and each step's key (the mix itself is per step, in step_batch)."""
+    local = self._local_replica()
+    group = rows[:, local if self.workers > 1 else 0]  # [c, group size]
+    positions = (tf.range(self.per_replica, dtype=tf.int64) * self.workers + self.worker if self.workers > 1 else
+                 local * self.per_replica + tf.range(self.per_replica, dtype=tf.int64))
+    keys = tf.cast(first_step, tf.int64) + tf.range(tf.shape(rows, out_type=tf.int64)[0])
+    if self.workers > 1:
+      keys = keys * self.local_replicas + local
+    steps = tf.shape(group)[0]
+    draws = (tf.map_fn(lambda key: pipeline.flip_draws(self.seed, key, self.group_size), keys,
+                       fn_output_signature=tf.float32) if self.flips else None)  # [c, group size]
+    block = self._rows_at(group, draws, tf.broadcast_to(positions, [steps, self.per_replica]))
+    if self.mix_pairs is None:
+      return block
+    partners = tf.map_fn(lambda key: mixing.partners(self.seed, key, self.group_size), keys,
+                         fn_output_signature=tf.int32)
+    return block + self._rows_at(group, draws, tf.gather(partners, positions, axis=1)) + (keys,)
+
+  def step_batch(self, block, i):
+    """Replica context: step i's (images, labels) of a block from replica_block."""
+    if self.mix_pairs is None:
+      return block[0][i], block[1][i]
+    images, labels, partner_images, partner_labels, keys = (part[i] for part in block)
+    return self.mix_pairs(images, labels, partner_images, partner_labels, keys)
+
   def replica_batch(self, indices, step):
-    """Replica context: this replica's (preprocessed images, labels) of the global batch `indices` of `step`."""
-    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
-    local = tf.cast(replica - self.worker * self.local_replicas, tf.int64)
-    start = local * self.per_replica
-    mine = indices[start:start + self.per_replica]
-    images, labels = tf.gather(self.images, mine), tf.gather(self.labels, mine)
-    if self.flips:
-      images = pipeline.flip_rows(images, self._draws(tf.cast(step, tf.int64), local, start))
+    """Replica context: this replica's (preprocessed images, labels) of the batch of `step` (groups `indices`)."""
+    return self.step_batch(self.replica_block(indices[tf.newaxis], step), 0)
+
+  def _rows_at(self, group, draws, positions):
+    """(images, labels) of the rows at `positions` [c, n] of each step's group, flipped by the group's draws."""
+    examples = tf.gather(group, positions, batch_dims=1)
+    images, labels = tf.gather(self.images, examples), tf.gather(self.labels, examples)
+    if draws is not None:
+      images = pipeline.flip_rows(images, tf.gather(draws, positions, batch_dims=1))
     return images, labels
 
-  def _draws(self, step, local, start):
-    """The host pipeline's flip draws for this replica's rows: one worker keys the global batch by step;
-    worker w of W keys each local batch by its place in the worker's stream and takes rows w::W."""
-    if self.workers == 1:
-      return pipeline.flip_draws(self.seed, step, self.global_batch)[start:start + self.per_replica]
-    key = step * self.local_replicas + local
-    return pipeline.flip_draws(self.seed, key, self.per_replica * self.workers)[self.worker::self.workers]
+  def _local_replica(self):
+    replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+    return tf.cast(replica - self.worker * self.local_replicas, tf.int64)

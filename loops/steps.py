@@ -81,21 +81,27 @@ def make_train_fn(strategy, step_fn, step_counter):
 
 def make_resident_train_fn(strategy, step_fn, step_counter, resident):
   """tf.function(num_steps) -> global loss of the last step; each step's batch is gathered on the devices from
-  `resident` (data/resident.py) by the step counter: no iterator, nothing handed over from the host."""
+  `resident` (data/resident.py) by the step counter: no iterator, nothing handed over from the host. The rows of
+  the whole call are computed once; each replica gathers its images a block of steps at a time."""
+  block_steps = tf.constant(resident.steps_per_block, tf.int32)
 
-  def replica_step(indices, step):
-    return step_fn(*resident.replica_batch(indices, step))
+  def replica_step(block, i):
+    return step_fn(*resident.step_batch(block, i))
 
   @tf.function
   def train_fn(num_steps):
     loss = tf.constant(0.0)
     first_step = step_counter.read_value()
-    rows = resident.call_indices(first_step, num_steps)  # every step's rows of this call, gathered once
-    for i in tf.range(num_steps):
-      per_replica_loss = strategy.run(replica_step, args=(rows[i], first_step + tf.cast(i, tf.int64)))
-      step_counter.assign_add(1)
-      if i == num_steps - 1:
-        loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
+    rows = resident.call_indices(first_step, num_steps)
+    for begin in tf.range(0, num_steps, block_steps):
+      size = tf.minimum(block_steps, num_steps - begin)
+      block = strategy.run(resident.replica_block,
+                           args=(rows[begin:begin + size], first_step + tf.cast(begin, tf.int64)))
+      for i in tf.range(size):
+        per_replica_loss = strategy.run(replica_step, args=(block, i))
+        step_counter.assign_add(1)
+        if begin + i == num_steps - 1:
+          loss = strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica_loss, axis=None)
     return loss
 
   return train_fn

@@ -1,5 +1,5 @@
 """data/resident.py: device-resident train input gives the host pipeline's batches exactly (any start step, 1 or
-2 replicas, flips, resize, normalisation), trains bit-identically, resumes exactly, and falls back with a reason."""
+2 replicas and workers, flips, mixup/cutmix, resize, normalisation), trains bit-identically, resumes exactly, and falls back with a reason."""
 
 import numpy as np
 import pytest
@@ -39,9 +39,13 @@ def resident_batches(strategy, source, config, global_batch, steps_per_epoch, st
   return batches
 
 
-@pytest.mark.parametrize("strategy_name, start", [("one_device", 0), ("mirrored", 15)])
-def test_resident_batches_equal_the_host_pipelines_batch_for_batch(strategy_name, start):
-  config = digits_config()
+MIXES = {"mixup_alpha": 0.4, "cutmix_alpha": 1.0}
+
+
+@pytest.mark.parametrize("strategy_name, start, mixes", [("one_device", 0, {}), ("mirrored", 15, {}),
+                                                        ("mirrored", 15, MIXES), ("one_device", 3, MIXES)])
+def test_resident_batches_equal_the_host_pipelines_batch_for_batch(strategy_name, start, mixes):
+  config = digits_config(**mixes)
   config.strategy, config.cpu_replicas = strategy_name, 2 if strategy_name == "mirrored" else 0
   strategy = strategy_lib.build(config, task=_local_task())
   source = data.load(config.data)
@@ -54,6 +58,7 @@ def test_resident_batches_equal_the_host_pipelines_batch_for_batch(strategy_name
     np.testing.assert_array_equal(labels, host_batch[1].numpy(), err_msg=f"labels of step {step}")
     np.testing.assert_array_equal(images, host_batch[0].numpy(), err_msg=f"images of step {step}")
   assert images.shape == (64, 12, 12, 1)
+  assert labels.shape == ((64, 10) if mixes else (64,))  # mixed: soft labels
 
 
 def _local_task():
@@ -93,12 +98,28 @@ def test_resident_training_is_bit_identical_to_the_host_pipeline_and_resumes_exa
     np.testing.assert_array_equal(final_weights(resumed_dir)[name], value, err_msg=name)
 
 
+def test_calls_read_in_several_blocks_with_mixes_train_bit_identically_to_the_host_pipeline(tmp_path, monkeypatch):
+  # 32 rows per replica of 12x12x1 float32, twice (the rows and their mix partners): 2 steps per block, so the
+  # calls of 5 steps read blocks of 2, 2 and 1 steps.
+  monkeypatch.setattr(resident, "BLOCK_MAX_BYTES", 2 * (2 * 32 * 12 * 12 * 4))
+  config = digits_config(**MIXES)
+  config.strategy, config.cpu_replicas = "mirrored", 2
+  source = data.load(config.data)
+  on_devices = resident.ResidentTrainData(strategy_lib.build(config, task=_local_task()), source, config.data,
+                                          global_batch_size=64, steps_per_epoch=22, seed=config.seed)
+  assert on_devices.steps_per_block == 2
+  host, host_dir = short_run(tmp_path, "host", 30, device_resident="off", **MIXES)
+  resident_run, resident_dir = short_run(tmp_path, "resident", 30, device_resident="on", **MIXES)
+  assert resident_run["train/loss"] == host["train/loss"]
+  for name, value in final_weights(host_dir).items():
+    np.testing.assert_array_equal(final_weights(resident_dir)[name], value, err_msg=name)
+
+
 @pytest.mark.parametrize("overrides, synchronous, reason", [
     ({"device_resident": "off"}, True, "data.device_resident=off"),
     ({"device_resident_max_bytes": 1000}, True,
      r"the train split \(0.8 MiB\) is larger than data.device_resident_max_bytes \(0.0 MiB\)"),
     ({}, False, "parameter-server workers read their own datasets"),
-    ({"mixup_alpha": 0.2}, True, "mixup/cutmix run in the host pipeline"),
 ])
 def test_a_run_that_cannot_be_resident_falls_back_with_its_reason(overrides, synchronous, reason):
   config = digits_config(**overrides)
@@ -126,8 +147,10 @@ def test_dry_run_reports_residency_and_bytes(tmp_path, capsys):
   assert not (tmp_path / "w").exists()
 
 
-def test_two_mwms_workers_train_bit_identically_resident_or_not(tmp_path):
-  """Each worker gathers its shard (w::W of the epoch's permutation) with its host pipeline's flips."""
+@pytest.mark.parametrize("mixes", [{}, MIXES], ids=["flips", "flips+mixup+cutmix"])
+def test_two_mwms_workers_train_bit_identically_resident_or_not(tmp_path, mixes):
+  """Each worker gathers its shard (w::W of the epoch's permutation) with its host pipeline's flips and mixes
+  (partners drawn from the other worker's rows too)."""
   import os
   import subprocess
   import sys
@@ -136,7 +159,7 @@ def test_two_mwms_workers_train_bit_identically_resident_or_not(tmp_path):
   args = ["--config=configs/digits_cnn.py", "--config.deterministic=True", "--config.train.steps=30",
           "--config.train.steps_per_loop=5", "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0",
           "--config.data.random_flip=True", "--config.summary.progress_bar=off", "--config.export=False",
-          "--config.strategy=multi_worker_mirrored"]
+          "--config.strategy=multi_worker_mirrored", *(f"--config.data.{k}={v}" for k, v in mixes.items())]
   outputs = {}
   for mode in ("off", "on"):
     result = subprocess.run([sys.executable, "-m", "launch.local", "--workers=2", "--", sys.executable, "main.py",
@@ -159,9 +182,10 @@ def test_one_call_spanning_several_epochs_takes_each_steps_rows_of_its_own_epoch
   on_devices = resident.ResidentTrainData(strategy, source, config.data, global_batch_size=64,
                                           steps_per_epoch=steps_per_epoch, seed=config.seed)
   rows = tf.function(on_devices.call_indices)(tf.constant(15, tf.int64), tf.constant(50)).numpy()
+  assert rows.shape == (50, 1, 64)  # one worker: one group per step, the global batch
+  rows = rows[:, 0]
   host = data.train_dataset(source, config.data, batch_size=64, steps_per_epoch=steps_per_epoch, seed=config.seed,
                             start_step=15)
-  assert rows.shape == (50, 64)
   for i, (_, labels) in zip(range(50), host):
     np.testing.assert_array_equal(source.train_arrays[1][rows[i]], labels.numpy(), err_msg=f"step {15 + i}")
   assert len(set(rows[7 - 0].tolist()) & set(rows[7 + 22].tolist())) < 64  # steps 22 and 44: different epochs
