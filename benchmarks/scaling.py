@@ -10,6 +10,13 @@ process:
                 a speed one)
   multi_worker  1 and 2 workers started with launch.local, each limited to one intra-op and one inter-op thread
                 (unless --override sets them), so 2 workers use the 2 cores and the ideal speedup is 2.
+  independent   the ceiling for multi_worker on this machine: 1 = multi_worker's 1-worker case; 2 = two such
+                runs at once, not connected (no all-reduce, no waiting for a peer). Its "epoch" is one epoch's
+                examples done by the pair (each run's epoch time / 2), so its efficiency is what two workers keep of
+                one worker's speed when they share the machine (memory bandwidth, caches, the other processes) and
+                communication is free; multi_worker's efficiency / this one = the share the framework's
+                communication leaves (`efficiency_2_workers_of_ceiling`: per round, the unconnected pair's epoch
+                time / the connected pair's).
 Every case runs --repeats times, one at a time, after --settle_seconds of quiet, in rounds: each round runs each
 setup's 1 and 2 back to back, in the order 1, 2 in even rounds and 2, 1 in odd ones (so a steady drift of the
 shared machine does not always favour the same side). The speedup of a round is the pair's ratio; the headline
@@ -42,14 +49,15 @@ _CONFIG = flags.DEFINE_string("config", None, "Config file, as for main.py (its 
 _OUT = flags.DEFINE_string("out", "runs/scaling", "Output directory (must not hold an earlier study).")
 _EPOCHS = flags.DEFINE_float("epochs", 6.0, "Epochs per case (time per epoch excludes the first timed one).")
 _REPEATS = flags.DEFINE_integer("repeats", 3, "Runs of every case, interleaved in rounds.")
-_SETUPS = flags.DEFINE_list("setups", ["mirrored", "multi_worker"], "Setups to run: mirrored, multi_worker.")
+_SETUPS = flags.DEFINE_list("setups", ["mirrored", "multi_worker"],
+                            "Setups to run: mirrored, multi_worker, independent (the ceiling for multi_worker).")
 _BATCH = flags.DEFINE_integer("batch", None, "Per-replica batch (default: the config's global batch).")
 _SETTLE = flags.DEFINE_float("settle_seconds", 3.0, "Idle seconds before each case, to let the machine settle.")
 _OVERRIDES = flags.DEFINE_multi_string("override", [], "Extra --config.KEY=VALUE overrides, e.g. key=value.")
 flags.mark_flags_as_required(["config"])
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STRATEGIES = {"mirrored": "mirrored", "multi_worker": "multi_worker_mirrored"}
+STRATEGIES = {"mirrored": "mirrored", "multi_worker": "multi_worker_mirrored", "independent": "multi_worker_mirrored"}
 RESERVED = ("train.global_batch_size=", "train.epochs=", "strategy=", "cpu_replicas=")
 STATISTICS = ("median", "min", "q1", "q3", "max")
 
@@ -128,6 +136,15 @@ def pair_speedups(runs, setup):
   return result
 
 
+def of_ceiling(runs):
+  """Per round, epoch time of the 2 unconnected runs / of the 2 connected workers: what the workers' communication
+  (all-reduce, waiting for each other) leaves of the ceiling. Both 1-worker cases run the same command, so this
+  compares the two 2-process cases directly (run a minute apart) rather than two noisier pair ratios."""
+  seconds = {(r["setup"], r["repeat"]): r["epoch_seconds"] for r in runs if r["replicas"] == 2}
+  rounds = sorted(k for setup, k in seconds if setup == "multi_worker" and ("independent", k) in seconds)
+  return spread(seconds[("independent", k)] / seconds[("multi_worker", k)] for k in rounds)
+
+
 def summarise(runs):
   """Per case: the spread of epoch time and images/s; per setup: the paired speedup and efficiency (/ 2)."""
   setups = list(dict.fromkeys(r["setup"] for r in runs))
@@ -146,6 +163,11 @@ def summarise(runs):
     results["efficiency_2_workers"] = efficiency["multi_worker"]["median"]
   if "mirrored" in speedup:
     results["speedup_2_mirrored_replicas"] = speedup["mirrored"]["median"]
+  if "independent" in speedup:
+    results["efficiency_ceiling_2_workers"] = efficiency["independent"]["median"]
+    if "multi_worker" in speedup:
+      results["of_ceiling"] = of_ceiling(runs)
+      results["efficiency_2_workers_of_ceiling"] = results["of_ceiling"]["median"]
   rows = [{"setup": c["setup"], "replicas": c["replicas"], "global_batch_size": c["global_batch_size"],
            "epoch_seconds": c["epoch_seconds"]["median"], "images_per_sec": c["images_per_sec"]["median"],
            "speedup": speedup[c["setup"]]["median"] if c["replicas"] == 2 else 1.0} for c in cases]
@@ -283,8 +305,29 @@ class CaseRunner:
 
   def __call__(self, setup, replicas, repeat):
     workdir = self.workdir(setup, replicas, repeat)
+    if setup == "independent" and replicas == 2:
+      return self._independent_pair(workdir)
     command = self.command(setup, replicas, workdir)
-    result = subprocess.run(command, cwd=REPO, capture_output=True, text=True, env=self.env)
+    return self._finish(command, workdir, subprocess.run(command, cwd=REPO, capture_output=True, text=True,
+                                                         env=self.env))
+
+  def _independent_pair(self, workdir):
+    """Two unconnected 1-worker runs at once; the pair's epoch = each run's epoch time / 2 (the time the pair
+    takes for one epoch's examples), its images/s the sum."""
+    workdirs = [os.path.join(workdir, name) for name in ("a", "b")]
+    commands = [self.command("independent", 1, w) for w in workdirs]
+    processes = [subprocess.Popen(c, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                  env=self.env) for c in commands]
+    finished = [subprocess.CompletedProcess(c, 0, p.communicate()[0], "") for c, p in zip(commands, processes)]
+    for done, process in zip(finished, processes):
+      done.returncode = process.returncode
+    each = [self._finish(c, w, done) for c, w, done in zip(commands, workdirs, finished)]
+    return {"global_batch_size": sum(e["global_batch_size"] for e in each),
+            "images_per_sec": sum(e["images_per_sec"] for e in each),
+            "epoch_seconds": statistics.mean(e["epoch_seconds"] for e in each) / 2,
+            "epoch_seconds_each": [e["epoch_seconds_each"] for e in each], "command": each[0]["command"]}
+
+  def _finish(self, command, workdir, result):
     if result.returncode != 0:
       raise SystemExit(f"{' '.join(command)}\nfailed:\n{(result.stdout + result.stderr)[-3000:]}")
     with open(os.path.join(workdir, "summary.json")) as f:
@@ -333,6 +376,10 @@ def report(results):
     print(f"[scaling] {setup} 2 vs 1: speedup {s['median']:.3f} (median of {len(s['values'])} pairs "
           f"[{s['min']:.3f}-{s['max']:.3f}], ratio of medians {s['ratio_of_medians']:.3f}, by images/s "
           f"{s['median_from_images_per_sec']:.3f}), efficiency {e['median']:.3f} [{e['min']:.3f}-{e['max']:.3f}]")
+  if "of_ceiling" in results:
+    e = results["of_ceiling"]
+    print(f"[scaling] multi_worker of the ceiling (2 unconnected runs' epoch time / 2 workers', per round): "
+          f"{e['median']:.3f} [{e['min']:.3f}-{e['max']:.3f}]")
   shares = [r["other_cpu_share"] for r in results["runs"] if r["other_cpu_share"] is not None]
   if shares:
     print(f"[scaling] other processes used {min(shares):.0%}-{max(shares):.0%} of the CPU during the cases")

@@ -51,9 +51,26 @@ def decide(source, data_config, *, synchronous):
 
 def resident_bytes(source, data_config):
   """Bytes per device: the split preprocessed once (float32 images after resize and normalisation) + labels."""
-  images, labels = source.train_arrays
-  height, width, channels = pipeline.output_shape(source, data_config)
-  return len(labels) * height * width * channels * 4 + np.asarray(labels).nbytes
+  return len(source.train_arrays[1]) * _image_bytes(source, data_config) + np.asarray(source.train_arrays[1]).nbytes
+
+
+def block_steps(source, data_config, per_replica_batch):
+  """Steps whose images a replica gathers at once (their rows, and their mix partners with mixup/cutmix)."""
+  return max(1, BLOCK_MAX_BYTES // (per_replica_batch * _gathered_image_bytes(source, data_config)))
+
+
+def block_bytes(source, data_config, per_replica_batch, steps_per_loop):
+  """Bytes per device of the largest block a call gathers (beside the resident split)."""
+  steps = min(steps_per_loop, block_steps(source, data_config, per_replica_batch))
+  return steps * per_replica_batch * _gathered_image_bytes(source, data_config)
+
+
+def _image_bytes(source, data_config):
+  return int(np.prod(pipeline.output_shape(source, data_config))) * 4  # float32
+
+
+def _gathered_image_bytes(source, data_config):
+  return _image_bytes(source, data_config) * (2 if mixing.mixes(data_config) else 1)
 
 
 class ResidentTrainData:
@@ -82,8 +99,7 @@ class ResidentTrainData:
     self.group_size = global_batch_size if num_workers == 1 else self.per_replica * num_workers
     self.flips = data_config.random_flip
     self.mix_pairs = mixing.make_pair_mix(source.num_classes, data_config, seed)
-    image_bytes = int(np.prod(images.shape[1:])) * 4 * (2 if self.mix_pairs else 1)
-    self.steps_per_block = max(1, BLOCK_MAX_BYTES // (self.per_replica * image_bytes))
+    self.steps_per_block = block_steps(source, data_config, self.per_replica)
 
   def call_indices(self, first_step, num_steps):
     """Cross-replica context: [num_steps, groups, group size] rows of the steps of one call (computed once per
@@ -124,11 +140,10 @@ class ResidentTrainData:
     return block + self._rows_at(group, draws, tf.gather(partners, positions, axis=1)) + (keys,)
 
   def step_batch(self, block, i):
-    """Replica context: step i's (images, labels) of a block from replica_block."""
-    if self.mix_pairs is None:
-      return block[0][i], block[1][i]
-    images, labels, partner_images, partner_labels, keys = (part[i] for part in block)
-    return self.mix_pairs(images, labels, partner_images, partner_labels, keys)
+    """Replica context: step i's (images, labels) of a block from replica_block (a gather per part: one op,
+    where slicing by a tensor index takes four)."""
+    parts = [tf.gather(part, i) for part in block]
+    return tuple(parts) if self.mix_pairs is None else self.mix_pairs(*parts)
 
   def replica_batch(self, indices, step):
     """Replica context: this replica's (preprocessed images, labels) of the batch of `step` (groups `indices`)."""

@@ -17,6 +17,7 @@ import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 import data
+from data import resident as resident_lib
 from loops import build as build_lib
 from loops import callbacks as callbacks_lib
 from loops import check as check_lib
@@ -177,7 +178,10 @@ def _dry_run_report(config, workdir, parts, user_callbacks):
 def _residency_line(parts, config):
   residency = execution_lib.residency(parts, config)
   if residency.resident:
-    return f"yes, {residency.bytes_per_device} bytes per device ({residency.reason})"
+    block = resident_lib.block_bytes(parts.source, config.data, parts.plan.per_replica_batch_size,
+                                     parts.plan.steps_per_loop)
+    return (f"yes, {residency.bytes_per_device} bytes per device + {block} bytes for a call's gathered batches "
+            f"({residency.reason})")
   return f"no: host pipeline ({residency.reason})"
 
 

@@ -204,3 +204,33 @@ def test_ab_compares_two_variants_of_the_working_tree_by_their_arguments():
   summary = json.loads(result.stdout.strip().splitlines()[-1])["results"]["value"]
   assert summary["base"] == [2.0, 2.0] and summary["head"] == [3.0, 3.0]
   assert summary["ratio_head_vs_base"] == 1.5
+
+
+def test_scaling_ceiling_is_independent_runs_and_multi_worker_is_read_against_it_round_by_round():
+  from benchmarks import scaling
+  seconds = {("multi_worker", 1): [2.0, 4.0, 2.0], ("multi_worker", 2): [1.25, 2.5, 1.0],
+             ("independent", 1): [2.0, 4.0, 2.0], ("independent", 2): [1.1, 2.0, 1.0]}
+  results = scaling.summarise(fake_runs(seconds))
+  assert results["efficiency"]["independent"]["values"] == pytest.approx([2.0 / 1.1 / 2, 1.0, 1.0])
+  assert results["efficiency_ceiling_2_workers"] == pytest.approx(1.0)
+  # per round, the unconnected pair's epoch time over the connected pair's (the 1-worker cases are the same)
+  assert results["of_ceiling"]["values"] == pytest.approx([1.1 / 1.25, 0.8, 1.0])
+  assert results["efficiency_2_workers_of_ceiling"] == pytest.approx(0.88)
+
+
+def test_scaling_independent_pair_runs_two_unconnected_runs_at_once(tmp_path, monkeypatch):
+  """Two fake runs: each writes its summary; they must overlap in time; the pair's epoch is their mean / 2."""
+  import sys
+  from benchmarks import scaling
+  fake = ("import json, os, sys, time; w = sys.argv[1]; os.makedirs(w); started = time.time(); time.sleep(1.0); "
+          "json.dump({'global_batch_size': 64, 'examples_per_sec': 100.0, 'mean_epoch_seconds_excluding_first': "
+          "float(sys.argv[2]), 'started': started, 'ended': time.time()}, open(os.path.join(w, 'summary.json'), 'w'))")
+  runner = scaling.CaseRunner("configs/digits_cnn.py", str(tmp_path), 3, [], 64)
+  epoch = iter(["3.0", "5.0"])
+  monkeypatch.setattr(runner, "command", lambda setup, replicas, workdir: [sys.executable, "-c", fake, workdir,
+                                                                            next(epoch)])
+  result = runner("independent", 2, 0)
+  assert result["epoch_seconds"] == pytest.approx(2.0) and result["images_per_sec"] == 200.0
+  assert result["global_batch_size"] == 128
+  a, b = (json.load(open(tmp_path / "independent-2-r1" / name / "summary.json")) for name in ("a", "b"))
+  assert a["started"] < b["ended"] and b["started"] < a["ended"]  # at once, not one after the other

@@ -140,7 +140,9 @@ def test_dry_run_reports_residency_and_bytes(tmp_path, capsys):
   config = digits_config()
   report = run.train_and_evaluate(config, str(tmp_path / "w"), dry_run=True)
   expected = data.load(config.data).train_size * (12 * 12 * 4 + 8)
-  assert report["device_resident"].startswith(f"yes, {expected} bytes per device (the train split (0.8 MiB) fits")
+  block = 50 * 64 * 12 * 12 * 4  # a call of 50 steps of 64 float32 12x12x1 images, gathered at once
+  assert report["device_resident"].startswith(f"yes, {expected} bytes per device + {block} bytes for a call's "
+                                              f"gathered batches (the train split (0.8 MiB) fits")
   config.data.device_resident_max_bytes = 1000
   report = run.train_and_evaluate(config, str(tmp_path / "w"), dry_run=True)
   assert report["device_resident"].startswith("no: host pipeline (the train split (0.8 MiB) is larger than")
