@@ -89,8 +89,8 @@ def _cutmix(images, other, alpha, seed_of):
   inside = (((rows >= y0) & (rows < y1))[:, None] & ((columns >= x0) & (columns < x1))[None, :])
   box = tf.cast(inside, images.dtype)[None, :, :, None]  # 0/1 weights: exact, and cheaper than a broadcast select
   mixed = box * other + (1.0 - box) * images
-  # In float64: a division by a constant is strength-reduced to a multiplication by its reciprocal in one graph and
-  # not in another (tf.data vs a tf.function); float32 results could then differ by 1 ulp, float64 ones cannot.
+  # In float64, rounded once to float32: a division by a constant is strength-reduced to a multiplication by its
+  # reciprocal in one graph and not in another (tf.data vs a tf.function): in float32 the two differed by 1 ulp.
   uncovered = tf.cast(height * width - (y1 - y0) * (x1 - x0), tf.float64) / tf.cast(height * width, tf.float64)
   share = tf.cast(uncovered, tf.float32)
   return mixed, share
