@@ -114,10 +114,6 @@ class ResidentTrainData:
     columns = groups[:, :, tf.newaxis] * self.group_size + tf.range(self.group_size, dtype=tf.int64)
     return tf.gather(tf.gather(orders, epochs - first_epoch), columns, batch_dims=1)
 
-  def global_indices(self, step):
-    """Cross-replica context: the groups of rows of the batch of `step` (call_indices for one step)."""
-    return self.call_indices(step, 1)[0]
-
   def replica_block(self, rows, first_step):
     """Replica context: this replica's share of the c consecutive steps from `first_step` whose groups are `rows`
     [c, groups, group size]: its images [c, B, ...] (flipped) and labels gathered at once; with mixup/cutmix also
@@ -126,10 +122,10 @@ class ResidentTrainData:
     group = rows[:, local if self.workers > 1 else 0]  # [c, group size]
     positions = (tf.range(self.per_replica, dtype=tf.int64) * self.workers + self.worker if self.workers > 1 else
                  local * self.per_replica + tf.range(self.per_replica, dtype=tf.int64))
-    keys = tf.cast(first_step, tf.int64) + tf.range(tf.shape(rows, out_type=tf.int64)[0])
+    steps = tf.shape(group)[0]
+    keys = tf.cast(first_step, tf.int64) + tf.range(tf.cast(steps, tf.int64))
     if self.workers > 1:
       keys = keys * self.local_replicas + local
-    steps = tf.shape(group)[0]
     draws = (tf.map_fn(lambda key: pipeline.flip_draws(self.seed, key, self.group_size), keys,
                        fn_output_signature=tf.float32) if self.flips else None)  # [c, group size]
     block = self._rows_at(group, draws, tf.broadcast_to(positions, [steps, self.per_replica]))
@@ -140,14 +136,10 @@ class ResidentTrainData:
     return block + self._rows_at(group, draws, tf.gather(partners, positions, axis=1)) + (keys,)
 
   def step_batch(self, block, i):
-    """Replica context: step i's (images, labels) of a block from replica_block (a gather per part: one op,
-    where slicing by a tensor index takes four)."""
+    """Replica context: step i's (images, labels) of a block from replica_block (one gather per part: fewer ops
+    per step than slicing by a tensor index)."""
     parts = [tf.gather(part, i) for part in block]
     return tuple(parts) if self.mix_pairs is None else self.mix_pairs(*parts)
-
-  def replica_batch(self, indices, step):
-    """Replica context: this replica's (preprocessed images, labels) of the batch of `step` (groups `indices`)."""
-    return self.step_batch(self.replica_block(indices[tf.newaxis], step), 0)
 
   def _rows_at(self, group, draws, positions):
     """(images, labels) of the rows at `positions` [c, n] of each step's group, flipped by the group's draws."""

@@ -29,7 +29,8 @@ def resident_batches(strategy, source, config, global_batch, steps_per_epoch, st
 
   @tf.function
   def batch_of(step):
-    return strategy.run(on_devices.replica_batch, args=(on_devices.global_indices(step), step))
+    block = strategy.run(on_devices.replica_block, args=(on_devices.call_indices(step, 1), step))
+    return strategy.run(on_devices.step_batch, args=(block, 0))
 
   batches = []
   for step in steps:
