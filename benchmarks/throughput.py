@@ -8,6 +8,10 @@ Same model, data, strategy, global batch and steps per call for all four:
   bare_loop  the TF custom-training tutorial: one strategy.run + strategy.reduce step per tf.function call
   synthetic  the framework's loop on one preprocessed batch held on the devices (no input work): the upper bound
   host_pipeline  the framework's loop over the tf.data pipeline, when "framework" is device-resident
+  framework_keras_bn  "framework" with Keras' own BatchNormalization ops (model.fused_batchnorm=False), when the
+             model has BatchNorm layers the framework fuses: what the loop alone gains
+The framework contenders run the model as a run does (loops.modeling.configure_batchnorm: fused BatchNorm by
+default); keras_fit and bare_loop run it as Keras does.
 Warm-up calls (tracing) are not timed; every figure is the median of --windows timed windows, interleaved
 a, b, c, d, a, b, ... so machine noise hits all alike. Also measures the machine's float32 matmul peak and the
 model's training FLOPs per image (TF profiler) to report the fraction of peak reached.
@@ -123,7 +127,8 @@ def main(argv):
 
   import data
   from data import resident as resident_lib
-  from loops import cluster, losses, optimizers, plan as plan_lib, steps, strategy as strategy_lib
+  from loops import cluster, fused_batchnorm, losses, modeling, optimizers, plan as plan_lib, steps
+  from loops import strategy as strategy_lib
 
   strategy_lib.configure_devices(config)
   strategy = strategy_lib.build(config, cluster.Task())
@@ -139,7 +144,8 @@ def main(argv):
     return data.train_dataset(source, config.data, batch_size=plan.global_batch_size,
                               steps_per_epoch=plan.steps_per_epoch, seed=config.seed)
 
-  def fresh_model(policy=None):
+  def fresh_model(policy=None, batchnorm=None):
+    """A copy of the reference weights; `batchnorm`: a model config whose BatchNorm choices apply (a run's)."""
     with strategy.scope():
       if policy:  # the same weights in a model built under a mixed-precision policy
         previous = keras.mixed_precision.dtype_policy()
@@ -151,6 +157,8 @@ def main(argv):
       else:
         model = keras.models.clone_model(reference)
       model.set_weights(reference.get_weights())
+      if batchnorm is not None:
+        modeling.configure_batchnorm(model, batchnorm)
       optimizer = optimizers.build(config.optimizer, plan.learning_rate)
       optimizer.build(model.trainable_variables)
     return model, optimizer
@@ -161,8 +169,8 @@ def main(argv):
 
   # (a) the framework's loop and (d) the same loop on one batch repeated.
   def framework_runner(dataset, python_loop=False, with_metrics=True, policy=None, jit_compile=False,
-                       resident=False):
-    model, optimizer = fresh_model(policy)
+                       resident=False, batchnorm=config.model):
+    model, optimizer = fresh_model(policy, batchnorm)
     with strategy.scope():
       metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
       counter = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
@@ -246,6 +254,12 @@ def main(argv):
              "bare_loop": bare_runner(), "synthetic": framework_runner(None, resident="one_batch")}
   if residency.resident:
     runners["host_pipeline"] = framework_runner(real_dataset())
+  keras_batchnorm = config.model.copy_and_resolve_references()
+  keras_batchnorm.fused_batchnorm = False
+  fusable = [l for l in reference._flatten_layers() if fused_batchnorm.eligible(l)]  # pylint: disable=protected-access
+  if config.model.fused_batchnorm and fusable:
+    runners["framework_keras_bn"] = framework_runner(real_dataset(), resident=residency.resident,
+                                                     batchnorm=keras_batchnorm)
   if _LEVERS.value:
     runners["lever_python_loop"] = framework_runner(real_dataset(), python_loop=True)
     runners["lever_no_metrics"] = framework_runner(real_dataset(), with_metrics=False)
@@ -274,6 +288,10 @@ def main(argv):
       "device_resident_reason": residency.reason,
       **({"ratio_host_pipeline_vs_synthetic": rates["host_pipeline"] / rates["synthetic"]}
          if "host_pipeline" in rates else {}),
+      **({"ratio_keras_bn_vs_keras_fit": rates["framework_keras_bn"] / rates["keras_fit"],
+          "ratio_fused_vs_keras_bn": rates["framework"] / rates["framework_keras_bn"]}
+         if "framework_keras_bn" in rates else {}),
+      "fused_batchnorm_layers": len(fusable) if config.model.fused_batchnorm else 0,
       **{f"ratio_{name}": rates[name] / rates["framework"] for name in rates if name.startswith("lever_")},
       "gemm_peak_gflops": peak,
       "model_gflops_per_image": per_image,
@@ -288,13 +306,15 @@ def main(argv):
                    "machine": f"{platform.machine()}, {os.cpu_count()} cores"},
       "date": time.strftime("%Y-%m-%d"),
   }
-  print(f"{'contender':<12}{'images/s':>12}   (median of {_WINDOWS.value} windows of {steps_per_window} steps, "
+  print(f"{'contender':<20}{'images/s':>12}   (median of {_WINDOWS.value} windows of {steps_per_window} steps, "
         f"batch {plan.global_batch_size}, {plan.replicas} replica(s), {config.model.name})")
   for name, rate in rates.items():
-    print(f"{name:<12}{rate:>12.0f}")
+    print(f"{name:<20}{rate:>12.0f}")
   print(f"train input: {'device-resident' if residency.resident else 'host pipeline'} ({residency.reason})")
   for key in ("ratio_vs_keras_fit", "ratio_vs_bare_loop", "ratio_real_vs_synthetic",
-              *(["ratio_host_pipeline_vs_synthetic"] if "host_pipeline" in rates else []), "gemm_peak_gflops",
+              *(["ratio_host_pipeline_vs_synthetic"] if "host_pipeline" in rates else []),
+              *(["ratio_keras_bn_vs_keras_fit", "ratio_fused_vs_keras_bn"] if "framework_keras_bn" in rates else []),
+              "gemm_peak_gflops",
               "model_gflops_per_image", "fraction_of_peak"):
     print(f"{key:<26}{results[key]:.4g}")
   if _OUT.value:

@@ -73,6 +73,7 @@ def _check_machine(config):
     _at_least("num_gpus", config.num_gpus, 0, "None (all) or an integer")
   _one_of("cluster.source", config.cluster.source, cluster.SOURCES)
   _one_of("cluster.collective", config.cluster.collective, strategy_lib.COLLECTIVES)
+  _at_least("cluster.bytes_per_pack", config.cluster.bytes_per_pack, 0, "a number of bytes (0 = one pack)")
   timeout = config.cluster.collective_timeout_seconds
   if timeout is not None and not timeout > 0:
     raise ConfigError(f"cluster.collective_timeout_seconds must be > 0 or None (wait forever), got {timeout}")

@@ -126,7 +126,7 @@ def _multi_worker(config, task):
       tf.train.ClusterSpec(task.cluster), task_type=task.type, task_id=task.index, rpc_layer="grpc",
       num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))})
   options = tf.distribute.experimental.CommunicationOptions(
-      implementation=COLLECTIVES[config.cluster.collective],
+      implementation=COLLECTIVES[config.cluster.collective], bytes_per_pack=int(config.cluster.bytes_per_pack),
       timeout_seconds=config.cluster.collective_timeout_seconds)
   tf.distribute.MultiWorkerMirroredStrategy._collective_key_base = next(_COLLECTIVE_KEY_BASES)
   try:
@@ -137,8 +137,9 @@ def _multi_worker(config, task):
     raise ConfigError("multi_worker_mirrored must be created before TensorFlow runs anything, but it already ran: "
                       "usually a plug-in module (model, loss, metric or callback) that makes a tensor or variable "
                       "when it is imported; make them inside its functions") from None
-  logging.info("strategy multi_worker_mirrored: task %s:%d of %d workers, %d replica(s) in sync, collective %s",
-               task.type, task.index, task.num_workers, strategy.num_replicas_in_sync, config.cluster.collective)
+  logging.info("strategy multi_worker_mirrored: task %s:%d of %d workers, %d replica(s) in sync, collective %s, "
+               "bytes per pack %d", task.type, task.index, task.num_workers, strategy.num_replicas_in_sync,
+               config.cluster.collective, config.cluster.bytes_per_pack)
   return strategy
 
 

@@ -27,7 +27,13 @@ def check_throughput(out):
   for key in THROUGHPUT_KEYS:
     assert key in results, key
   contenders = {"framework", "keras_fit", "bare_loop", "synthetic"}
-  assert set(results["images_per_sec"]) == contenders | ({"host_pipeline"} if results["device_resident"] else set())
+  contenders |= {"host_pipeline"} if results["device_resident"] else set()
+  contenders |= {"framework_keras_bn"} if results["fused_batchnorm_layers"] else set()
+  assert set(results["images_per_sec"]) == contenders
+  if results["fused_batchnorm_layers"]:
+    rates = results["images_per_sec"]
+    assert results["ratio_fused_vs_keras_bn"] == pytest.approx(rates["framework"] / rates["framework_keras_bn"])
+    assert results["ratio_keras_bn_vs_keras_fit"] == pytest.approx(rates["framework_keras_bn"] / rates["keras_fit"])
   if results["device_resident"]:
     assert results["ratio_host_pipeline_vs_synthetic"] == pytest.approx(
         results["images_per_sec"]["host_pipeline"] / results["images_per_sec"]["synthetic"])
@@ -47,6 +53,15 @@ def test_throughput_benchmark_smoke(tmp_path):
   results = check_throughput(out)
   assert results["steps_per_window"] == 5
   assert results["device_resident"] and "train input: device-resident" in result.stdout  # digits fits: measured both
+
+
+def test_throughput_benchmark_smoke_with_batchnorm_measures_the_loop_with_keras_batchnorm_too(tmp_path):
+  out = tmp_path / "results.json"
+  result = run_module("benchmarks.throughput", "--config=configs/cifar_resnet20.py:synthetic", "--windows=1",
+                      "--window_calls=1", "--config.train.steps_per_loop=2", "--config.train.global_batch_size=8",
+                      f"--out={out}")
+  assert "framework_keras_bn" in result.stdout and "ratio_fused_vs_keras_bn" in result.stdout
+  assert check_throughput(out)["fused_batchnorm_layers"] == 21  # stem, 3 stages x 3 blocks x 2, 2 shortcuts
 
 
 def test_scaling_benchmark_smoke(tmp_path):

@@ -28,6 +28,7 @@ from tests.conftest import load_config
     ("preemption.signals", "SIGKILL", r"uncatchable signal 'SIGKILL'"),
     ("preemption.exit_code", 1, r"preemption.exit_code must be an integer in 2..255 \(1 is a user error\), got 1"),
     ("preemption.exit_code", 300, r"preemption.exit_code must be an integer in 2..255"),
+    ("cluster.bytes_per_pack", -1, r"cluster.bytes_per_pack must be a number of bytes \(0 = one pack\) >= 0, got -1"),
     ("nan_policy.mode", "retry", r"unknown nan_policy.mode 'retry'; valid: stop, rollback"),
     ("early_stopping.metric", "eval/los", r"early_stopping.metric 'eval/los' is not an eval metric"),
     ("early_stopping.mode", "down", r"unknown early_stopping.mode 'down'"),
