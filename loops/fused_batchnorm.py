@@ -38,6 +38,11 @@ def fuse(model):
   return len(layers)
 
 
+def fused_layers(model):
+  """How many of `model`'s layers run through the fused kernel."""
+  return sum(1 for l in model._flatten_layers() if getattr(l.call, "fused", False))  # pylint: disable=protected-access
+
+
 def fused_call(layer):
   """The layer's call through FusedBatchNormV3; Keras' own call where the kernel does not apply."""
   keras_call = type(layer).call.__get__(layer)
@@ -62,6 +67,7 @@ def fused_call(layer):
     y = y if rank == 4 else tf.reshape(y, shape)
     return tf.cast(y, layer.compute_dtype)
 
+  call.fused = True
   return call
 
 

@@ -8,6 +8,7 @@
 
 import contextlib
 import dataclasses
+import math
 import os
 import posixpath
 import time
@@ -24,6 +25,7 @@ from loops import check as check_lib
 from loops import checkpoints as checkpoints_lib
 from loops import cluster
 from loops import execution as execution_lib
+from loops import fused_batchnorm
 from loops import loop as loop_lib
 from loops import metrics as metrics_lib
 from loops import saving
@@ -161,6 +163,8 @@ def _dry_run_report(config, workdir, parts, user_callbacks):
       "epochs": round(plan.epochs, 3),
       "model": config.model.name,
       "parameters": parts.model.count_params(),
+      "fused_batchnorm_layers": fused_batchnorm.fused_layers(parts.model),
+      **({"gradient_all_reduce": _packs_line(parts, config)} if strategy_lib.is_multi_worker(parts.strategy) else {}),
       "eval_metrics": metrics_lib.tags(parts.eval_metrics),
       "early_stopping": config.early_stopping.metric or "off",
       "callbacks": [type(c).__name__ for c in user_callbacks],
@@ -183,6 +187,13 @@ def _residency_line(parts, config):
     return (f"yes, {residency.bytes_per_device} bytes per device + {block} bytes for a call's gathered batches "
             f"({residency.reason})")
   return f"no: host pipeline ({residency.reason})"
+
+
+def _packs_line(parts, config):
+  sizes = [math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in parts.model.trainable_variables]
+  packs = strategy_lib.gradient_packs(sizes, config.cluster.bytes_per_pack)
+  return (f"{len(packs)} pack(s) per step, {sum(sizes)} bytes of gradients "
+          f"(cluster.bytes_per_pack={config.cluster.bytes_per_pack}; packs: {packs})")
 
 
 def _absolute(path):

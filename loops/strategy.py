@@ -155,6 +155,18 @@ def _tpu(config):
   return tf.distribute.TPUStrategy(resolver)
 
 
+def gradient_packs(sizes, bytes_per_pack):
+  """Bytes of each all-reduce pack for gradients of `sizes` bytes (in variable order), as multi_worker_mirrored
+  groups them: the list reversed (the last layers' gradients are ready first), a new pack begun once the current
+  one holds more than bytes_per_pack; 0 = one pack. Mirrors tf.distribute's cross_device_utils.group_by_size."""
+  packs = []
+  for size in reversed(list(sizes)):
+    if not packs or (bytes_per_pack and packs[-1] > bytes_per_pack):
+      packs.append(0)
+    packs[-1] += size
+  return packs
+
+
 def can_rewind_input(name):
   return name not in ASYNCHRONOUS
 

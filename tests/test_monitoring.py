@@ -142,8 +142,12 @@ def test_dry_run_reports_the_plan_of_every_shipped_config_and_writes_nothing(nam
   report = run.train_and_evaluate(c, str(tmp_path / "w"), dry_run=True)
   printed = capsys.readouterr().out
   for key in ("strategy", "replicas", "global_batch_size", "per_replica_batch_size", "learning_rate",
-              "train_examples", "eval_examples", "steps_per_epoch", "total_steps", "parameters", "workdir"):
+              "train_examples", "eval_examples", "steps_per_epoch", "total_steps", "parameters", "workdir",
+              "fused_batchnorm_layers"):
     assert f"  {key}: {report[key]}" in printed
+  # ResNet-20: stem + 2 per block x 9 + 2 shortcuts; ResNet V2: 3 per block (16 or 50 blocks) + the final one
+  assert report["fused_batchnorm_layers"] == {"cifar_resnet20": 21, "resnet50_mirrored": 49,
+                                              "resnet152_mirrored": 151}.get(name, 0)
   assert report["global_batch_size"] == report["per_replica_batch_size"] * report["replicas"]
   assert not (tmp_path / "w").exists()
 
