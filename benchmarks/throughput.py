@@ -256,8 +256,8 @@ def main(argv):
     runners["host_pipeline"] = framework_runner(real_dataset())
   keras_batchnorm = config.model.copy_and_resolve_references()
   keras_batchnorm.fused_batchnorm = False
-  fusable = [l for l in reference._flatten_layers() if fused_batchnorm.eligible(l)]  # pylint: disable=protected-access
-  if config.model.fused_batchnorm and fusable:
+  fused_layers = fused_batchnorm.fused_layers(fresh_model(batchnorm=config.model)[0])  # as the framework runs it
+  if fused_layers:
     runners["framework_keras_bn"] = framework_runner(real_dataset(), resident=residency.resident,
                                                      batchnorm=keras_batchnorm)
   if _LEVERS.value:
@@ -291,7 +291,7 @@ def main(argv):
       **({"ratio_keras_bn_vs_keras_fit": rates["framework_keras_bn"] / rates["keras_fit"],
           "ratio_fused_vs_keras_bn": rates["framework"] / rates["framework_keras_bn"]}
          if "framework_keras_bn" in rates else {}),
-      "fused_batchnorm_layers": len(fusable) if config.model.fused_batchnorm else 0,
+      "fused_batchnorm_layers": fused_layers,
       **{f"ratio_{name}": rates[name] / rates["framework"] for name in rates if name.startswith("lever_")},
       "gemm_peak_gflops": peak,
       "model_gflops_per_image": per_image,

@@ -192,8 +192,8 @@ def _residency_line(parts, config):
 def _packs_line(parts, config):
   sizes = [math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in parts.model.trainable_variables]
   packs = strategy_lib.gradient_packs(sizes, config.cluster.bytes_per_pack)
-  return (f"{len(packs)} pack(s) per step, {sum(sizes)} bytes of gradients "
-          f"(cluster.bytes_per_pack={config.cluster.bytes_per_pack}; packs: {packs})")
+  return (f"{len(packs)} pack(s) per step, {sum(sizes)} bytes of gradients when every trainable variable has a "
+          f"dense one (cluster.bytes_per_pack={config.cluster.bytes_per_pack}; packs: {packs})")
 
 
 def _absolute(path):

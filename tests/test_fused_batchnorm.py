@@ -95,9 +95,33 @@ def test_bfloat16_models_stay_in_bfloat16_and_agree_with_keras_to_its_precision(
                              rtol=0.05, atol=0.05)
 
 
+def op_types(layer, x, **kwargs):
+  """The op types of `layer`'s call traced into a graph."""
+  graph = tf.function(lambda t: layer(t, **kwargs)).get_concrete_function(tf.TensorSpec(x.shape)).graph
+  return {op.type for op in graph.get_operations()}
+
+
+def test_the_fused_kernel_runs_for_training_batches_only():
+  layer = keras.layers.BatchNormalization()
+  layer.build((None, 4, 4, 3))
+  fused_batchnorm.fuse(keras.Sequential([keras.Input((4, 4, 3)), layer]))
+  x = np.zeros((2, 4, 4, 3), "float32")
+  assert "FusedBatchNormV3" in op_types(layer, x, training=True)
+  assert "Mean" not in op_types(layer, x, training=True)  # Keras' moments are not computed beside it
+  assert "FusedBatchNormV3" not in op_types(layer, x, training=False)
+  layer.trainable = False
+  assert "FusedBatchNormV3" not in op_types(layer, x, training=True)
+
+
 class OwnCall(keras.layers.BatchNormalization):
   def call(self, inputs, training=None, mask=None):
     return super().call(inputs, training=training, mask=mask) * 2.0
+
+
+class OwnMoments(keras.layers.BatchNormalization):
+  def _moments(self, inputs, mask):
+    mean, _ = super()._moments(inputs, mask)
+    return mean, keras.ops.ones_like(mean)
 
 
 @pytest.mark.parametrize("layer, reason", [
@@ -105,6 +129,7 @@ class OwnCall(keras.layers.BatchNormalization):
     (keras.layers.BatchNormalization(renorm=True), "renorm"),
     (keras.layers.BatchNormalization(axis=1), "channels first"),
     (OwnCall(), "a subclass with its own call"),
+    (OwnMoments(), "a subclass with its own statistics"),
 ])
 def test_layers_the_kernel_does_not_reproduce_keep_keras_call(layer, reason):
   inputs = keras.Input((4, 4, 4))
@@ -124,6 +149,8 @@ def test_a_masked_call_goes_through_keras_own_call():
   mask = np.array([[1, 1, 1, 0, 0]] * 4, bool)
   np.testing.assert_array_equal(layer(x, training=True, mask=mask).numpy(),
                                 reference(x, training=True, mask=mask).numpy())
+  masked = tf.function(lambda t: layer(t, training=True, mask=mask)).get_concrete_function(tf.TensorSpec(x.shape))
+  assert "FusedBatchNormV3" not in {op.type for op in masked.graph.get_operations()}
   np.testing.assert_allclose(layer(x, training=True).numpy(), reference(x, training=True).numpy(), atol=1e-5)
 
 
@@ -139,7 +166,7 @@ def test_the_run_fuses_unless_told_not_to_and_never_a_synchronized_layer():
   assert not any("call" in vars(l) for l in synced.layers if isinstance(l, keras.layers.BatchNormalization))
 
 
-def test_checkpoints_and_the_saved_model_are_keras_own(tmp_path):
+def test_checkpoints_and_a_saved_model_are_keras_own(tmp_path):
   model = small_net()
   fused_batchnorm.fuse(model)
   train(model, steps=2)
@@ -155,3 +182,16 @@ def test_checkpoints_and_the_saved_model_are_keras_own(tmp_path):
   x = np.random.default_rng(6).normal(size=(4, 6, 6, 3)).astype("float32")
   np.testing.assert_allclose(loaded(x, training=False).numpy(), model(x, training=False).numpy(), rtol=1e-4,
                              atol=1e-5)
+
+
+def test_a_batch_of_one_example_gives_keras_moving_variance_not_a_nan():
+  layers = [keras.layers.BatchNormalization(momentum=0.5) for _ in range(2)]
+  for layer in layers:
+    layer.build((None, 5))
+  fused_batchnorm.fuse(keras.Sequential([keras.Input((5,)), layers[1]]))
+  x = np.arange(5, dtype="float32")[None]
+  outputs = [layer(x, training=True).numpy() for layer in layers]
+  np.testing.assert_allclose(outputs[1], outputs[0], atol=1e-6)
+  np.testing.assert_allclose(layers[1].moving_variance.numpy(), layers[0].moving_variance.numpy(), atol=1e-7)
+  np.testing.assert_allclose(layers[1].moving_mean.numpy(), layers[0].moving_mean.numpy(), atol=1e-7)
+  assert np.allclose(layers[1].moving_variance.numpy(), 0.5)  # 1 x momentum + 0 x (1 - momentum)

@@ -22,8 +22,10 @@ RESEARCH = {"model.name": "examples.models:cnn_with_embedding", "model.kwargs.re
 # lr 0.01 (x 16/256 by the config's scaling rule): at the config's 0.1, ResNet-20 on noise at batch 16 amplifies
 # float rounding ~100x per step (measured with sync on, in an earlier two-pass implementation of it: 1.2e-8 apart
 # after step 1, 1.9e-6 after 2, 3.1e-5 after 3).
-SYNC_BN = {"model.sync_batchnorm": True, "train.global_batch_size": 16, "train.steps": 3, "train.steps_per_loop": 3,
-           "data.synthetic.train_examples": 256, "data.synthetic.eval_examples": 64, "optimizer.learning_rate": 0.01}
+# ResNet-8 (one block per stage): the same layers as ResNet-20, a third of the tracing.
+SYNC_BN = {"model.sync_batchnorm": True, "model.kwargs.blocks_per_stage": 1, "train.global_batch_size": 16,
+           "train.steps": 3, "train.steps_per_loop": 3, "data.synthetic.train_examples": 256,
+           "data.synthetic.eval_examples": 64, "optimizer.learning_rate": 0.01}
 
 
 def configured(name, arg=None, **overrides):
@@ -93,10 +95,11 @@ def test_named_outputs_a_loss_reading_images_outputs_step_and_mixup_cutmix_on_on
 
 
 def test_sync_batchnorm_makes_two_replicas_and_two_workers_compute_one_replicas_resnet(tmp_path):
-  """cifar_resnet20 on synthetic data, 3 steps of a global batch of 16: with model.sync_batchnorm the weights and
-  the BatchNorm statistics equal one replica's on mirrored x2 and 2-worker MWMS (||a - b|| / ||a|| < 1e-5 over all
-  weights, and over all moving statistics); without it they measurably differ.
-  Measured: sync on 4.5e-8 / 2.7e-8; off 1.4e-4 / 5.1e-4."""
+  """cifar_resnet20 with one block per stage on synthetic data, 3 steps of a global batch of 16: with
+  model.sync_batchnorm the weights and the BatchNorm statistics equal one replica's on mirrored x2 and 2-worker MWMS
+  (||a - b|| / ||a|| < 1e-5 over all weights, and over all moving statistics); without it (each replica's BatchNorm
+  fused, on its half of the batch) they differ by more than that tolerance.
+  Measured: sync on 4.8e-8 / 1.7e-8 (mirrored), 4.8e-8 / 1.8e-8 (MWMS); off 2.9e-5 / 3.3e-4."""
   single = trained(configured("cifar_resnet20", "synthetic", **SYNC_BN), "one_device", tmp_path / "one")
   synced = trained(configured("cifar_resnet20", "synthetic", **SYNC_BN), "mirrored", tmp_path / "two")
   unsynced = trained(configured("cifar_resnet20", "synthetic", **{**SYNC_BN, "model.sync_batchnorm": False}),
@@ -106,7 +109,7 @@ def test_sync_batchnorm_makes_two_replicas_and_two_workers_compute_one_replicas_
     weights, statistics = relative_differences(single, other)
     assert weights < 1e-5 and statistics < 1e-5, (what, weights, statistics)
   weights, statistics = relative_differences(single, unsynced)
-  assert weights > 2e-5 and statistics > 1e-4, ("without sync BN", weights, statistics)
+  assert weights > 1e-5 and statistics > 1e-4, ("without sync BN", weights, statistics)
 
 
 def relative_differences(reference, other):
