@@ -8,13 +8,17 @@ Same model, data, strategy, global batch and steps per call for all four:
   bare_loop  the TF custom-training tutorial: one strategy.run + strategy.reduce step per tf.function call
   synthetic  the framework's loop on one preprocessed batch held on the devices (no input work): the upper bound
   host_pipeline  the framework's loop over the tf.data pipeline, when "framework" is device-resident
+  input_only  the device-resident input alone (the same loop and batches, a step that only reads its batch):
+             input_share_of_step = its time per step / framework's, the input's cost without a difference of
+             two noisy rates
   framework_keras_bn  "framework" with Keras' own BatchNormalization ops (model.fused_batchnorm=False), when the
              model has BatchNorm layers the framework fuses: what the loop alone gains
 The framework contenders run the model as a run does (loops.modeling.configure_batchnorm: fused BatchNorm by
 default); keras_fit and bare_loop run it as Keras does.
 Warm-up calls (tracing) are not timed; every figure is the median of --windows timed windows, interleaved
-a, b, c, d, a, b, ... so machine noise hits all alike. Also measures the machine's float32 matmul peak and the
-model's training FLOPs per image (TF profiler) to report the fraction of peak reached.
+a, b, c, d, a, b, ... so machine noise hits all alike; the *_paired ratios are medians of the per-round ratios.
+Also measures the machine's float32 matmul peak and the model's training FLOPs per image (TF profiler) to report
+the fraction of peak reached.
 """
 
 import json
@@ -103,6 +107,12 @@ class OneBatch:
 
   def step_batch(self, block, i):
     return block
+
+
+def paired_ratio(seconds, a, b):
+  """Rate of `a` / rate of `b` as the median over rounds of the ratio of their windows in the same round (windows
+  run a, b, c, ... in turn, so a slow spell of the machine hits both sides of a round alike)."""
+  return statistics.median(tb / ta for ta, tb in zip(seconds[a], seconds[b]))
 
 
 def EpochTimer(keras):
@@ -197,6 +207,24 @@ def main(argv):
       float(loss)  # one host sync per window, as the run does per summary interval
     return window
 
+  # (e) the device-resident input alone: the same compiled loop and batches, a step that only reads its batch
+  # (one pass over it, so nothing is pruned): what the real input adds to a step, measured with far less noise
+  # than the difference of two step rates.
+  def input_only_runner():
+    with strategy.scope():
+      counter = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
+    on_devices = resident_lib.ResidentTrainData(strategy, source, config.data, seed=config.seed,
+                                                global_batch_size=plan.global_batch_size,
+                                                steps_per_epoch=plan.steps_per_epoch)
+    read_batch = lambda images, labels: tf.reduce_sum(images) + tf.reduce_sum(tf.cast(labels, tf.float32))  # noqa: E731
+    input_fn = steps.make_resident_train_fn(strategy, read_batch, counter, on_devices)
+
+    def window():
+      for _ in range(_WINDOW_CALLS.value):
+        total = input_fn(tf.constant(k, tf.int32))
+      float(total)
+    return window
+
   def with_options(dataset, threads=None, slack=False):
     """The input pipeline on tf.data's shared thread pool (threads=0), or with prefetch slack."""
     options = tf.data.Options()
@@ -254,6 +282,7 @@ def main(argv):
              "bare_loop": bare_runner(), "synthetic": framework_runner(None, resident="one_batch")}
   if residency.resident:
     runners["host_pipeline"] = framework_runner(real_dataset())
+    runners["input_only"] = input_only_runner()
   keras_batchnorm = config.model.copy_and_resolve_references()
   keras_batchnorm.fused_batchnorm = False
   fused_layers = fused_batchnorm.fused_layers(fresh_model(batchnorm=config.model)[0])  # as the framework runs it
@@ -288,6 +317,9 @@ def main(argv):
       "device_resident_reason": residency.reason,
       **({"ratio_host_pipeline_vs_synthetic": rates["host_pipeline"] / rates["synthetic"]}
          if "host_pipeline" in rates else {}),
+      **({"input_share_of_step": rates["framework"] / rates["input_only"]} if "input_only" in rates else {}),
+      "ratio_real_vs_synthetic_paired": paired_ratio(seconds, "framework", "synthetic"),
+      "ratio_vs_keras_fit_paired": paired_ratio(seconds, "framework", "keras_fit"),
       **({"ratio_keras_bn_vs_keras_fit": rates["framework_keras_bn"] / rates["keras_fit"],
           "ratio_fused_vs_keras_bn": rates["framework"] / rates["framework_keras_bn"]}
          if "framework_keras_bn" in rates else {}),
@@ -312,7 +344,8 @@ def main(argv):
     print(f"{name:<20}{rate:>12.0f}")
   print(f"train input: {'device-resident' if residency.resident else 'host pipeline'} ({residency.reason})")
   for key in ("ratio_vs_keras_fit", "ratio_vs_bare_loop", "ratio_real_vs_synthetic",
-              *(["ratio_host_pipeline_vs_synthetic"] if "host_pipeline" in rates else []),
+              *(["ratio_host_pipeline_vs_synthetic", "input_share_of_step"] if "host_pipeline" in rates else []),
+              "ratio_real_vs_synthetic_paired", "ratio_vs_keras_fit_paired",
               *(["ratio_keras_bn_vs_keras_fit", "ratio_fused_vs_keras_bn"] if "framework_keras_bn" in rates else []),
               "gemm_peak_gflops",
               "model_gflops_per_image", "fraction_of_peak"):

@@ -27,7 +27,7 @@ def check_throughput(out):
   for key in THROUGHPUT_KEYS:
     assert key in results, key
   contenders = {"framework", "keras_fit", "bare_loop", "synthetic"}
-  contenders |= {"host_pipeline"} if results["device_resident"] else set()
+  contenders |= {"host_pipeline", "input_only"} if results["device_resident"] else set()
   contenders |= {"framework_keras_bn"} if results["fused_batchnorm_layers"] else set()
   assert set(results["images_per_sec"]) == contenders
   if results["fused_batchnorm_layers"]:
@@ -35,6 +35,8 @@ def check_throughput(out):
     assert results["ratio_fused_vs_keras_bn"] == pytest.approx(rates["framework"] / rates["framework_keras_bn"])
     assert results["ratio_keras_bn_vs_keras_fit"] == pytest.approx(rates["framework_keras_bn"] / rates["keras_fit"])
   if results["device_resident"]:
+    assert results["input_share_of_step"] == pytest.approx(
+        results["images_per_sec"]["framework"] / results["images_per_sec"]["input_only"])
     assert results["ratio_host_pipeline_vs_synthetic"] == pytest.approx(
         results["images_per_sec"]["host_pipeline"] / results["images_per_sec"]["synthetic"])
   assert all(v > 0 for v in results["images_per_sec"].values())
