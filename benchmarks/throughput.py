@@ -16,7 +16,8 @@ Same model, data, strategy, global batch and steps per call for all four:
 The framework contenders run the model as a run does (loops.modeling.configure_batchnorm: fused BatchNorm by
 default); keras_fit and bare_loop run it as Keras does.
 Warm-up calls (tracing) are not timed; every figure is the median of --windows timed windows, interleaved
-a, b, c, d, a, b, ... so machine noise hits all alike; the *_paired ratios are medians of the per-round ratios.
+in rounds (a, b, c, then b, c, a, ...: each takes every place in turn) so machine noise hits all alike; the
+*_paired ratios are medians of the per-round ratios.
 Also measures the machine's float32 matmul peak and the model's training FLOPs per image (TF profiler) to report
 the fraction of peak reached.
 """
@@ -299,8 +300,11 @@ def main(argv):
   for window in runners.values():  # warm-up: tracing and pipeline start-up, not timed
     window()
   seconds = {name: [] for name in runners}
-  for _ in range(_WINDOWS.value):
-    for name, window in runners.items():
+  names = list(runners)
+  for round_index in range(_WINDOWS.value):
+    shift = round_index % len(names)  # each contender takes every place in a round in turn: no place bias
+    for name in names[shift:] + names[:shift]:
+      window = runners[name]
       started = time.perf_counter()
       own_timing = window()
       seconds[name].append(own_timing if own_timing is not None else time.perf_counter() - started)
