@@ -1,6 +1,7 @@
 """Throughput, side by side in one process: the framework's loop vs Keras fit vs a bare loop vs on-device data.
 
   python -m benchmarks.throughput --config=configs/digits_cnn.py [--config.key=value ...] [--out=results.json]
+      [--windows=N] [--window_calls=N] [--contenders=framework,synthetic,...] [--levers]
 
 Same model, data, strategy, global batch and steps per call for all four:
   framework  the framework's compiled loop (loops.steps) over the real input pipeline (data.train_dataset)
@@ -40,6 +41,8 @@ _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
 _WINDOWS = flags.DEFINE_integer("windows", 3, "Timed windows per contender (median reported).")
 _WINDOW_CALLS = flags.DEFINE_integer("window_calls", 5, "Calls of train.steps_per_loop steps per window.")
 _LEVERS = flags.DEFINE_bool("levers", False, "Also time variants of the framework's loop (see benchmarks/README.md).")
+_CONTENDERS = flags.DEFINE_list("contenders", None, "Time only these contenders (e.g. framework,synthetic: more "
+                                "windows per pair in the same time); default: all. Ratios need both sides.")
 flags.mark_flags_as_required(["config"])
 
 
@@ -116,6 +119,29 @@ def paired_ratio(seconds, a, b):
   return statistics.median(tb / ta for ta, tb in zip(seconds[a], seconds[b]))
 
 
+CONTENDERS = ("framework", "keras_fit", "bare_loop", "synthetic", "host_pipeline", "input_only", "framework_keras_bn")
+# name: (numerator, denominator, paired); reported when both contenders ran.
+RATIOS = {
+    "ratio_vs_keras_fit": ("framework", "keras_fit", False),
+    "ratio_vs_bare_loop": ("framework", "bare_loop", False),
+    "ratio_real_vs_synthetic": ("framework", "synthetic", False),
+    "ratio_host_pipeline_vs_synthetic": ("host_pipeline", "synthetic", False),
+    "input_share_of_step": ("framework", "input_only", False),
+    "ratio_real_vs_synthetic_paired": ("framework", "synthetic", True),
+    "ratio_vs_keras_fit_paired": ("framework", "keras_fit", True),
+    "ratio_keras_bn_vs_keras_fit": ("framework_keras_bn", "keras_fit", False),
+    "ratio_fused_vs_keras_bn": ("framework", "framework_keras_bn", False),
+}
+
+
+def ratios(rates, seconds):
+  """Every ratio of RATIOS whose two contenders ran, and each lever's rate / the framework's."""
+  found = {name: paired_ratio(seconds, a, b) if paired else rates[a] / rates[b]
+           for name, (a, b, paired) in RATIOS.items() if a in rates and b in rates}
+  found.update({f"ratio_{name}": rates[name] / rates["framework"] for name in rates if name.startswith("lever_")})
+  return found
+
+
 def EpochTimer(keras):
   class Timer(keras.callbacks.Callback):
     seconds = None
@@ -132,6 +158,9 @@ def EpochTimer(keras):
 def main(argv):
   del argv
   config = _CONFIG.value
+  if _CONTENDERS.value and ("framework" not in _CONTENDERS.value or set(_CONTENDERS.value) - set(CONTENDERS)):
+    raise SystemExit(f"--contenders must include framework and name only {','.join(CONTENDERS)}; "
+                     f"got {','.join(_CONTENDERS.value)}")
   import keras
   import numpy as np
   import tensorflow as tf
@@ -290,6 +319,8 @@ def main(argv):
   if fused_layers:
     runners["framework_keras_bn"] = framework_runner(real_dataset(), resident=residency.resident,
                                                      batchnorm=keras_batchnorm)
+  if _CONTENDERS.value:
+    runners = {name: runner for name, runner in runners.items() if name in _CONTENDERS.value}
   if _LEVERS.value:
     runners["lever_python_loop"] = framework_runner(real_dataset(), python_loop=True)
     runners["lever_no_metrics"] = framework_runner(real_dataset(), with_metrics=False)
@@ -314,21 +345,10 @@ def main(argv):
   per_image = training_gflops_per_image(tf, reference, loss_fn, input_shape)
   results = {
       "images_per_sec": rates,
-      "ratio_vs_keras_fit": rates["framework"] / rates["keras_fit"],
-      "ratio_vs_bare_loop": rates["framework"] / rates["bare_loop"],
-      "ratio_real_vs_synthetic": rates["framework"] / rates["synthetic"],
+      **ratios(rates, seconds),
       "device_resident": residency.resident,
       "device_resident_reason": residency.reason,
-      **({"ratio_host_pipeline_vs_synthetic": rates["host_pipeline"] / rates["synthetic"]}
-         if "host_pipeline" in rates else {}),
-      **({"input_share_of_step": rates["framework"] / rates["input_only"]} if "input_only" in rates else {}),
-      "ratio_real_vs_synthetic_paired": paired_ratio(seconds, "framework", "synthetic"),
-      "ratio_vs_keras_fit_paired": paired_ratio(seconds, "framework", "keras_fit"),
-      **({"ratio_keras_bn_vs_keras_fit": rates["framework_keras_bn"] / rates["keras_fit"],
-          "ratio_fused_vs_keras_bn": rates["framework"] / rates["framework_keras_bn"]}
-         if "framework_keras_bn" in rates else {}),
       "fused_batchnorm_layers": fused_layers,
-      **{f"ratio_{name}": rates[name] / rates["framework"] for name in rates if name.startswith("lever_")},
       "gemm_peak_gflops": peak,
       "model_gflops_per_image": per_image,
       "fraction_of_peak": rates["framework"] * per_image / peak,
@@ -347,13 +367,9 @@ def main(argv):
   for name, rate in rates.items():
     print(f"{name:<20}{rate:>12.0f}")
   print(f"train input: {'device-resident' if residency.resident else 'host pipeline'} ({residency.reason})")
-  for key in ("ratio_vs_keras_fit", "ratio_vs_bare_loop", "ratio_real_vs_synthetic",
-              *(["ratio_host_pipeline_vs_synthetic", "input_share_of_step"] if "host_pipeline" in rates else []),
-              "ratio_real_vs_synthetic_paired", "ratio_vs_keras_fit_paired",
-              *(["ratio_keras_bn_vs_keras_fit", "ratio_fused_vs_keras_bn"] if "framework_keras_bn" in rates else []),
-              "gemm_peak_gflops",
-              "model_gflops_per_image", "fraction_of_peak"):
-    print(f"{key:<26}{results[key]:.4g}")
+  for key in [*ratios(rates, seconds), "gemm_peak_gflops", "model_gflops_per_image", "fraction_of_peak"]:
+    if not key.startswith("ratio_lever_"):
+      print(f"{key:<34}{results[key]:.4g}")
   if _OUT.value:
     with open(_OUT.value, "w") as f:
       json.dump(results, f, indent=2)

@@ -61,6 +61,25 @@ def test_throughput_benchmark_smoke(tmp_path):
   assert results["device_resident"] and "train input: device-resident" in result.stdout
 
 
+def test_throughput_ratios_are_those_whose_two_contenders_ran_paired_by_round():
+  from benchmarks import throughput
+  seconds = {"framework": [1.0, 2.0, 1.0], "synthetic": [0.9, 1.9, 1.0]}  # per-round ratios 0.9, 0.95, 1.0
+  rates = {"framework": 10.0, "synthetic": 12.0, "lever_xla": 15.0}
+  found = throughput.ratios(rates, seconds)
+  assert set(found) == {"ratio_real_vs_synthetic", "ratio_real_vs_synthetic_paired", "ratio_lever_xla"}
+  assert found["ratio_real_vs_synthetic"] == pytest.approx(10 / 12)
+  assert found["ratio_real_vs_synthetic_paired"] == pytest.approx(0.95)
+  assert found["ratio_lever_xla"] == pytest.approx(1.5)
+
+
+def test_throughput_rejects_unknown_contenders_before_building_anything():
+  result = subprocess.run([sys.executable, "-m", "benchmarks.throughput", "--config=configs/digits_cnn.py",
+                           "--contenders=framework,kerasfit"], cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert result.returncode != 0
+  assert "--contenders must include framework and name only framework,keras_fit," in result.stderr
+  assert "got framework,kerasfit" in result.stderr
+
+
 def test_scaling_benchmark_smoke(tmp_path):
   out = tmp_path / "scaling"
   run_module("benchmarks.scaling", "--config=configs/digits_cnn.py", f"--out={out}", "--epochs=3", "--repeats=1",
