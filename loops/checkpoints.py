@@ -5,6 +5,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import sys
 import threading
 import tempfile
@@ -12,19 +13,24 @@ import tempfile
 from absl import logging
 import tensorflow as tf
 
+from loops import workdir_lock
 from loops.errors import ConfigError, first_line
+
+SCRATCH_PREFIX = "ckpt-nonchief-"
 
 
 class Checkpoints:
   """Every task saves (saves may involve collectives); only the chief's series lands in the workdir.
 
-  Non-chief tasks write to a private temporary directory that `close()` removes.
+  Non-chief tasks write to a private temporary directory (scratch_directory, one checkpoint kept: nobody reads it)
+  that `close()` removes.
   """
 
   def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, subdir="checkpoints"):
     self.directory = os.path.join(workdir, subdir)
-    self._temporary = None if is_chief else tempfile.mkdtemp(prefix="ckpt-nonchief-")
-    self._checkpoint, self._step_counter, self._keep, self._is_chief = checkpoint, step_counter, keep, is_chief
+    self._temporary = None if is_chief else scratch_directory()
+    self._checkpoint, self._step_counter, self._is_chief = checkpoint, step_counter, is_chief
+    self._keep = keep if is_chief else 1
     self._manager = self._make_manager()
     self._manager_handed_out = False  # once another object holds the manager, it is never replaced
     self.last_saved_step = None
@@ -93,6 +99,18 @@ class Checkpoints:
   def close(self):
     if self._temporary:
       shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def scratch_directory(root=None):
+  """A new private temporary directory for a non-chief task's saves, named by host and pid. Those that dead
+  processes of this host left in `root` (a task killed with SIGKILL cannot remove its own) are removed first."""
+  root = root or tempfile.gettempdir()
+  ours = f"{SCRATCH_PREFIX}{socket.gethostname()}-"
+  for name in os.listdir(root):
+    pid = name[len(ours):].split("-")[0]
+    if name.startswith(ours) and pid.isdigit() and not workdir_lock.pid_alive(int(pid)):
+      shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+  return tempfile.mkdtemp(prefix=f"{ours}{os.getpid()}-", dir=root)
 
 
 def index_paths(directory):

@@ -62,10 +62,10 @@ def test_throughput_benchmark_smoke(tmp_path):
 
 
 def test_throughput_ratios_are_those_whose_two_contenders_ran_paired_by_round():
-  from benchmarks import throughput
+  from benchmarks import ratios
   seconds = {"framework": [1.0, 2.0, 1.0], "synthetic": [0.9, 1.9, 1.0]}  # per-round ratios 0.9, 0.95, 1.0
   rates = {"framework": 10.0, "synthetic": 12.0, "lever_xla": 15.0}
-  found = throughput.ratios(rates, seconds)
+  found = ratios.ratios(rates, seconds)
   assert set(found) == {"ratio_real_vs_synthetic", "ratio_real_vs_synthetic_paired", "ratio_lever_xla"}
   assert found["ratio_real_vs_synthetic"] == pytest.approx(10 / 12)
   assert found["ratio_real_vs_synthetic_paired"] == pytest.approx(0.95)

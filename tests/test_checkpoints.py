@@ -37,3 +37,32 @@ def test_a_damaged_checkpoint_is_set_aside_at_start_but_not_behind_the_back_of_a
   aside = sorted(os.listdir(os.path.join(at_start.directory, "unreadable")))
   assert aside == ["ckpt-20.data-00000-of-00001", "ckpt-20.index"]
   assert at_start.latest().endswith("ckpt-10")
+
+
+def test_a_non_chief_saves_into_its_own_scratch_directory_keeps_one_and_removes_what_dead_tasks_left(tmp_path):
+  import socket
+  import subprocess
+  import sys
+  host = socket.gethostname()
+  dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  left_by_dead = tmp_path / f"ckpt-nonchief-{host}-{int(dead.stdout)}-abc"
+  live = tmp_path / f"ckpt-nonchief-{host}-{os.getpid()}-def"  # a task of this process (alive): kept
+  other_host = tmp_path / f"ckpt-nonchief-{host}x-{int(dead.stdout)}-ghi"  # another host's: never ours to judge
+  for directory in (left_by_dead, live, other_host):
+    directory.mkdir()
+    (directory / "ckpt-1.index").write_text("x")
+  scratch = checkpoints_lib.scratch_directory(root=str(tmp_path))
+  assert not left_by_dead.exists() and live.exists() and other_host.exists()
+  assert os.path.basename(scratch).startswith(f"ckpt-nonchief-{host}-{os.getpid()}-")
+
+  step = tf.Variable(0, dtype=tf.int64)
+  non_chief = checkpoints_lib.Checkpoints(str(tmp_path / "workdir"), tf.train.Checkpoint(step=step), step, keep=3,
+                                          is_chief=False)
+  for n in (10, 20, 30):
+    step.assign(n)
+    assert non_chief.save(n) is None
+  own = non_chief._temporary  # pylint: disable=protected-access
+  assert sorted(f for f in os.listdir(own) if f.endswith(".index")) == ["ckpt-30.index"]
+  assert not (tmp_path / "workdir").exists()
+  non_chief.close()
+  assert not os.path.exists(own)
