@@ -146,7 +146,7 @@ class Contenders:
                 batchnorm=None):
     """The framework's compiled loop over `dataset`, over the device-resident split (resident=True) or over one
     batch (resident="one_batch"); the model with the run's BatchNorm unless `batchnorm` says otherwise."""
-    model, optimizer = self.fresh_model(policy, batchnorm or self.config.model)
+    model, optimizer = self.fresh_model(policy, self.config.model if batchnorm is None else batchnorm)
     with self.strategy.scope():
       metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
     if not with_metrics:
