@@ -84,31 +84,29 @@ class Contenders:
       self.reference = models.build(config.model.name, self.input_shape, self.source.num_classes)
     self.fused_layers = fused_batchnorm.fused_layers(self.fresh_model(batchnorm=config.model)[0])  # as a run has it
 
-  def runners(self, levers=False):
+  def runners(self, levers=False, only=None):
     """name -> window: framework, keras_fit, bare_loop, synthetic; host_pipeline and input_only when the framework's
-    input is device-resident; framework_keras_bn when it fuses BatchNorm layers; the lever_* variants."""
-    resident = self.residency.resident
-    runners = {"framework": self.framework(self.real_dataset(), resident=resident), "keras_fit": self.keras_fit(),
-               "bare_loop": self.bare_loop(), "synthetic": self.framework(None, resident="one_batch")}
+    input is device-resident; framework_keras_bn when it fuses BatchNorm layers; the lever_* variants. `only`: build
+    just these (and the levers): the others' models and pipelines are never made."""
+    resident, dataset = self.residency.resident, self.real_dataset
+    makers = {"framework": lambda: self.framework(dataset(), resident=resident), "keras_fit": self.keras_fit,
+              "bare_loop": self.bare_loop, "synthetic": lambda: self.framework(None, resident="one_batch")}
     if resident:
-      runners["host_pipeline"] = self.framework(self.real_dataset())
-      runners["input_only"] = self.input_only()
+      makers["host_pipeline"] = lambda: self.framework(dataset())
+      makers["input_only"] = self.input_only
     if self.fused_layers:
       keras_batchnorm = self.config.model.copy_and_resolve_references()
       keras_batchnorm.fused_batchnorm = False
-      runners["framework_keras_bn"] = self.framework(self.real_dataset(), resident=resident, batchnorm=keras_batchnorm)
+      makers["framework_keras_bn"] = lambda: self.framework(dataset(), resident=resident, batchnorm=keras_batchnorm)
+    runners = {name: make() for name, make in makers.items() if only is None or name in only}
     if levers:
-      runners.update(self.levers())
+      runners.update({"lever_python_loop": self.framework(dataset(), python_loop=True),
+                      "lever_no_metrics": self.framework(dataset(), with_metrics=False),
+                      "lever_pipeline_shared_threads": self.framework(with_options(dataset(), threads=0)),
+                      "lever_pipeline_slack": self.framework(with_options(dataset(), slack=True)),
+                      "lever_bfloat16": self.framework(dataset(), policy="mixed_bfloat16"),
+                      "lever_xla": self.framework(dataset(), jit_compile=True)})
     return runners
-
-  def levers(self):
-    dataset = self.real_dataset
-    return {"lever_python_loop": self.framework(dataset(), python_loop=True),
-            "lever_no_metrics": self.framework(dataset(), with_metrics=False),
-            "lever_pipeline_shared_threads": self.framework(with_options(dataset(), threads=0)),
-            "lever_pipeline_slack": self.framework(with_options(dataset(), slack=True)),
-            "lever_bfloat16": self.framework(dataset(), policy="mixed_bfloat16"),
-            "lever_xla": self.framework(dataset(), jit_compile=True)}
 
   def real_dataset(self):
     return data.train_dataset(self.source, self.config.data, batch_size=self.plan.global_batch_size,

@@ -73,10 +73,7 @@ def main(argv):
   from benchmarks import contenders as contenders_lib  # TensorFlow: only once the flags are known good
 
   bench = contenders_lib.Contenders(config, _WINDOW_CALLS.value)
-  runners = bench.runners(levers=_LEVERS.value)
-  if _CONTENDERS.value:
-    runners = {name: runner for name, runner in runners.items() if name in _CONTENDERS.value or
-               name.startswith("lever_")}
+  runners = bench.runners(levers=_LEVERS.value, only=_CONTENDERS.value)
   seconds = time_in_rounds(runners, _WINDOWS.value)
   images = bench.steps_per_window * bench.plan.global_batch_size
   rates = {name: images / statistics.median(times) for name, times in seconds.items()}
@@ -116,10 +113,9 @@ def report(results, model_name):
     print(f"{name:<20}{rate:>12.0f}")
   print(f"train input: {'device-resident' if results['device_resident'] else 'host pipeline'} "
         f"({results['device_resident_reason']})")
-  for key in [*ratios(rates, results["window_seconds"]), "gemm_peak_gflops", "model_gflops_per_image",
-              "fraction_of_peak"]:
-    if not key.startswith("ratio_lever_"):
-      print(f"{key:<34}{results[key]:.4g}")
+  shown = [key for key in results if key.startswith(("ratio_", "input_share")) and not key.startswith("ratio_lever_")]
+  for key in [*shown, "gemm_peak_gflops", "model_gflops_per_image", "fraction_of_peak"]:
+    print(f"{key:<34}{results[key]:.4g}")
 
 
 if __name__ == "__main__":

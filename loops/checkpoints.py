@@ -107,8 +107,8 @@ def scratch_directory(root=None):
   root = root or tempfile.gettempdir()
   ours = f"{SCRATCH_PREFIX}{socket.gethostname()}-"
   for name in os.listdir(root):
-    pid = name[len(ours):].split("-")[0]
-    if name.startswith(ours) and pid.isdigit() and not workdir_lock.pid_alive(int(pid)):
+    pid = name[len(ours):].split("-")[0] if name.startswith(ours) else ""
+    if pid.isdigit() and not workdir_lock.pid_alive(int(pid)):
       shutil.rmtree(os.path.join(root, name), ignore_errors=True)
   return tempfile.mkdtemp(prefix=f"{ours}{os.getpid()}-", dir=root)
 

@@ -72,6 +72,17 @@ def test_throughput_ratios_are_those_whose_two_contenders_ran_paired_by_round():
   assert found["ratio_lever_xla"] == pytest.approx(1.5)
 
 
+def test_throughput_times_only_the_contenders_asked_for_and_their_ratios(tmp_path):
+  out = tmp_path / "results.json"
+  result = run_module("benchmarks.throughput", "--config=configs/digits_cnn.py", "--windows=2", "--window_calls=1",
+                      "--config.train.steps_per_loop=2", "--contenders=framework,synthetic,input_only", f"--out={out}")
+  results = json.load(open(out))
+  assert set(results["images_per_sec"]) == {"framework", "synthetic", "input_only"}
+  assert "ratio_vs_keras_fit" not in results and "ratio_vs_keras_fit" not in result.stdout
+  assert results["ratio_real_vs_synthetic_paired"] > 0 and "input_share_of_step" in result.stdout
+  assert all(len(windows) == 2 for windows in results["window_seconds"].values())
+
+
 def test_throughput_rejects_unknown_contenders_before_building_anything():
   result = subprocess.run([sys.executable, "-m", "benchmarks.throughput", "--config=configs/digits_cnn.py",
                            "--contenders=framework,kerasfit"], cwd=REPO, capture_output=True, text=True, timeout=120)
