@@ -55,8 +55,12 @@ def input_pipelines(strategy, task):
 
 
 def metrics_scope(strategy):
-  """Where eval metrics live: in the strategy (summed over replicas), or on the parameter-server coordinator."""
-  return contextlib.nullcontext() if _asynchronous(strategy) else strategy.scope()
+  """Where metrics live: in the strategy (a copy per replica, summed when read), or outside it: on the
+  parameter-server coordinator, and under central storage, whose one aggregated copy TensorFlow updates wrongly
+  from several replicas (each replica's assign_add adds the old value again: 2^n - 1 times the sum after n
+  updates, measured on TF 2.21), while a plain variable takes every replica's assign_add."""
+  single_copy = isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
+  return contextlib.nullcontext() if _asynchronous(strategy) or single_copy else strategy.scope()
 
 
 def lost_worker_error(strategy, error, step, checkpoint):
@@ -96,10 +100,10 @@ class _Execution:
     for metric in metrics.values():
       metric.reset_state()
 
-  def _train_output(self, loss):
-    results = {f"train/{name}": float(m.result().numpy()) for name, m in self.train_metrics.items()}
-    self._reset(self.train_metrics)
-    finite = math.isfinite(float(loss)) and math.isfinite(results["train/loss"])
+  def _train_output(self, loss, results):
+    """results: {name: value} of the train metrics over the call, every replica and worker."""
+    results = {f"train/{name}": value for name, value in results.items()}
+    finite = math.isfinite(loss) and math.isfinite(results["train/loss"])
     return TrainOutput(step=self.step, results=results, finite=finite)
 
   def _train_dataset(self, batch_size, start_step, **kwargs):
@@ -115,12 +119,13 @@ class SyncExecution(_Execution):
     super().__init__(parts, config)
     strategy, p = parts.strategy, parts
     self._multi_worker = strategy_lib.is_multi_worker(strategy)
-    with strategy.scope():
+    with metrics_scope(strategy):
       self.train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
     train_step = steps.make_train_step(p.model, p.optimizer, p.loss_fn, self.train_metrics, p.plan.global_batch_size,
                                        p.step_counter, p.plan.grad_accum_steps, config.jit_compile)
     self._train_step, self._resident_fn = train_step, None
-    self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter)
+    self._read_out = steps.CallReadOut(strategy, self.train_metrics)
+    self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter, self._read_out)
     eval_step = steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics, p.step_counter)
     self._eval_fn = steps.make_eval_fn(strategy, eval_step)
     self._eval_data = self._distribute(lambda batch, shards, index, local: data.eval_dataset(
@@ -132,9 +137,10 @@ class SyncExecution(_Execution):
     if self._resident_fn is None and self._iterator is None:  # at the first call: a finished run or an evaluator
       self._start_train_input()                                # never places or starts the train input
     if self._resident_fn is not None:
-      return self._train_output(self._resident_fn(tf.constant(num_steps, tf.int32)))
-    loss = self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))
-    return self._train_output(loss)
+      read_out = self._resident_fn(tf.constant(num_steps, tf.int32))
+    else:
+      read_out = self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))
+    return self._train_output(*self._read_out.results(read_out.numpy()))
 
   def _start_train_input(self):
     """The train split on the devices (data/resident.py decides) or the host pipeline's distributed iterator."""
@@ -148,7 +154,8 @@ class SyncExecution(_Execution):
         strategy, p.source, self.config.data, global_batch_size=p.plan.global_batch_size,
         steps_per_epoch=p.plan.steps_per_epoch, seed=self.config.seed,
         num_workers=input_pipelines(strategy, p.task), worker_index=p.task.worker_index if self._multi_worker else 0)
-    self._resident_fn = steps.make_resident_train_fn(strategy, self._train_step, p.step_counter, data_on_devices)
+    self._resident_fn = steps.make_resident_train_fn(strategy, self._train_step, p.step_counter, data_on_devices,
+                                                     self._read_out)
 
   def _train_pipeline(self, batch, shards, index, local):
     steps_per_epoch = self.parts.plan.steps_per_epoch
@@ -249,11 +256,13 @@ class ParameterServerExecution(_Execution):
     remote = [self._coordinator.schedule(self._worker_step, args=(self._iterator,)) for _ in range(num_steps)]
     self._coordinator.join()
     results = [r.fetch() for r in remote]
+    self._reset(self.train_metrics)
     for result in results:
       count = result["count"]
       self.train_metrics["loss"].update_state(result["loss_sum"] / count, sample_weight=count)
       self.train_metrics["accuracy"].update_state(result["correct"] / count, sample_weight=count)
-    return self._train_output(results[-1]["loss"])
+    return self._train_output(float(results[-1]["loss"]),
+                              {name: float(m.result().numpy()) for name, m in self.train_metrics.items()})
 
   def evaluate(self):
     self._reset(self.parts.eval_metrics)

@@ -94,6 +94,9 @@ def test_two_worker_mwms_computes_the_weights_of_two_mirrored_replicas(tiny_digi
   for key in keys:
     np.testing.assert_allclose(readers[0].get_tensor(key), readers[1].get_tensor(key), rtol=1e-5, atol=1e-7,
                                err_msg=key)
+  summaries = [json.load(open(tmp_path / d / "summary.json")) for d in ("mwms", "mirrored")]
+  for tag in ("train/loss", "train/accuracy"):  # the last call's metrics, summed over both workers
+    assert summaries[0][tag] == pytest.approx(summaries[1][tag], rel=1e-4), tag
 
 
 def test_killing_a_worker_mid_run_ends_the_job_naming_it(tmp_path):

@@ -87,14 +87,19 @@ def test_two_replicas_compute_the_same_weights_as_one(strategy, steps, momentum,
   tiny_digits.train.steps, tiny_digits.train.steps_per_loop = steps, 5
   tiny_digits.eval.every_steps = tiny_digits.checkpoint.every_steps = 0
   tiny_digits.optimizer.momentum = momentum
-  weights = {}
+  weights, summaries = {}, {}
   for name, replicas in (("one_device", 0), (strategy, 2)):
     tiny_digits.strategy, tiny_digits.cpu_replicas = name, replicas
     run.train_and_evaluate(tiny_digits, str(tmp_path / name))
     weights[name] = model_weights(str(tmp_path / name))
+    summaries[name] = json.load(open(tmp_path / name / "summary.json"))
   assert weights["one_device"].keys() == weights[strategy].keys()
   for key, single in weights["one_device"].items():
     np.testing.assert_allclose(weights[strategy][key], single, rtol=1e-5, atol=1e-7, err_msg=key)
+  # The metrics, summed over replicas (train: the last call's, in one all-reduce; eval: the final evaluation).
+  for tag in ("eval/loss", "train/loss", "train/accuracy"):
+    assert summaries[strategy][tag] == pytest.approx(summaries["one_device"][tag], rel=1e-4), tag
+  assert summaries[strategy]["eval/accuracy"] == pytest.approx(summaries["one_device"]["eval/accuracy"], abs=3e-3)
 
 
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
