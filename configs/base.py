@@ -8,9 +8,21 @@ from ml_collections import config_dict
 
 
 def get_config(arg=None):
-  """Returns the full default config. Every key a run reads is defined here."""
+  """Returns the full default config. Every key a run reads is defined here, a group of sections per helper."""
   parse_arg(arg)  # base takes no arguments; rejects any.
   c = ml_collections.ConfigDict()
+  _runtime(c)
+  _data(c)
+  _model_and_loss(c)
+  _optimizer(c)
+  _train(c)
+  _eval_and_checkpoints(c)
+  _monitoring(c)
+  return c
+
+
+def _runtime(c):
+  """Seed, determinism, mode, strategy, threads and the cluster."""
   c.seed = 0
   c.deterministic = False  # tf.config.experimental.enable_op_determinism()
 
@@ -36,6 +48,9 @@ def get_config(arg=None):
   c.cluster.collective_timeout_seconds = config_dict.placeholder(float)  # None = wait forever.
   c.cluster.tpu = ""  # strategy=tpu: TPU name or grpc:// address ("" = from the environment, e.g. a TPU VM).
 
+
+def _data(c):
+  """The dataset, its preprocessing and the input path."""
   c.data = ml_collections.ConfigDict()
   # digits | synthetic | mnist | cifar10 | quickdraw_bitmap | image_folder | npz | tfds:<any tfds name>
   c.data.name = "digits"
@@ -76,6 +91,9 @@ def get_config(arg=None):
   c.data.synthetic.train_examples = 2048
   c.data.synthetic.eval_examples = 512
 
+
+def _model_and_loss(c):
+  """The model and the loss."""
   c.model = ml_collections.ConfigDict()
   c.model.name = "digits_cnn"  # a registry name (models/__init__.py) or "package.module:function"
   c.model.kwargs = ml_collections.ConfigDict()  # passed to the model function: fn(input_shape, num_classes, **kwargs)
@@ -93,6 +111,9 @@ def get_config(arg=None):
   c.loss.label_smoothing = 0.0
   c.loss.kwargs = ml_collections.ConfigDict()
 
+
+def _optimizer(c):
+  """The optimizer and its learning-rate schedule."""
   c.optimizer = ml_collections.ConfigDict()
   c.optimizer.name = "sgd"  # sgd | adam | adamw
   c.optimizer.learning_rate = 0.01  # base learning rate, before lr_scaling.
@@ -113,6 +134,9 @@ def get_config(arg=None):
   c.optimizer.decay_factor = 0.1
   c.optimizer.final_lr_fraction = 0.0  # cosine: final lr = fraction x peak lr.
 
+
+def _train(c):
+  """Batch, length, steps per call, precision."""
   c.train = ml_collections.ConfigDict()
   # The global batch is the unit. If global_batch_size is None, it is per_replica_batch_size x replicas.
   c.train.global_batch_size = config_dict.placeholder(int)
@@ -128,6 +152,9 @@ def get_config(arg=None):
   c.mixed_precision = config_dict.placeholder(str)  # None | "bfloat16" | "float16" (with loss scaling)
   c.jit_compile = False  # XLA-compile the per-replica step.
 
+
+def _eval_and_checkpoints(c):
+  """Evaluation, checkpoints, the NaN policy and preemption."""
   c.eval = ml_collections.ConfigDict()
   c.eval.every_steps = 0  # 0 = only at the end. Any number: a train call is shortened to end on the boundary.
   # Reported as eval/<name>, with eval/loss always: registry names (accuracy, top5_accuracy) or
@@ -155,6 +182,9 @@ def get_config(arg=None):
   c.preemption.signals = "SIGTERM"  # comma-separated: SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP, SIGCONT
   c.preemption.exit_code = 143
 
+
+def _monitoring(c):
+  """Summaries, early stopping, user callbacks and the export."""
   c.summary = ml_collections.ConfigDict()
   c.summary.histogram_every_steps = 0  # weight and gradient-norm histograms every N steps (0 = off)
   c.summary.progress_bar = "auto"  # Keras Progbar on the chief: auto (when stdout is a terminal) | on | off
@@ -175,7 +205,6 @@ def get_config(arg=None):
   c.callbacks = ()
 
   c.export = True  # write workdir/export/model.keras (the final model) at the end
-  return c
 
 
 def use_cifar10(c, synthetic):
