@@ -45,6 +45,8 @@ import time
 from absl import app
 from absl import flags
 
+from benchmarks import study_config
+
 _CONFIG = flags.DEFINE_string("config", None, "Config file, as for main.py (its batch = the per-replica batch).")
 _OUT = flags.DEFINE_string("out", "runs/scaling", "Output directory (must not hold an earlier study).")
 _EPOCHS = flags.DEFINE_float("epochs", 6.0, "Epochs per case (time per epoch excludes the first timed one).")
@@ -353,16 +355,10 @@ class CaseRunner:
 
 def config_batch(config):
   """The config's global batch (the study's per-replica batch); rejects configs whose length is in steps."""
-  import importlib.util
-  path, _, arg = config.partition(":")
-  spec = importlib.util.spec_from_file_location("scaling_config", os.path.join(REPO, path))
-  module = importlib.util.module_from_spec(spec)
-  sys.path.insert(0, REPO)
-  spec.loader.exec_module(module)
-  loaded = module.get_config(arg or None)
+  loaded = study_config.load(config)
   if loaded.train.steps is not None:
     raise SystemExit(f"{config} sets train.steps; the scaling study needs a config whose length is in epochs")
-  return loaded.train.global_batch_size or loaded.train.per_replica_batch_size
+  return study_config.batch(loaded)
 
 
 def report(results):
