@@ -44,6 +44,7 @@ def _runtime(c):
   # multi_worker_mirrored: the gradient all-reduce in packs of about this many bytes, the last layers' first, so
   # a pack can travel while the backward pass computes the layers before it (not with jit_compile, float16 loss
   # scaling or optimizer.global_clipnorm, which need every gradient first). 0 = one all-reduce of all gradients.
+  # On CPUs over loopback 4 packs left workers idler than one all-reduce (benchmarks/README.md): for real networks.
   c.cluster.bytes_per_pack = 0
   c.cluster.collective_timeout_seconds = config_dict.placeholder(float)  # None = wait forever.
   c.cluster.tpu = ""  # strategy=tpu: TPU name or grpc:// address ("" = from the environment, e.g. a TPU VM).
