@@ -49,10 +49,9 @@ def command(workers, workdir, config, steps, steps_per_loop, profile, overrides)
   first, last = profile
   return [sys.executable, "-m", "launch.local", f"--workers={workers}", "--", sys.executable,
           os.path.join(REPO, "main.py"), f"--config={config}", f"--workdir={workdir}",
-          "--config.strategy=multi_worker_mirrored", "--config.intra_op_threads=1", "--config.inter_op_threads=1",
+          "--config.strategy=multi_worker_mirrored", *[f"--config.{key}=1" for key in study_config.ONE_THREAD],
           f"--config.train.steps={steps}", f"--config.train.steps_per_loop={steps_per_loop}",  # steps before epochs
-          "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0", "--config.export=False",
-          "--config.summary.progress_bar=off", f"--config.summary.profile_steps=({first},{last})",
+          *study_config.TRAINING_ONLY, f"--config.summary.profile_steps=({first},{last})",
           *[f"--config.{o}" for o in overrides]]
 
 

@@ -152,22 +152,23 @@ class Contenders:
     counter = self.new_counter()
     step_fn = steps.make_train_step(model, optimizer, self.loss_fn, metrics, self.plan.global_batch_size, counter,
                                     jit_compile=jit_compile)
+    read_out = steps.CallReadOut(self.strategy, metrics) if with_metrics else None  # the run's call returns it
     iterator = None
     if resident:
       on_devices = (OneBatch(next(iter(self.real_dataset())), self.plan.replicas) if resident == "one_batch"
                     else self.resident_data())
-      resident_fn = steps.make_resident_train_fn(self.strategy, step_fn, counter, on_devices)
+      resident_fn = steps.make_resident_train_fn(self.strategy, step_fn, counter, on_devices, read_out)
       train_fn = lambda _, calls: resident_fn(calls)  # noqa: E731
     else:
-      train_fn = steps.make_train_fn(self.strategy, step_fn, counter)
+      train_fn = steps.make_train_fn(self.strategy, step_fn, counter, read_out)
       iterator = iter(self.strategy.experimental_distribute_dataset(dataset))
     calls = tf.constant(1 if python_loop else self.steps_per_call, tf.int32)
     repeats = self.steps_per_call if python_loop else 1
 
     def window():
       for _ in range(self.window_calls * repeats):
-        loss = train_fn(iterator, calls)
-      float(loss)  # one host sync per window, as the run does per summary interval
+        result = train_fn(iterator, calls)
+      result.numpy()  # one host sync per window, as the run does per summary interval
     return window
 
   def input_only(self):

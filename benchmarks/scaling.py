@@ -276,8 +276,7 @@ class CaseRunner:
     self.env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
 
   def common(self, replicas):
-    return [f"--config={self.config}", f"--config.train.epochs={self.epochs}", "--config.eval.every_steps=0",
-            "--config.checkpoint.every_steps=0", "--config.export=False", "--config.summary.progress_bar=off",
+    return [f"--config={self.config}", f"--config.train.epochs={self.epochs}", *study_config.TRAINING_ONLY,
             f"--config.train.global_batch_size={self.batch * replicas}"]
 
   def prepare(self, replicas_counts):
@@ -301,7 +300,7 @@ class CaseRunner:
       python.append(f"--config.train.steps_per_loop={self.steps_per_loop[replicas]}")
     if setup == "mirrored":
       return python + [f"--config.cpu_replicas={replicas if replicas > 1 else 0}", *self._overrides()]
-    threads = [f"--config.{key}=1" for key in ("intra_op_threads", "inter_op_threads") if not self._overridden(key)]
+    threads = [f"--config.{key}=1" for key in study_config.ONE_THREAD if not self._overridden(key)]
     return ([sys.executable, "-m", "launch.local", f"--workers={replicas}", "--"] + python + threads +
             self._overrides())
 

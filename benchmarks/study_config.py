@@ -5,6 +5,11 @@ import os
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# A study times training only: no evaluation until the end, no checkpoints, no export, no progress bar.
+TRAINING_ONLY = ("--config.eval.every_steps=0", "--config.checkpoint.every_steps=0", "--config.export=False",
+                 "--config.summary.progress_bar=off")
+# The multi_worker case: each worker one intra-op and one inter-op thread, so 2 workers use the 2 cores.
+ONE_THREAD = ("intra_op_threads", "inter_op_threads")
 
 
 def load(config):

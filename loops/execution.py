@@ -169,8 +169,7 @@ class SyncExecution(_Execution):
     return self._eval_results()
 
   def rewind(self, step):
-    self._iterator, self._start_step = None, step
-    self._reset(self.train_metrics)
+    self._iterator, self._start_step = None, step  # the next call zeroes the train metrics' sums itself
 
   def agree_on_stop(self, reason):
     """One scalar all-reduce across workers per call; the reason text is exchanged only when one stops."""

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from loops import execution
 from loops import steps
 
 
@@ -76,21 +77,27 @@ def test_a_metric_that_is_not_a_mean_is_refused():
     lambda: tf.distribute.experimental.CentralStorageStrategy(["/cpu:0", "/cpu:1"]),
     lambda: tf.distribute.OneDeviceStrategy("/cpu:0")], ids=["central_storage", "one_device"])
 def test_a_single_copy_of_the_sums_is_read_as_it_is(make_strategy):
-  """Central storage and one device keep one copy of a metric's variables, already summed over replicas."""
+  """Central storage and one device keep one copy of a metric's variables (created where the framework creates
+  them), already summed over replicas; two different updates per call, as steps of a call make."""
   strategy = make_strategy()
-  with strategy.scope():
+  with execution.metrics_scope(strategy):
     metrics = {"loss": keras.metrics.Mean()}
   read_out = steps.CallReadOut(strategy, metrics)
   assert not read_out.per_replica
 
+  def replica_step(values):
+    metrics["loss"].update_state(values)
+    return tf.reduce_sum(values) / 8.0
+
   @tf.function
   def call(values):
     read_out.start()
-    per_replica_loss = strategy.run(lambda: metrics["loss"].update_state(values) or tf.reduce_sum(values) / 8.0)
-    return read_out(per_replica_loss)
+    strategy.run(replica_step, args=(values,))
+    return read_out(strategy.run(replica_step, args=(2.0 * values,)))
 
-  for values in ([1.0, 2.0, 3.0, 4.0], [5.0, 7.0, 9.0, 11.0]):
+  for values in ([1.0, 2.0, 3.0, 4.0], [5.0, 7.0, 9.0, 11.0]):  # the second call must not carry the first's sums
     loss, results = read_out.results(call(tf.constant(values)))
-    replicas = strategy.num_replicas_in_sync  # every replica saw the same 4 values
-    assert loss == pytest.approx(replicas * sum(values) / 8.0) and results["loss"] == pytest.approx(np.mean(values))
-    assert results["loss"] == pytest.approx(float(metrics["loss"].result()))
+    replicas = strategy.num_replicas_in_sync  # every replica saw the same 4 values, then twice them
+    assert loss == pytest.approx(replicas * 2.0 * sum(values) / 8.0)
+    assert results["loss"] == pytest.approx(1.5 * np.mean(values), rel=1e-6)
+    assert results["loss"] == pytest.approx(float(metrics["loss"].result()), rel=1e-6)
