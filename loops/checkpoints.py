@@ -77,6 +77,7 @@ class Checkpoints:
     for path in damaged:
       for name in tf.io.gfile.glob(path + ".*"):
         tf.io.gfile.rename(name, os.path.join(aside, os.path.basename(name)), overwrite=True)
+    # Paths under self.directory, as index_paths gives them: TensorFlow writes them relative to the index.
     tf.compat.v1.train.update_checkpoint_state(self.directory, latest, all_model_checkpoint_paths=list(reversed(kept)))
     self._manager = self._make_manager()
     logging.warning("moved the unreadable checkpoint(s) to %s; %s is the latest checkpoint again", aside, latest)
@@ -114,13 +115,16 @@ def scratch_directory(root=None):
 
 
 def index_paths(directory):
-  """The checkpoints directory's index lists, latest first, as full paths (local or any tf.io.gfile URL); [] when
-  there is none."""
+  """The checkpoints directory's index lists, latest first, as paths under `directory` (relative when it is
+  relative, or any tf.io.gfile URL); [] when there is none.
+
+  The index names its checkpoints relative to itself; TensorFlow joins them onto `directory` as it reads them,
+  so they are used as they come (joining `directory` again broke every relative workdir).
+  """
   state = tf.train.get_checkpoint_state(directory)
   if state is None:
     return []
-  paths = [state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]
-  return list(dict.fromkeys(p if os.path.isabs(p) or "://" in p else os.path.join(directory, p) for p in paths))
+  return list(dict.fromkeys([state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]))
 
 
 def unreadable(path):
