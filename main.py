@@ -49,8 +49,8 @@ from absl import logging
 from ml_collections import config_flags
 
 from configs import base as base_config
+from errors import ConfigError, WorkerLostError
 from loops import run
-from loops.errors import ConfigError, WorkerLostError
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:arg]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard events and results.")

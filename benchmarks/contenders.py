@@ -10,10 +10,16 @@ import keras
 import tensorflow as tf
 
 import data
-import models
 from data import resident as resident_lib
-from loops import cluster, fused_batchnorm, losses, modeling, optimizers, plan as plan_lib, steps
-from loops import strategy as strategy_lib
+from loops import plan as plan_lib
+from loops.distribute import cluster
+from loops.distribute import steps
+from loops.distribute import strategy as strategy_lib
+from loops.model import fused_batchnorm
+from loops.model import losses
+from loops.model import model as model_lib
+from loops.model import optimizers
+import models
 
 
 class Nothing:
@@ -131,7 +137,7 @@ class Contenders:
         model = keras.models.clone_model(self.reference)
       model.set_weights(self.reference.get_weights())
       if batchnorm is not None:
-        modeling.configure_batchnorm(model, batchnorm)
+        model_lib.configure_batchnorm(model, batchnorm)
       optimizer = optimizers.build(self.config.optimizer, self.plan.learning_rate)
       optimizer.build(model.trainable_variables)
     return model, optimizer

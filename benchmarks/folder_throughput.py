@@ -29,7 +29,12 @@ import numpy as np
 import tensorflow as tf
 
 import data
-from loops import cluster, losses, optimizers, plan as plan_lib, steps, strategy as strategy_lib
+from loops import plan as plan_lib
+from loops.distribute import cluster
+from loops.distribute import steps
+from loops.distribute import strategy as strategy_lib
+from loops.model import losses
+from loops.model import optimizers
 import models
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, as for main.py (model, batch, optimizer).")

@@ -4,7 +4,7 @@
       [--windows=N] [--window_calls=N] [--contenders=framework,synthetic,...] [--levers]
 
 Same model, data, strategy, global batch and steps per call for all (built in benchmarks/contenders.py):
-  framework  the framework's compiled loop (loops.steps) over the real input pipeline (data.train_dataset)
+  framework  the framework's compiled loop (loops.distribute.steps) over the real input pipeline (data.train_dataset)
   keras_fit  model.fit with steps_per_execution = train.steps_per_loop on the same pipeline
   bare_loop  the TF custom-training tutorial: one strategy.run + strategy.reduce step per tf.function call
   synthetic  the framework's loop on one preprocessed batch held on the devices (no input work): the upper bound
@@ -14,7 +14,7 @@ Same model, data, strategy, global batch and steps per call for all (built in be
              two noisy rates
   framework_keras_bn  "framework" with Keras' own BatchNormalization ops (model.fused_batchnorm=False), when the
              model has BatchNorm layers the framework fuses: what the loop alone gains
-The framework contenders run the model as a run does (loops.modeling.configure_batchnorm: fused BatchNorm by
+The framework contenders run the model as a run does (loops.model.model.configure_batchnorm: fused BatchNorm by
 default); keras_fit and bare_loop run it as Keras does.
 Warm-up calls (tracing) are not timed; every figure is the median of --windows timed windows, interleaved
 in rounds (a, b, c, then b, c, a, ...: each takes every place in turn) so machine noise hits all alike; the

@@ -4,7 +4,7 @@
 import glob
 import os
 
-TRAIN_CALL = "train_fn"  # the compiled train call's name in the trace (loops/steps.py)
+TRAIN_CALL = "train_fn"  # the compiled train call's name in the trace (loops/distribute/steps.py)
 OP_RUN = "ExecutorState::Process"  # a compute thread running ops
 COMPUTE_THREADS = "tf_Compute"
 

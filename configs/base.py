@@ -38,7 +38,7 @@ def _runtime(c):
   c.inter_op_threads = 0  # ops run in parallel (0 = default)
 
   c.cluster = ml_collections.ConfigDict()
-  c.cluster.source = "auto"  # auto | tf_config | slurm | local (see loops/cluster.py)
+  c.cluster.source = "auto"  # auto | tf_config | slurm | local (see loops/distribute/cluster.py)
   c.cluster.slurm_port_base = 8888  # SLURM: task i of a node listens on port_base + i.
   c.cluster.collective = "auto"  # multi_worker_mirrored all-reduce: auto | ring | nccl
   # multi_worker_mirrored: the gradient all-reduce in packs of about this many bytes, the last layers' first, so

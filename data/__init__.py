@@ -1,6 +1,6 @@
 """Datasets: sources (digits, synthetic, tfds, image folders, npz files) and the train/eval input pipelines.
 
-A leaf: imports only loops.errors (the ground floor).
+A leaf: imports only errors.py (the ground floor).
 """
 
 from data.pipeline import eval_dataset, output_shape, train_dataset

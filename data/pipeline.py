@@ -32,15 +32,7 @@ def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shar
   shard's rows are shard_index, shard_index + num_shards, ... — so an example is flipped alike however the global
   batch is split over workers.
   """
-  channels = source.image_shape[-1]
   mean, std = data_config.mean, data_config.std
-  if (mean is None) != (std is None):
-    raise ValueError("data.mean and data.std must be set together (or both None)")
-  if mean is not None and not (len(mean) == len(std) == channels):
-    raise ValueError(f"data.mean and data.std need {channels} values (one per channel), "
-                     f"got {len(mean)} and {len(std)}")
-  if data_config.image_size is not None and data_config.image_size < 1:
-    raise ValueError(f"data.image_size must be a positive number of pixels or None, got {data_config.image_size}")
   flip = training and data_config.random_flip
   size = data_config.image_size
 
@@ -90,9 +82,6 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
   With mixup/cutmix every pipeline reads and mixes the whole global batch, then keeps its rows (shard i of n gets
   rows i, i+n, ...: the rows sharding would give it), so the mixes do not depend on how the batch is split.
   """
-  if steps_per_epoch < 1:
-    raise ValueError(f"dataset '{source.name}' has {source.train_size} train examples: fewer than one global "
-                     f"batch of {batch_size * num_shards}")
   mix = mixing.make_mix(source.num_classes, data_config, seed)
   if mix is None:
     preprocess = make_preprocess(source, data_config, training=True, seed=seed, num_shards=num_shards,
@@ -181,8 +170,6 @@ def pipeline_threads(data_config):
   if threads is None:
     accelerators = tf.config.list_logical_devices("GPU") + tf.config.list_logical_devices("TPU")
     return 0 if accelerators else 1
-  if threads < 0:
-    raise ValueError(f"data.pipeline_threads must be None (auto), 0 (tf.data default) or N > 0, got {threads}")
   return int(threads)
 
 

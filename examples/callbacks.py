@@ -8,10 +8,12 @@ Expected (2-core CPU, ~10 s with start-up): the run stops at step 200 of its 110
 Every task runs every callback; request_stop on any worker stops all workers at the same step.
 """
 
+from loops.callbacks import Callback
+
 TARGET = 0.95
 
 
-class StopAtTargetAccuracy:
+class StopAtTargetAccuracy(Callback):  # subclassing is optional: any object with some of the hooks works
 
   def __init__(self, target=TARGET):
     self.target = target

@@ -1,7 +1,8 @@
 """build(config, task) -> Parts: everything a run is made of, built once, in the right scopes.
 
 Strategy, data source, plan (derived values), model, optimizer, step counter, loss, eval metrics, the run's
-own checkpointed variables and the checkpoint holding them. Nothing is written here.
+own checkpointed variables and the checkpoint holding them; loops/check.py judges each as it appears. Nothing is
+written here.
 """
 
 import dataclasses
@@ -12,16 +13,15 @@ import tensorflow as tf
 
 import data
 from data import mixing
-from data import pipeline
 from loops import check
-from loops import cluster
-from loops import execution
-from loops import losses
-from loops import metrics as metrics_lib
-from loops import modeling
-from loops import optimizers
 from loops import plan as plan_lib
-from loops import strategy as strategy_lib
+from loops.distribute import cluster
+from loops.distribute import execution
+from loops.distribute import strategy as strategy_lib
+from loops.model import losses
+from loops.model import metrics as metrics_lib
+from loops.model import model as model_lib
+from loops.model import optimizers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +52,18 @@ class RunVariables(tf.Module):
 
 
 def build(config, task):
-  """Builds every part of the run; raises ConfigError for what only the data or replica count reveals."""
+  """Builds every part of the run for this task (config already passed loops/check.py's check and check_task).
+
+  Args:
+    config: the resolved config.
+    task: this process's cluster.Task.
+
+  Returns:
+    Parts (frozen).
+
+  Raises:
+    ConfigError: for what only the data, the replica count or the built model reveal.
+  """
   strategy = strategy_lib.build(config, task)
   keras.utils.set_random_seed(config.seed)
   if config.deterministic:
@@ -60,16 +71,18 @@ def build(config, task):
   source = data.load(config.data)
   plan = plan_lib.derive(config, strategy.num_replicas_in_sync, source.train_size,
                          num_input_pipelines=execution.input_pipelines(strategy, task))
+  check.check_derived(config, plan, source)
   input_shape = data.output_shape(source, config.data)
-  pipeline.make_preprocess(source, config.data, training=True)  # checks mean/std against the channels
   loss_fn = losses.build(config.loss)
   logging.info("config:\n%s", config)
   logging.info("plan: %s; data '%s': %d train / %d eval examples, input %s, %d classes",
                plan, source.name, source.train_size, source.eval_size, input_shape, source.num_classes)
   model, optimizer, step_counter = _build_trainables(config, strategy, plan, input_shape, source.num_classes)
-  losses.validate(loss_fn, model, input_shape, source.num_classes, soft_labels=mixing.mixes(config.data))
+  check.check_model_outputs(loss_fn, model, input_shape, source.num_classes, soft_labels=mixing.mixes(config.data))
   with execution.metrics_scope(strategy):
-    eval_metrics = metrics_lib.build(tuple(config.eval.metrics), source.num_classes)
+    made = metrics_lib.build(tuple(config.eval.metrics), source.num_classes)
+  check.check_metrics(made, tuple(config.eval.metrics))
+  eval_metrics = metrics_lib.by_name(made)
   check.check_metric_references(config, metrics_lib.tags(eval_metrics))
   run_variables = RunVariables()  # plain host values, the same on every task
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_counter, run=run_variables)
@@ -82,7 +95,7 @@ def build(config, task):
 def _build_trainables(config, strategy, plan, input_shape, num_classes):
   """Model, optimizer (built before the first step: a Keras 3 multi-replica pitfall) and step counter."""
   with strategy.scope():
-    model = modeling.build_model(config, input_shape, num_classes)
+    model = model_lib.build_model(config, input_shape, num_classes)
     schedule = optimizers.learning_rate_schedule(config.optimizer, plan.learning_rate, plan.total_steps,
                                                  plan.steps_per_epoch)
     optimizer = optimizers.build(config.optimizer, schedule, loss_scaling=config.mixed_precision == "float16")

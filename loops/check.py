@@ -1,22 +1,31 @@
-"""check(config): every setting, before anything is built, trained or written; used by runs and by --dry_run.
+"""Every rule of a run, each checked once, here, before anything is trained or written (runs and --dry_run alike).
 
-Creates no TensorFlow state (it only imports the registries). What needs the replica count or the dataset
-(batch divisibility, steps per epoch, warmup vs run length, channel counts) is checked where it is derived, still
-before anything is written.
+Four stages, as the facts they need appear (each raises ConfigError: one line, what is wrong, what is valid):
+  check(config)                          every setting on its own; no TensorFlow state (imports the registries)
+  check_task(config, task)               the strategy against the cluster and the machine's devices
+  check_derived(config, plan, source)    what needs the replica count and the data: batch splits, epochs, warmup,
+                                         channels; then, once built, check_metric_references, check_model_outputs,
+                                         check_callbacks
+Code deeper down does not re-check what is checked here.
 """
+
+import re
 
 import data
 from data import resident
 from data import sources
-from loops import checkpoints as checkpoints_lib
-from loops import cluster
-from loops import losses
-from loops import metrics as metrics_lib
-from loops import modeling
-from loops import optimizers
-from loops import plugins
-from loops import strategy as strategy_lib
-from loops.errors import ConfigError, unknown_name
+from errors import ConfigError, unknown_name
+from loops.core import plugins
+from loops.core.interfaces import HOOKS
+from loops.distribute import cluster
+from loops.distribute import parameter_server
+from loops.distribute import steps
+from loops.distribute import strategy as strategy_lib
+from loops.model import losses
+from loops.model import metrics as metrics_lib
+from loops.model import model as model_lib
+from loops.model import optimizers
+from loops.persist import preemption
 
 MIXED_PRECISION = (None, "bfloat16", "float16")
 PROGRESS_BAR = ("auto", "on", "off")
@@ -25,7 +34,14 @@ NAN_POLICIES = ("stop", "rollback")
 
 
 def check(config):
-  """Raises ConfigError (one line: what is wrong, what is valid) for the first bad setting."""
+  """Checks every setting on its own.
+
+  Args:
+    config: the resolved ml_collections config (after command-line overrides).
+
+  Raises:
+    ConfigError: for the first bad setting (one line: what is wrong, what is valid).
+  """
   _check_machine(config)
   _check_data(config.data)
   _check_model_and_loss(config)
@@ -33,7 +49,7 @@ def check(config):
   _check_train(config.train)
   _check_cadence(config)
   _check_outputs(config)
-  tags = metrics_lib.check_names(tuple(config.eval.metrics))
+  tags = _check_metric_names(tuple(config.eval.metrics))
   if tags is not None:  # only known here when every metric is a registry name; else checked once built
     check_metric_references(config, tags)
   _check_callbacks(config.callbacks)
@@ -77,11 +93,14 @@ def _check_machine(config):
   timeout = config.cluster.collective_timeout_seconds
   if timeout is not None and not timeout > 0:
     raise ConfigError(f"cluster.collective_timeout_seconds must be > 0 or None (wait forever), got {timeout}")
-  checkpoints_lib.signal_numbers(config.preemption.signals)
+  preemption.signal_numbers(config.preemption.signals)
   code = config.preemption.exit_code
   if not isinstance(code, int) or isinstance(code, bool) or not 2 <= code <= 255:
     raise ConfigError(f"preemption.exit_code must be an integer in 2..255 (1 is a user error), got {code!r}; "
                       "143 is what Kubernetes (TFJob restartPolicy ExitCode) and GCE restart")
+  if config.strategy in strategy_lib.MULTI_WORKER and config.cpu_replicas:
+    raise ConfigError("cpu_replicas applies to one machine (mirrored, central_storage); with "
+                      "multi_worker_mirrored each worker has one CPU replica or all its GPUs")
   if config.nan_policy.mode == "rollback" and not strategy_lib.can_rewind_input(config.strategy):
     raise ConfigError(f"nan_policy.mode='rollback' is not available with {config.strategy} (its per-worker "
                       "datasets cannot be rewound); use 'stop'")
@@ -94,7 +113,12 @@ def _check_data(d):
   _one_of("data.device_resident", d.device_resident, resident.CHOICES)
   _at_least("data.device_resident_max_bytes", d.device_resident_max_bytes, 0, "a number of bytes")
   if d.name == "npz":
-    sources.check_npz_settings(d)
+    _check_npz_settings(d)
+  if d.name == "image_folder" and not d.data_dir:
+    raise ConfigError("data.name='image_folder' needs data.data_dir=ROOT holding ROOT/<split>/<class>/<images>")
+  shape = tuple(d.synthetic.image_shape)
+  if d.name == "synthetic" and (len(shape) != 3 or min(shape) < 1):
+    raise ConfigError(f"data.synthetic.image_shape must be (height, width, channels), got {shape}")
   if d.image_size is not None:
     _at_least("data.image_size", d.image_size, 1, "None (keep) or a number of pixels")
   if (d.mean is None) != (d.std is None) or (d.mean is not None and len(d.mean) != len(d.std)):
@@ -111,7 +135,7 @@ def _check_data(d):
 
 
 def _check_model_and_loss(config):
-  modeling.check(config.model)
+  _check_model(config.model)
   if plugins.is_import_path(config.loss.name):
     plugins.load_callable(config.loss.name, "loss.name", 2, losses.EXTRA)
   else:
@@ -119,6 +143,40 @@ def _check_model_and_loss(config):
   if not 0.0 <= config.loss.label_smoothing < 1.0:
     raise ConfigError(f"loss.label_smoothing must be in [0, 1), got {config.loss.label_smoothing}")
   _one_of("mixed_precision", config.mixed_precision, MIXED_PRECISION)
+
+
+def _check_model(model_config):
+  """model.name resolves and model.kwargs fit its signature; no TensorFlow state."""
+  fn = model_lib.model_function(model_config.name)
+  plugins.check_call(fn, ((1, 1, 1), 2), dict(model_config.kwargs), "model.kwargs", model_config.name)
+
+
+def _check_npz_settings(data_config):
+  """data.data_dir names an .npz file and both split names can be array-name suffixes."""
+  if not (data_config.data_dir or "").endswith(".npz"):
+    raise ConfigError(f"data.name='npz' needs data.data_dir=PATH.npz (a local or tf.io.gfile path of an .npz "
+                      f"holding {sources.NPZ_KEYS}), got {data_config.data_dir!r}")
+  for key in ("train_split", "eval_split"):
+    if not re.fullmatch(r"\w+", data_config[key]):
+      raise ConfigError(f"data.{key}='{data_config[key]}' cannot name an npz split: split S reads the arrays x_S "
+                        f"and y_S (train, test, or any other suffix the file has)")
+
+
+def _check_metric_names(names):
+  """Checks every entry of eval.metrics without creating a metric; returns the known result tags (eval/...),
+  or None when an import-path metric names itself only once built."""
+  if isinstance(names, str) or not all(isinstance(name, str) for name in names):
+    raise ConfigError(f"eval.metrics must be a tuple of names, got {names!r}")
+  tags, complete = [f"eval/{metrics_lib.LOSS}"], True
+  for name in names:
+    if plugins.is_import_path(name):
+      plugins.load_callable(name, "eval.metrics", 0)
+      complete = False
+    elif name not in metrics_lib.METRICS:
+      raise unknown_name("eval metric", name, list(metrics_lib.METRICS) + ["package.module:factory"])
+    else:
+      tags.append(f"eval/{name}")
+  return tags if complete else None
 
 
 def _check_optimizer(o):
@@ -185,3 +243,106 @@ def _check_callbacks(names):
     raise ConfigError(f"callbacks must be a tuple of 'package.module:factory' strings, got {names!r}")
   for name in names:
     plugins.load_callable(name, "callbacks", 1)
+
+
+def check_task(config, task):
+  """The strategy against this process's task (loops/distribute/cluster.py) and the machine's devices.
+
+  Args:
+    config: the checked config.
+    task: this process's cluster.Task.
+
+  Raises:
+    ConfigError: a strategy the cluster cannot run, or more GPUs asked for than the machine has.
+  """
+  name = config.strategy
+  if task.is_evaluator:
+    pass  # an evaluator evaluates on its own devices, whatever the training cluster runs
+  elif name in strategy_lib.MULTI_WORKER and not task.is_distributed:
+    raise ConfigError("strategy 'multi_worker_mirrored' needs a cluster: set TF_CONFIG, run under srun, or start "
+                      "it with `python -m launch.local --workers N -- python main.py ...`")
+  elif name in strategy_lib.ASYNCHRONOUS:
+    parameter_server.check_cluster(task)
+  elif name not in strategy_lib.MULTI_WORKER and name != "tpu" and task.is_distributed and task.num_workers > 1:
+    raise ConfigError(f"strategy '{name}' runs on one machine, but this process is task {task.type}:{task.index} "
+                      f"of a {task.num_workers}-worker cluster; use multi_worker_mirrored (or unset TF_CONFIG)")
+  gpus = strategy_lib.gpu_count()
+  if config.num_gpus is not None and not config.num_gpus <= gpus:
+    raise ConfigError(f"num_gpus={config.num_gpus} but this machine has {gpus} GPU(s); valid: 0..{gpus} or None (all)")
+
+
+def check_derived(config, plan, source):
+  """What needs the replica count and the data: the batch split, at least one step per epoch, the warmup's
+  length, the normalisation's channels.
+
+  Args:
+    config: the checked config.
+    plan: plan.derive's values (loops/plan.py), which are computed without checks.
+    source: the loaded data.Source.
+
+  Raises:
+    ConfigError: for the first value that cannot work.
+  """
+  global_batch = plan.global_batch_size
+  for parts, what in ((plan.replicas, "replicas"), (plan.input_pipelines, "input pipelines")):
+    if global_batch % parts:
+      raise ConfigError(f"global batch size {global_batch} is not divisible by the {parts} {what}; "
+                        f"use a multiple of {parts}")
+  if plan.per_replica_batch_size % plan.grad_accum_steps:
+    raise ConfigError(f"train.grad_accum_steps={plan.grad_accum_steps} must be a positive integer dividing the "
+                      f"per-replica batch ({plan.per_replica_batch_size})")
+  if plan.steps_per_epoch < 1:
+    raise ConfigError(f"dataset '{source.name}' has {source.train_size} train examples: fewer than one global "
+                      f"batch of {global_batch}")
+  warmup = optimizers.warmup_steps(config.optimizer, plan.steps_per_epoch)
+  if warmup > 0 and warmup >= plan.total_steps:
+    raise ConfigError(f"optimizer.warmup_epochs={config.optimizer.warmup_epochs} gives {warmup} warmup steps; it "
+                      f"must be shorter than the run ({plan.total_steps} steps)")
+  channels, mean = source.image_shape[-1], config.data.mean
+  if mean is not None and len(mean) != channels:
+    raise ConfigError(f"data.mean and data.std need {channels} values (one per channel of dataset "
+                      f"'{source.name}'), got {len(mean)}")
+
+
+def check_metrics(made, names):
+  """What the eval metric factories returned: keras Metrics with names of their own.
+
+  Args:
+    made: [(eval.metrics entry, metric)] from loops/model/metrics.py's build.
+    names: config.eval.metrics, for the message.
+  """
+  import keras
+  seen = set()
+  for entry, metric in made:
+    if not isinstance(metric, keras.metrics.Metric):
+      raise ConfigError(f"eval.metrics entry '{entry}' returned {type(metric).__name__}, not a keras.metrics.Metric")
+    if metric.name in seen:
+      raise ConfigError(f"two eval metrics are named '{metric.name}' (eval.metrics={tuple(names)}); "
+                        f"give each its own name")
+    seen.add(metric.name)
+
+
+def check_model_outputs(loss_fn, model, input_shape, num_classes, soft_labels=False, batch=4):
+  """Calls the model and the loss eagerly on a zero batch (labels as the pipeline will give them), so a model
+  output without logits or a reduced loss fails here with its own message, not inside a trace."""
+  import tensorflow as tf
+  images = tf.zeros([batch, *input_shape], tf.float32)
+  logits, outputs = steps.forward(model, images, training=False)
+  labels = tf.fill([batch, num_classes], 1.0 / num_classes) if soft_labels else tf.zeros([batch], tf.int64)
+  loss_fn(labels, logits, images=images, outputs=outputs, step=tf.constant(0, tf.int64))
+
+
+def check_callbacks(named):
+  """Every callback has some of the hooks, each a method taking one argument (the State).
+
+  Args:
+    named: [(name, callback)] as loops.callbacks.load_user makes them.
+  """
+  for name, callback in named:
+    hooks = [hook for hook in HOOKS if hasattr(callback, hook)]
+    if not hooks:
+      raise ConfigError(f"callback '{name}' ({type(callback).__name__}) has none of the methods {', '.join(HOOKS)}")
+    for hook in hooks:
+      method = getattr(callback, hook)
+      if not callable(method) or not plugins.accepts(method, 1):
+        raise ConfigError(f"callback '{name}': {hook} must be a method taking one argument (state)")

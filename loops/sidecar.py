@@ -15,11 +15,12 @@ import time
 from absl import logging
 import tensorflow as tf
 
-from loops import checkpoints as checkpoints_lib
-from loops import execution as execution_lib
-from loops import writers
-from loops.callbacks import format_values
-from loops.errors import ConfigError, first_line
+from errors import ConfigError
+from loops.callbacks.best_checkpoint import BestCheckpoint
+from loops.distribute import execution as execution_lib
+from loops.persist import checkpoints as checkpoints_lib
+from loops.persist import writers
+from loops.persist.writers import format_values
 
 PROGRESS = "evaluated.json"
 
@@ -57,8 +58,8 @@ class Sidecar:
     self.eval_dir = posixpath.join(workdir, "eval")
     self.writer = writers.Writer(self.eval_dir)
     self.execution = execution_lib.make(parts, config)
-    self.best = checkpoints_lib.BestCheckpoint(self.eval_dir, parts.checkpoint, parts.step_counter,
-                                               config.checkpoint.best_metric, config.checkpoint.best_mode, True)
+    self.best = BestCheckpoint(self.eval_dir, parts.checkpoint, parts.step_counter, config.checkpoint.best_metric,
+                               config.checkpoint.best_mode, True, self.execution.averaged_weights)
     done = read_json(posixpath.join(self.eval_dir, PROGRESS)) or {}
     self.last_step, self.final, self.results = done.get("step", -1), done.get("final", False), done.get("eval", {})
 
@@ -90,17 +91,11 @@ class Sidecar:
     if damage:
       logging.warning("evaluator: skipping checkpoint %s (%s)", path, damage)
       return
-    try:
-      self.parts.checkpoint.restore(path).assert_existing_objects_matched()
-    except (AssertionError, ValueError, LookupError, tf.errors.OpError) as e:
-      raise ConfigError(f"evaluator: checkpoint {path} does not match this config's model/optimizer: "
-                        f"{first_line(e)}") from None
+    checkpoints_lib.restore(self.parts.checkpoint, path)
     results = self.execution.evaluate()
     self.writer.scalars(step, results)
     self.writer.flush()
-    record = self.best.update(step, results, self.execution.averaged_weights)
-    if record:
-      self.writer.write_json(checkpoints_lib.BEST_RECORD, record)
+    self.best.update(step, results, self.writer)
     self.last_step, self.results, self.final = step, results, is_final(self.workdir, step)
     self.writer.write_json(PROGRESS, {"step": step, "eval": results, "final": self.final})
     logging.info("evaluated %s (step %d%s): %s", path, step, ", final" if self.final else "",

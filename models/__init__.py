@@ -1,11 +1,11 @@
 """Models by name: `MODELS[name](input_shape, num_classes, **kwargs)` -> a Keras model.
 
-A leaf: imports only loops.errors (the ground floor). A model outputs logits, or a dict with "logits" and any other
+A leaf: imports only errors.py (the ground floor). A model outputs logits, or a dict with "logits" and any other
 named outputs (an embedding, auxiliary logits) that a loss may read. Users name their own model function as
 "package.module:function" in `model.name` (loaded by loops/build.py); to ship one here, add a line to MODELS.
 """
 
-from loops.errors import unknown_name
+from errors import unknown_name
 from models import cnn, resnet
 
 MODELS = {

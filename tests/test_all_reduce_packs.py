@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.distribute import cross_device_utils
 
-from loops import strategy as strategy_lib
+from loops.distribute import strategy as strategy_lib
 from tests.conftest import REPO
 from tests.test_train import model_weights
 

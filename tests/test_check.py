@@ -2,8 +2,8 @@
 
 import pytest
 
+from errors import ConfigError
 from loops import check
-from loops.errors import ConfigError
 from tests.conftest import load_config
 
 

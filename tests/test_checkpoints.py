@@ -1,10 +1,10 @@
-"""loops/checkpoints.py in-process: damaged checkpoints are skipped; the manager someone holds is never replaced."""
+"""loops/persist/checkpoints.py in-process: damaged checkpoints are skipped; the manager someone holds is never replaced."""
 
 import os
 
 import tensorflow as tf
 
-from loops import checkpoints as checkpoints_lib
+from loops.persist import checkpoints as checkpoints_lib
 
 
 def flip_a_byte(prefix):

@@ -3,8 +3,8 @@ import os
 
 import pytest
 
-from loops import cluster
-from loops.errors import ConfigError
+from errors import ConfigError
+from loops.distribute import cluster
 
 
 def tf_config(cluster_spec, task_type, index):
@@ -210,7 +210,7 @@ def test_strategies_get_the_parsed_cluster(monkeypatch, strategy_name, tf_name, 
   """A TF_CONFIG with "master" and an evaluator job (TFConfigClusterResolver would hand TensorFlow both: it refuses
   "master", and ParameterServerStrategy waits on every listed task) reaches the strategy as chief + workers
   (+ ps), over grpc."""
-  from loops import strategy
+  from loops.distribute import strategy
   spec = {job: WITH_MASTER_AND_EVALUATOR["cluster"][job] for job in jobs}
   monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": spec, "task": {"type": task_type, "index": index},
                                               "environment": "cloud"}))
@@ -225,7 +225,7 @@ def test_strategies_get_the_parsed_cluster(monkeypatch, strategy_name, tf_name, 
 @pytest.mark.parametrize("strategy_name", ["multi_worker_mirrored", "parameter_server"])
 def test_an_evaluator_evaluates_on_its_own_devices(monkeypatch, strategy_name):
   import tensorflow as tf
-  from loops import strategy
+  from loops.distribute import strategy
   for name in ("MultiWorkerMirroredStrategy", "ParameterServerStrategy"):
     _capture(monkeypatch, name)  # joining the training cluster would raise _Captured
   task = cluster.from_environment(_env({**WITH_MASTER_AND_EVALUATOR, "task": {"type": "evaluator", "index": 0}}))
@@ -236,7 +236,8 @@ def test_an_evaluator_evaluates_on_its_own_devices(monkeypatch, strategy_name):
 MWMS_FROM_ENVIRONMENT = """
 import json, os, sys
 from configs import base
-from loops import cluster, strategy
+from loops.distribute import cluster
+from loops.distribute import strategy
 c = base.get_config()
 c.strategy = "multi_worker_mirrored"
 s = strategy.build(c, cluster.from_environment())

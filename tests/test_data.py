@@ -7,6 +7,8 @@ import tensorflow_datasets as tfds
 
 import data
 from data import sources
+from loops import check
+from loops import plan as plan_lib
 from tests.conftest import load_config
 
 
@@ -89,10 +91,12 @@ def test_preprocessing_resizes_and_normalises():
 
 
 def test_bad_normalisation_is_rejected():
-  cfg = digits_config()
-  cfg.mean, cfg.std = (0.5, 0.5, 0.5), (0.2, 0.2, 0.2)
-  with pytest.raises(ValueError, match="need 1 values"):
-    data.train_dataset(data.load(cfg), cfg, batch_size=8, steps_per_epoch=1, seed=0)
+  c = load_config("digits_cnn")
+  c.data.mean, c.data.std = (0.5, 0.5, 0.5), (0.2, 0.2, 0.2)
+  source = data.load(c.data)
+  with pytest.raises(ValueError, match=r"data.mean and data.std need 1 values \(one per channel of dataset "
+                                       r"'digits'\), got 3"):
+    check.check_derived(c, plan_lib.derive(c, 1, source.train_size), source)
 
 
 @pytest.mark.parametrize("name, shape, classes", [
@@ -143,16 +147,18 @@ def test_failed_download_says_how_to_provide_it(tmp_path, monkeypatch):
 
 
 def test_unknown_dataset_suggests_the_nearest_name():
-  cfg = digits_config()
-  cfg.name = "cifar1O"
+  c = load_config("digits_cnn")
+  c.data.name = "cifar1O"
   with pytest.raises(LookupError, match=r"unknown dataset 'cifar1O' \(did you mean 'cifar10'\?\); valid: digits"):
-    data.load(cfg)
+    check.check(c)
 
 
 def test_too_few_examples_for_one_batch():
-  source = data.load(digits_config())
-  with pytest.raises(ValueError, match="fewer than one global batch"):
-    data.train_dataset(source, digits_config(), batch_size=2048, steps_per_epoch=0, seed=0)
+  c = load_config("digits_cnn")
+  c.train.global_batch_size = 2048
+  source = data.load(c.data)
+  with pytest.raises(ValueError, match="dataset 'digits' has 1437 train examples: fewer than one global batch of 2048"):
+    check.check_derived(c, plan_lib.derive(c, 1, source.train_size), source)
 
 
 def test_sources_registry_names():

@@ -10,8 +10,8 @@ import tensorflow as tf
 
 import data
 from data import sources
+from errors import ConfigError
 from loops import check
-from loops.errors import ConfigError
 from tests.conftest import load_config
 from tests.test_data import batches, make_image_folder, truncated_png
 

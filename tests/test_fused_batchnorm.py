@@ -1,4 +1,4 @@
-"""loops/fused_batchnorm.py: the fused kernel computes what Keras' BatchNormalization computes, and only where it can."""
+"""loops/model/fused_batchnorm.py: the fused kernel computes what Keras' BatchNormalization computes, and only where it can."""
 
 import os
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from loops import fused_batchnorm
-from loops import modeling
+from loops.model import fused_batchnorm
+from loops.model import model as model_lib
 from tests.conftest import load_config
 
 
@@ -156,13 +156,13 @@ def test_a_masked_call_goes_through_keras_own_call():
 
 def test_the_run_fuses_unless_told_not_to_and_never_a_synchronized_layer():
   c = load_config("cifar_resnet20", "synthetic")
-  model = modeling.build_model(c, (32, 32, 3), 10)
+  model = model_lib.build_model(c, (32, 32, 3), 10)
   batchnorms = [l for l in model.layers if isinstance(l, keras.layers.BatchNormalization)]
   assert len(batchnorms) == 21 and all("call" in vars(l) for l in batchnorms)
   c.model.fused_batchnorm = False
-  assert not any("call" in vars(l) for l in modeling.build_model(c, (32, 32, 3), 10).layers)
+  assert not any("call" in vars(l) for l in model_lib.build_model(c, (32, 32, 3), 10).layers)
   c.model.fused_batchnorm, c.model.sync_batchnorm = True, True
-  synced = modeling.build_model(c, (32, 32, 3), 10)
+  synced = model_lib.build_model(c, (32, 32, 3), 10)
   assert not any("call" in vars(l) for l in synced.layers if isinstance(l, keras.layers.BatchNormalization))
 
 

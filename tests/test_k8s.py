@@ -1,5 +1,5 @@
 """launch/k8s: each TFJob manifest, read as the training-operator reads it, gives every replica a TF_CONFIG that
-loops/cluster.py accepts with the right role, and all replicas agree on the command and the shared workdir."""
+loops/distribute/cluster.py accepts with the right role, and all replicas agree on the command and the shared workdir."""
 
 import json
 import os
@@ -7,8 +7,8 @@ import os
 import pytest
 import yaml
 
-from loops import cluster
-from loops import parameter_server
+from loops.distribute import cluster
+from loops.distribute import parameter_server
 from tests.conftest import REPO
 
 K8S = os.path.join(REPO, "launch", "k8s")

@@ -1,14 +1,17 @@
 """The outer loop's sequencing against a fake execution: no TensorFlow graph, milliseconds per test."""
 
+import contextlib
 import json
 import math
 
 import pytest
 
 from loops import callbacks as callbacks_lib
-from loops import loop as loop_lib
-from loops import saving
-from loops.triggers import Trigger, call_length
+from loops import check
+from loops.core import loop as loop_lib
+from loops.core.interfaces import HOOKS, Callback, Execution, TrainOutput
+from loops.core.loop import Trigger, call_length
+from loops.core.nan_guard import NanGuard
 
 
 class FakeExecution:
@@ -25,7 +28,7 @@ class FakeExecution:
     hit = [s for s, left in self.nan_left.items() if start < s <= self.step and left > 0]
     for s in hit:
       self.nan_left[s] -= 1
-    return loop_lib.TrainOutput(self.step, {"train/loss": math.nan if hit else 1.0 / self.step,
+    return TrainOutput(self.step, {"train/loss": math.nan if hit else 1.0 / self.step,
                                             "train/accuracy": 0.5}, finite=not hit)
 
   def evaluate(self):
@@ -78,16 +81,16 @@ class Recorder:
     self.name, self.log = name, log
     if trigger:
       self.trigger = trigger
-    for hook in loop_lib.HOOKS:
+    for hook in HOOKS:
       setattr(self, hook, lambda state, hook=hook: self.log.append((self.name, hook, state.step)))
 
 
 def make_loop(execution, callbacks=(), total=100, steps_per_loop=50, eval_every=0, nan_mode="stop", retries=0,
-              checkpoints=None, workdir="/nonexistent"):
+              checkpoints=None, workdir="/nonexistent", writer=None):
   state = loop_lib.State(step=execution.step, total_steps=total, steps_per_epoch=20, is_chief=True,
-                         workdir=workdir, writer=None)
+                         workdir=workdir, writer=writer)
   checkpoints = checkpoints or FakeCheckpoints(execution)
-  guard = loop_lib.NanGuard(nan_mode, retries, checkpoints, execution)
+  guard = NanGuard(nan_mode, retries, checkpoints, execution)
   return loop_lib.Loop(execution, [guard, *callbacks], state, steps_per_loop=steps_per_loop,
                        eval_every_steps=eval_every, nan_guard=guard), state
 
@@ -167,7 +170,7 @@ def test_nan_rollback_restores_rewinds_discards_the_call_and_retries():
   execution = FakeExecution(nan_steps=[17])
   log = []
   checkpoints = FakeCheckpoints(execution)
-  periodic = saving.Checkpointing(checkpoints, 10, FakeVariable(0))
+  periodic = callbacks_lib.Checkpointing(checkpoints, 10, FakeVariable(0))
   loop, state = make_loop(execution, [Recorder("r", log), periodic], total=30, steps_per_loop=5,
                           nan_mode="rollback", retries=1, checkpoints=checkpoints)
   loop.run()
@@ -198,7 +201,7 @@ def test_checkpoints_are_periodic_and_the_last_one_comes_after_the_final_eval():
   order = []
   checkpoints.save = lambda step: (order.append(("save", step)), setattr(checkpoints, "last_saved_step", step))
   execution.evaluate = lambda: (order.append(("eval", execution.step)), {"eval/loss": 1.0})[1]
-  loop, _ = make_loop(execution, [saving.Checkpointing(checkpoints, 40, FakeVariable(0))], total=100,
+  loop, _ = make_loop(execution, [callbacks_lib.Checkpointing(checkpoints, 40, FakeVariable(0))], total=100,
                       steps_per_loop=50, checkpoints=checkpoints)
   loop.run()
   assert order == [("save", 40), ("save", 80), ("eval", 100), ("save", 100)]
@@ -215,7 +218,7 @@ def test_a_stopped_run_remembers_it_and_a_rerun_trains_only_when_the_length_was_
         state.request_stop("enough")
 
   checkpoints = FakeCheckpoints(execution)
-  loop, _ = make_loop(execution, [StopAt20(), saving.Checkpointing(checkpoints, 0, stopped)], steps_per_loop=10,
+  loop, _ = make_loop(execution, [StopAt20(), callbacks_lib.Checkpointing(checkpoints, 0, stopped)], steps_per_loop=10,
                       checkpoints=checkpoints)
   loop.run()
   assert stopped.value == 100 and checkpoints.saved == [20]  # the stop is in the final checkpoint
@@ -226,9 +229,8 @@ def test_a_stopped_run_remembers_it_and_a_rerun_trains_only_when_the_length_was_
 
   for total, trains in ((100, False), (150, True)):
     rerun = FakeExecution(step=20)
-    loop, state = make_loop(rerun, [saving.Checkpointing(FakeCheckpoints(rerun, [20]), 0, stopped)], total=total,
-                            steps_per_loop=10, workdir=str(tmp_path))
-    state._writer = Writer()
+    loop, state = make_loop(rerun, [callbacks_lib.Checkpointing(FakeCheckpoints(rerun, [20]), 0, stopped)],
+                            total=total, steps_per_loop=10, workdir=str(tmp_path), writer=Writer())
     loop.run()
     assert bool(rerun.calls) == trains
     if not trains:
@@ -250,7 +252,7 @@ def test_early_stopping_counts_evals_without_improvement(mode, values, patience,
   stopping = callbacks_lib.EarlyStopping("eval/loss", mode, patience, min_delta, variables)
   state = loop_lib.State(step=0, total_steps=100, steps_per_epoch=10, is_chief=True, workdir="", writer=None)
   for i, value in enumerate(values, start=1):
-    state._step, state._eval = i * 10, {"eval/loss": value}
+    state.update(step=i * 10, eval={"eval/loss": value})
     stopping.after_eval(state)
     if state.stop_reason:
       break
@@ -262,11 +264,53 @@ def test_early_stopping_counts_evals_without_improvement(mode, values, patience,
 
 def test_user_callbacks_are_checked_for_their_hooks():
   with pytest.raises(ValueError, match=r"callback 'Nothing' \(Nothing\) has none of the methods on_train_begin"):
-    callbacks_lib.check_callback("Nothing", type("Nothing", (), {})())
+    check.check_callbacks([("Nothing", type("Nothing", (), {})())])
 
   class Bad:
     def after_eval(self):
       pass
 
   with pytest.raises(ValueError, match=r"callback 'x:y': after_eval must be a method taking one argument \(state\)"):
-    callbacks_lib.check_callback("x:y", Bad())
+    check.check_callbacks([("x:y", Bad())])
+
+
+def test_state_changes_only_through_its_update_method_and_names_what_it_does_not_hold():
+  state = loop_lib.State(step=5, total_steps=10, steps_per_epoch=5, is_chief=True, workdir="", writer=None)
+  with pytest.raises(AttributeError):
+    state.step = 6  # a read-only property
+  state.update(step=6, eval={"eval/loss": 1.0})
+  assert (state.step, dict(state.eval), state.start_step, state.epoch) == (6, {"eval/loss": 1.0}, 5, 1.2)
+  with pytest.raises(AttributeError, match=r"State has no loop value\(s\) \['stpe'\]; valid: step, "):
+    state.update(stpe=7)
+  state.request_stop("first")
+  state.request_stop("second")
+  assert state.stop_reason == "first"
+
+
+def test_the_callback_base_class_declares_every_hook_as_a_no_op_and_a_subclass_runs_in_the_loop():
+  assert HOOKS == ("on_train_begin", "after_train_call", "after_eval", "on_call_end", "on_train_end")
+  state = loop_lib.State(step=0, total_steps=1, steps_per_epoch=1, is_chief=True, workdir="", writer=None)
+  assert all(getattr(Callback(), hook)(state) is None for hook in HOOKS)
+  check.check_callbacks([("base", Callback())])
+
+  class Evals(Callback):
+    seen = []
+
+    def after_eval(self, state):
+      self.seen.append(state.step)
+
+  loop, _ = make_loop(FakeExecution(), [Evals()], total=40, steps_per_loop=10, eval_every=20)
+  loop.run()
+  assert Evals.seen == [20, 40]
+
+
+def test_the_fake_execution_satisfies_the_execution_protocol_and_an_object_without_train_does_not():
+  class Complete(FakeExecution):
+    def averaged_weights(self):
+      return contextlib.nullcontext()
+
+    def gradient_norms(self):
+      return None
+
+  assert isinstance(Complete(), Execution)
+  assert not isinstance(object(), Execution)

@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from loops import losses
-from loops.errors import ConfigError
+from errors import ConfigError
+from loops import check
+from loops.model import losses
+from tests.conftest import load_config
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_losses")
 
@@ -56,8 +58,10 @@ def test_a_reduced_loss_is_rejected_naming_the_function(monkeypatch):
 ])
 def test_bad_loss_names(name, message, monkeypatch):
   monkeypatch.syspath_prepend(FIXTURES)
+  c = load_config("digits_cnn")
+  c.loss.name = name
   with pytest.raises(ConfigError, match=message):
-    losses.build(loss_config(name))
+    check.check(c)
 
 
 def test_registry_focal_loss_matches_the_formula():

@@ -1,13 +1,14 @@
-"""loops/modeling.py: models by import path with kwargs, named outputs, synchronized BatchNorm."""
+"""loops/model/model.py and loops/distribute/steps.py forward: models by import path with kwargs, named outputs, synchronized BatchNorm."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from errors import ConfigError
 from loops import check
-from loops import modeling
-from loops.errors import ConfigError
+from loops.distribute import steps
+from loops.model import model as model_lib
 from tests.conftest import load_config
 
 
@@ -22,19 +23,19 @@ def config_with(name, **kwargs):
 def test_a_model_by_import_path_gets_its_kwargs_and_its_outputs_are_named():
   c = config_with("examples.models:cnn_with_embedding", embedding_dim=5, reconstruct=True)
   check.check(c)
-  model = modeling.build_model(c, (8, 8, 1), 10)
-  logits, outputs = modeling.forward(model, tf.zeros([2, 8, 8, 1]), training=False)
+  model = model_lib.build_model(c, (8, 8, 1), 10)
+  logits, outputs = steps.forward(model, tf.zeros([2, 8, 8, 1]), training=False)
   assert logits.shape == (2, 10) and logits.dtype == tf.float32
   assert outputs["embedding"].shape == (2, 5) and outputs["reconstruction"].shape == (2, 8, 8, 1)
-  exported = modeling.logits_model(model)
+  exported = model_lib.logits_model(model)
   np.testing.assert_allclose(exported(tf.ones([2, 8, 8, 1])).numpy(), model(tf.ones([2, 8, 8, 1]))["logits"].numpy())
 
 
 def test_a_plain_output_is_the_logits():
-  model = modeling.build_model(load_config("digits_cnn"), (8, 8, 1), 10)
-  logits, outputs = modeling.forward(model, tf.zeros([2, 8, 8, 1]), training=False)
+  model = model_lib.build_model(load_config("digits_cnn"), (8, 8, 1), 10)
+  logits, outputs = steps.forward(model, tf.zeros([2, 8, 8, 1]), training=False)
   assert list(outputs) == ["logits"] and logits.shape == (2, 10)
-  assert modeling.logits_model(model) is model
+  assert model_lib.logits_model(model) is model
 
 
 @pytest.mark.parametrize("name, kwargs, message", [
@@ -54,12 +55,12 @@ def test_a_dict_without_logits_and_a_non_model_are_refused():
   inputs = keras.Input((4,))
   no_logits = keras.Model(inputs, {"scores": keras.layers.Dense(3)(inputs)})
   with pytest.raises(ConfigError, match=r"returned a dict without 'logits' \(keys: \['scores'\]\)"):
-    modeling.forward(no_logits, tf.zeros([1, 4]), training=False)
+    steps.forward(no_logits, tf.zeros([1, 4]), training=False)
 
 
 def test_sync_batchnorm_reaches_every_batchnorm_layer_nested_ones_too():
   inner = keras.Sequential([keras.Input((4,)), keras.layers.Dense(4), keras.layers.BatchNormalization()])
   inputs = keras.Input((4,))
   model = keras.Model(inputs, keras.layers.BatchNormalization()(inner(inputs)))
-  assert modeling.synchronize_batchnorm(model) == 2
+  assert model_lib.synchronize_batchnorm(model) == 2
   assert all(l.synchronized for l in model._flatten_layers() if isinstance(l, keras.layers.BatchNormalization))

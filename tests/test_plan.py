@@ -1,9 +1,11 @@
 import math
+import types
 
 import pytest
 
+from errors import ConfigError
+from loops import check
 from loops import plan as plan_lib
-from loops.errors import ConfigError
 from tests.conftest import load_config
 
 
@@ -45,5 +47,6 @@ def test_learning_rate_scaling_rules(rule, expected):
 def test_what_only_the_replicas_and_data_reveal_is_one_clear_error(change, message):
   c = load_config("digits_cnn")
   change(c)
+  digits = types.SimpleNamespace(name="digits", train_size=1437, image_shape=(8, 8, 1))
   with pytest.raises(ConfigError, match=message):
-    plan_lib.derive(c, replicas=2, train_size=1437)
+    check.check_derived(c, plan_lib.derive(c, replicas=2, train_size=1437), digits)

@@ -1,6 +1,6 @@
 import pytest
 
-from loops import progress as progress_lib
+from loops.core import progress as progress_lib
 
 
 def test_rates_and_epoch_times_exclude_the_first_call_and_epochs_are_interpolated():

@@ -2,6 +2,7 @@
 
 import json
 import math
+import types
 import os
 import subprocess
 import sys
@@ -12,9 +13,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-import models
-from loops import optimizers
 from loops import run
+from loops.model import optimizers
+import models
 from tests.conftest import REPO, load_config
 from tests.test_train import model_weights, scalars
 
@@ -54,13 +55,24 @@ def test_schedule_values_match_the_formula_for_every_scaling_rule(rule, replicas
 
 
 def test_constant_without_warmup_is_a_plain_float_and_bad_schedules_are_rejected():
+  from loops import check
+  from loops import plan as plan_lib
   assert optimizers.learning_rate_schedule(opt_config(), 0.05, 100, 10) == 0.05
+
+  def config(**optimizer):
+    c = load_config("digits_cnn")
+    c.optimizer.update(optimizer)
+    return c
+
   with pytest.raises(ValueError, match="needs optimizer.decay_epochs in increasing order"):
-    optimizers.learning_rate_schedule(opt_config(schedule="piecewise", decay_epochs=(5, 2)), 0.1, 100, 10)
-  with pytest.raises(ValueError, match="shorter than the run"):
-    optimizers.learning_rate_schedule(opt_config(warmup_epochs=20.0), 0.1, 100, 10)
+    check.check(config(schedule="piecewise", decay_epochs=(5, 2)))
   with pytest.raises(ValueError, match="unknown optimizer.schedule 'cosin' \\(did you mean 'cosine'\\?\\)"):
-    optimizers.learning_rate_schedule(opt_config(schedule="cosin"), 0.1, 100, 10)
+    check.check(config(schedule="cosin"))
+  long_warmup = config(warmup_epochs=60.0)  # 50 epochs of 22 steps
+  source = types.SimpleNamespace(name="digits", train_size=1437, image_shape=(8, 8, 1))
+  with pytest.raises(ValueError, match="optimizer.warmup_epochs=60.0 gives 1320 warmup steps; it must be shorter "
+                                       "than the run \\(1100 steps\\)"):
+    check.check_derived(long_warmup, plan_lib.derive(long_warmup, 1, 1437), source)
 
 
 def test_the_learning_rate_logged_is_the_one_used(tiny_digits, tmp_path):

@@ -179,7 +179,7 @@ def test_a_persistent_nan_exhausts_the_retries(tiny_digits, tmp_path, monkeypatc
 
 def test_resident_memory_does_not_grow_over_thousands_of_steps(tiny_digits, tmp_path, monkeypatch):
   """RSS sampled at every train call of a 3 000-step run: the last sample is within 10 % of the one after warm-up."""
-  from loops import progress as progress_lib
+  from loops.core import progress as progress_lib
 
   samples = []
   record = progress_lib.Progress.record
@@ -336,7 +336,7 @@ def test_sigterm_to_the_parameter_server_coordinator_saves_exits_143_and_the_rer
      "(stopped sending heartbeats):"),
 ])
 def test_a_lost_worker_message_names_the_peer_not_this_tasks_device(message, peer, reason):
-  from loops.errors import worker_lost
+  from loops.distribute.execution import worker_lost
   error = worker_lost(tf.errors.UnavailableError(None, None, message), 40, "/w/checkpoints/ckpt-40")
   assert str(error) == (f"lost task {peer} during training near step 40 (UnavailableError: {reason}); this task "
                         "stops. Rerun the whole job to resume from /w/checkpoints/ckpt-40")

@@ -136,8 +136,9 @@ def restored(config, directory, input_shape=(8, 8, 1), num_classes=10):
   built as a run builds them."""
   import tensorflow as tf
   from loops import build as build_lib
-  from loops import modeling, optimizers
-  model = modeling.build_model(config, input_shape, num_classes)
+  from loops.model import model as model_lib
+  from loops.model import optimizers
+  model = model_lib.build_model(config, input_shape, num_classes)
   optimizer = optimizers.build(config.optimizer, 0.1)
   optimizer.build(model.trainable_variables)
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64),

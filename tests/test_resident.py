@@ -8,7 +8,7 @@ import tensorflow as tf
 import data
 from data import resident
 from loops import run
-from loops import strategy as strategy_lib
+from loops.distribute import strategy as strategy_lib
 from tests.conftest import load_config
 
 
@@ -63,7 +63,7 @@ def test_resident_batches_equal_the_host_pipelines_batch_for_batch(strategy_name
 
 
 def _local_task():
-  from loops import cluster
+  from loops.distribute import cluster
   return cluster.Task()
 
 

@@ -10,9 +10,9 @@ import sys
 import pytest
 import tensorflow as tf
 
+from errors import ConfigError
 from loops import run
 from loops import sidecar
-from loops.errors import ConfigError
 from tests.conftest import REPO
 
 PY = sys.executable

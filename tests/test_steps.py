@@ -1,12 +1,12 @@
-"""loops/steps.py CallReadOut: a train call's loss and metric sums in one all-reduce equal Keras' own reads."""
+"""loops/distribute/steps.py CallReadOut: a train call's loss and metric sums in one all-reduce equal Keras' own reads."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from loops import execution
-from loops import steps
+from loops.distribute import execution
+from loops.distribute import steps
 
 
 def _mirrored():

@@ -10,8 +10,8 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing import event_accumulator
 
-from loops import cluster
 from loops import run
+from loops.distribute import cluster
 from tests.conftest import load_config
 
 
@@ -42,11 +42,16 @@ def test_digits_reaches_95_percent_on_one_device(full_runs):
 
 
 def test_mirrored_two_replicas_matches_one_device(full_runs):
-  _, single = full_runs["one_device"]
-  _, mirrored = full_runs["mirrored"]
+  """The same computation shows in the trajectory before float differences compound: measured on 2026-11-24, the
+  first call's train/loss was 1.3197 (one device) vs 1.3178 (2 replicas), while other seeds gave 1.18 and 1.31;
+  after 1 100 steps eval/loss was 0.048 vs 0.052, within the seeds' own spread (0.048-0.094)."""
+  (single_dir, single), (mirrored_dir, mirrored) = full_runs["one_device"], full_runs["mirrored"]
   assert mirrored["replicas"] == 2 and mirrored["global_batch_size"] == single["global_batch_size"]
+  first_single, first_mirrored = (scalars(w)[0]["train/loss"][0] for w in (single_dir, mirrored_dir))
+  assert first_single[0] == first_mirrored[0] == 50
+  assert first_mirrored[1] == pytest.approx(first_single[1], rel=0.005)
   assert abs(mirrored["eval/accuracy"] - single["eval/accuracy"]) <= 0.005
-  assert mirrored["eval/loss"] == pytest.approx(single["eval/loss"], rel=0.05)
+  assert mirrored["eval/loss"] == pytest.approx(single["eval/loss"], rel=0.25)
 
 
 def test_tensorboard_has_the_documented_tags_with_sane_values(full_runs):

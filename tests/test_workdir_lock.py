@@ -1,4 +1,4 @@
-"""loops/workdir_lock.py: one run per workdir (the chief's lock), stale locks taken over, two real processes."""
+"""loops/persist/workdir_lock.py: one run per workdir (the chief's lock), stale locks taken over, two real processes."""
 
 import json
 import os
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from loops import workdir_lock
-from loops.errors import ConfigError
+from errors import ConfigError
+from loops.persist import workdir_lock
 from tests.conftest import REPO
 
 PY = sys.executable

@@ -4,8 +4,21 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from loops import losses
-from loops import modeling
+from errors import ConfigError
+from loops.model import losses
+
+
+def forward(model, images, training):
+  """(logits as float32, outputs): `outputs` is the model's dict, or {"logits": output} for a plain output."""
+  outputs = model(images, training=training)
+  if isinstance(outputs, dict):
+    if "logits" not in outputs:
+      raise ConfigError(f"model '{model.name}' returned a dict without 'logits' (keys: {sorted(outputs)}); "
+                        f"name the class scores 'logits'")
+    logits = outputs["logits"]
+  else:
+    logits, outputs = outputs, {"logits": outputs}
+  return tf.cast(logits, tf.float32), outputs
 
 
 def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_counter, grad_accum_steps=1,
@@ -23,7 +36,7 @@ def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_
 
   def gradients_of(images, labels, with_regularization):
     with tf.GradientTape() as tape:
-      logits, outputs = modeling.forward(model, images, training=True)
+      logits, outputs = forward(model, images, training=True)
       per_example = loss_fn(labels, logits, images=images, outputs=outputs, step=step_counter)
       loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
       if with_regularization and model.losses:
@@ -162,7 +175,7 @@ def make_eval_step(model, loss_fn, metrics, step_counter):
   """Per-replica eval step over (images, labels, weights); weight-0 rows are padding. Metrics see the logits."""
 
   def step_fn(images, labels, weights):
-    logits, outputs = modeling.forward(model, images, training=False)
+    logits, outputs = forward(model, images, training=False)
     per_example = loss_fn(labels, logits, images=images, outputs=outputs, step=step_counter)
     metrics["loss"].update_state(per_example, sample_weight=weights)
     for name, metric in metrics.items():
@@ -202,7 +215,7 @@ def make_gradient_norms(strategy, model, loss_fn, step_counter):
 
   def norms(images, labels):
     with tf.GradientTape() as tape:
-      logits, outputs = modeling.forward(model, images, training=False)
+      logits, outputs = forward(model, images, training=False)
       loss = tf.reduce_mean(loss_fn(labels, logits, images=images, outputs=outputs, step=step_counter))
     return tf.stack([tf.norm(g) for g in tape.gradient(loss, model.trainable_variables)])
 

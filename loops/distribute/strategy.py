@@ -5,8 +5,8 @@ import itertools
 from absl import logging
 import tensorflow as tf
 
-from loops import parameter_server
-from loops.errors import ConfigError, unknown_name
+from errors import ConfigError
+from loops.distribute import parameter_server
 
 STRATEGIES = ("one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "tpu")
 MULTI_WORKER = ("multi_worker_mirrored",)
@@ -31,8 +31,6 @@ def configure_devices(config):
       ("inter_op_threads", tf.config.threading.set_inter_op_parallelism_threads,
        tf.config.threading.get_inter_op_parallelism_threads)):
     threads = int(config[key])
-    if threads < 0:
-      raise ConfigError(f"{key} must be >= 0 (0 = TensorFlow's default), got {threads}")
     if threads and getter() != threads:
       try:
         setter(threads)
@@ -44,8 +42,6 @@ def configure_devices(config):
     except RuntimeError:  # runtime already up: memory growth was set (or not) by an earlier run.
       pass
   wanted = int(config.cpu_replicas)
-  if wanted < 0:
-    raise ConfigError(f"cpu_replicas must be >= 0 (0 = off), got {wanted}")
   if wanted == 0:
     return
   cpu = tf.config.list_physical_devices("CPU")[0]
@@ -60,15 +56,17 @@ def configure_devices(config):
                       f"with {have} logical CPU(s)") from None
 
 
+def gpu_count():
+  """GPUs of this machine, without starting TensorFlow's runtime (multi_worker_mirrored must be created first)."""
+  return len(tf.config.list_physical_devices("GPU"))
+
+
 def replica_devices(config):
   """Devices that hold one replica each, for single-machine strategies."""
   if config.cpu_replicas > 0:
     return [f"/cpu:{i}" for i in range(config.cpu_replicas)]
   gpus = tf.config.list_logical_devices("GPU")
   if config.num_gpus is not None:
-    if not 0 <= config.num_gpus <= len(gpus):
-      raise ConfigError(f"num_gpus={config.num_gpus} but this machine has {len(gpus)} GPU(s); "
-                        f"valid: 0..{len(gpus)} or None (all)")
     gpus = gpus[:config.num_gpus]
   if gpus:
     return [g.name for g in gpus]
@@ -76,10 +74,8 @@ def replica_devices(config):
 
 
 def build(config, task):
-  """Returns the tf.distribute.Strategy named by config.strategy for this task (see loops/cluster.py)."""
+  """Returns the tf.distribute.Strategy named by config.strategy for this task (checked by loops/check.py)."""
   name = config.strategy
-  if name not in STRATEGIES:
-    raise unknown_name("strategy", name, STRATEGIES)
   if task.is_evaluator and (name in MULTI_WORKER or name == "parameter_server"):
     name = _evaluator_strategy(config, name)
   if name in MULTI_WORKER:
@@ -88,9 +84,6 @@ def build(config, task):
     return parameter_server.build_strategy(task)
   if name == "tpu":
     return _tpu(config)
-  if task.is_distributed and task.num_workers > 1:
-    raise ConfigError(f"strategy '{name}' runs on one machine, but this process is task {task.type}:{task.index} "
-                      f"of a {task.num_workers}-worker cluster; use multi_worker_mirrored (or unset TF_CONFIG)")
   devices = replica_devices(config)
   if name == "one_device":
     strategy = tf.distribute.OneDeviceStrategy(devices[0])
@@ -114,14 +107,6 @@ def _evaluator_strategy(config, training_name):
 
 
 def _multi_worker(config, task):
-  if not task.is_distributed:
-    raise ConfigError("strategy 'multi_worker_mirrored' needs a cluster: set TF_CONFIG, run under srun, or start "
-                      "it with `python -m launch.local --workers N -- python main.py ...`")
-  if config.cpu_replicas:
-    raise ConfigError("cpu_replicas applies to one machine (mirrored, central_storage); with "
-                      "multi_worker_mirrored each worker has one CPU replica or all its GPUs")
-  if config.cluster.collective not in COLLECTIVES:
-    raise unknown_name("cluster.collective", config.cluster.collective, COLLECTIVES)
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec(task.cluster), task_type=task.type, task_id=task.index, rpc_layer="grpc",
       num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))})

@@ -1,11 +1,9 @@
-"""Errors a user can fix (bad config, missing data, bad cluster, lost worker); main.py prints them as one line.
-
-The ground floor: imports nothing of the project, so data/ and models/ raise the same errors with the same
-"did you mean" and first-line helpers.
+"""The ground floor: errors a user can act on (bad config, missing data, bad cluster, lost worker), which main.py
+prints as one line. Imports nothing of the project, so data/, models/ and loops/ raise the same errors with the
+same "did you mean" and first-line helpers.
 """
 
 import difflib
-import re
 
 
 class ConfigError(ValueError):
@@ -32,19 +30,6 @@ def first_line(error):
 
 class WorkerLostError(RuntimeError):
   """Another task of a synchronous multi-worker job died or stopped answering; this one cannot continue."""
-
-
-def worker_lost(error, step, checkpoint):
-  """WorkerLostError naming the peer (when the message does), the step, and what a rerun resumes from."""
-  text = str(error)
-  peer = re.search(r"(/job:\w+/(?:replica:\d+/)?task:\d+)\b(?!/device)", text)  # not this task's own devices
-  reason = next((line for line in text.splitlines()
-                 if "aborted by" in line or "unhealthy" in line or "Deadline" in line), first_line(error))
-  reason = re.sub(r"\{\{.*?\}\}\s*", "", reason).strip()
-  return WorkerLostError(
-      f"lost {'task ' + peer.group(1) if peer else 'another task'} during training near step {step} "
-      f"({type(error).__name__}: {reason}); this task stops. Rerun the whole job to resume from "
-      f"{checkpoint or 'the start (no checkpoint yet)'}")
 
 
 def unwritable_workdir(workdir, error):

@@ -1,13 +1,7 @@
 """Executions: how a run trains and evaluates under one strategy family. The only code that knows the family.
 
-Interface (what loops/loop.py calls):
-  step                    the global step (the framework's own counter)
-  train(num_steps)        runs num_steps steps in one call -> loop.TrainOutput(step, {"train/...": x}, finite)
-  evaluate()              one pass over the eval set -> {"eval/<metric>": x} over every replica and worker
-  rewind(step)            restarts the train input at `step` (after a rollback)
-  agree_on_stop(reason)   every task learns whether any task asked to stop -> the reason or None
-  gradient_norms()        per-variable gradient norms on a fixed batch (None where unsupported)
-  preemption(checkpoints) the watcher that saves and exits when the cluster preempts the task
+Both implement the `Execution` protocol of loops/core/interfaces.py (what the loop calls), plus
+`preemption(checkpoints)`: the watcher that saves and exits when the cluster preempts the task.
 
 SyncExecution: one_device, mirrored, central_storage, multi_worker_mirrored, tpu (every replica steps together).
 ParameterServerExecution: the coordinator of parameter_server (workers step asynchronously).
@@ -15,6 +9,7 @@ ParameterServerExecution: the coordinator of parameter_server (workers step asyn
 
 import contextlib
 import math
+import re
 
 from absl import logging
 import keras
@@ -23,13 +18,13 @@ import tensorflow as tf
 
 import data
 from data import resident as resident_lib
-from loops import checkpoints as checkpoints_lib
-from loops import optimizers
-from loops import parameter_server
-from loops import steps
-from loops import strategy as strategy_lib
-from loops.errors import ConfigError, worker_lost
-from loops.loop import TrainOutput
+from errors import ConfigError, WorkerLostError, first_line
+from loops.core.interfaces import TrainOutput
+from loops.distribute import parameter_server
+from loops.distribute import steps
+from loops.distribute import strategy as strategy_lib
+from loops.model import optimizers
+from loops.persist.preemption import PreemptionWatcher
 
 STOP_REASON_BYTES = 256
 # What a collective raises when a peer task is gone (connection reset, missed heartbeats) or too slow (timeout).
@@ -66,6 +61,19 @@ def metrics_scope(strategy):
 def lost_worker_error(strategy, error, step, checkpoint):
   """The one-line WorkerLostError for a peer failure in multi-worker training, or None (not a lost peer)."""
   return worker_lost(error, step, checkpoint) if strategy_lib.is_multi_worker(strategy) else None
+
+
+def worker_lost(error, step, checkpoint):
+  """WorkerLostError naming the peer (when the message does), the step, and what a rerun resumes from."""
+  text = str(error)
+  peer = re.search(r"(/job:\w+/(?:replica:\d+/)?task:\d+)\b(?!/device)", text)  # not this task's own devices
+  reason = next((line for line in text.splitlines()
+                 if "aborted by" in line or "unhealthy" in line or "Deadline" in line), first_line(error))
+  reason = re.sub(r"\{\{.*?\}\}\s*", "", reason).strip()
+  return WorkerLostError(
+      f"lost {'task ' + peer.group(1) if peer else 'another task'} during training near step {step} "
+      f"({type(error).__name__}: {reason}); this task stops. Rerun the whole job to resume from "
+      f"{checkpoint or 'the start (no checkpoint yet)'}")
 
 
 def residency(parts, config):
@@ -196,8 +204,8 @@ class SyncExecution(_Execution):
 
   def preemption(self, checkpoints):
     use_flag = isinstance(self.parts.strategy, tf.distribute.TPUStrategy)  # the handler does not cover TPUs here
-    return checkpoints_lib.Preemption(self.parts.strategy, self._multi_worker, checkpoints, use_flag,
-                                      **_preemption_settings(self.config))
+    return PreemptionWatcher(self.parts.strategy, self._multi_worker, checkpoints, use_flag,
+                             **_preemption_settings(self.config))
 
   def _distribute(self, make_dataset):
     """make_dataset(batch_size, num_shards, shard_index, local_replicas) -> this pipeline's tf.data.Dataset.
@@ -279,8 +287,8 @@ class ParameterServerExecution(_Execution):
     return None
 
   def preemption(self, checkpoints):
-    return checkpoints_lib.Preemption(self.parts.strategy, False, checkpoints, use_flag=True,
-                                      **_preemption_settings(self.config))
+    return PreemptionWatcher(self.parts.strategy, False, checkpoints, use_flag=True,
+                             **_preemption_settings(self.config))
 
 
 def _preemption_settings(config):

@@ -19,6 +19,7 @@ class Progress:
     self._rate_steps = 0
     self._rate_seconds = 0.0
     self._first_call = True
+    self._last = (0, 0.0)  # (steps, seconds) of the latest call
     self._epoch_start_seconds = 0.0 if start_step % steps_per_epoch == 0 else None
     self.epoch_seconds = {}  # epoch number (1-based) -> train seconds, for epochs run whole in this process
 

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
-from loops.errors import unwritable_workdir
+from errors import unwritable_workdir
 
 
 def for_task(workdir, is_chief):
@@ -25,7 +25,6 @@ def for_task(workdir, is_chief):
 
 class NullWriter:
   """The writer of a non-chief task: accepts every call, writes nothing."""
-  enabled = False
 
   def __init__(self, workdir):
     self.workdir = workdir
@@ -75,7 +74,6 @@ class NullWriter:
 
 class Writer(NullWriter):
   """The chief's writer. The TensorBoard event file is opened lazily, after prepare_workdir accepted the workdir."""
-  enabled = True
 
   def __init__(self, workdir):
     super().__init__(workdir)
@@ -165,6 +163,11 @@ class Writer(NullWriter):
   def close(self):
     if self._summary_writer is not None:
       self._summary_writer.close()
+
+
+def format_values(values):
+  """'key=value, ...' for log lines (floats to 4 significant digits)."""
+  return ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
 
 
 def flatten(config, prefix=""):

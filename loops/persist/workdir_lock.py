@@ -20,7 +20,7 @@ import uuid
 from absl import logging
 import tensorflow as tf
 
-from loops.errors import ConfigError, unwritable_workdir
+from errors import ConfigError, unwritable_workdir
 
 LOCK_NAME = "run.lock"
 HEARTBEAT_SECONDS = 30.0

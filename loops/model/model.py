@@ -5,9 +5,9 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from loops import fused_batchnorm
-from loops import plugins
-from loops.errors import ConfigError
+from errors import ConfigError
+from loops.core import plugins
+from loops.model import fused_batchnorm
 import models
 
 MIXED_PRECISION_POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
@@ -21,16 +21,10 @@ def model_function(name):
   return models.get(name)
 
 
-def check(model_config):
-  """model.name resolves and model.kwargs fit its signature; no TensorFlow state."""
-  fn = model_function(model_config.name)
-  plugins.check_call(fn, ((1, 1, 1), 2), dict(model_config.kwargs), "model.kwargs", model_config.name)
-
-
 def build_model(config, input_shape, num_classes):
   """The model under config.mixed_precision's Keras dtype policy (restored afterwards: it is global); its
   BatchNormalization layers synchronized over all replicas when model.sync_batchnorm, the others run through the
-  fused kernel when model.fused_batchnorm (loops/fused_batchnorm.py). Call in strategy.scope()."""
+  fused kernel when model.fused_batchnorm (loops/model/fused_batchnorm.py). Call in strategy.scope()."""
   if config.mixed_precision == "float16" and not tf.config.list_physical_devices("GPU"):
     logging.warning("mixed_precision='float16' on a machine without GPU is emulated and ~100x slower than "
                     "float32 (measured: 47 vs 6 400 images/s on digits); use 'bfloat16' on CPUs")
@@ -65,19 +59,6 @@ def synchronize_batchnorm(model):
   for layer in layers:
     layer.synchronized = True  # read at call time by the layer's moments
   return len(layers)
-
-
-def forward(model, images, training):
-  """(logits as float32, outputs): `outputs` is the model's dict, or {"logits": output} for a plain output."""
-  outputs = model(images, training=training)
-  if isinstance(outputs, dict):
-    if "logits" not in outputs:
-      raise ConfigError(f"model '{model.name}' returned a dict without 'logits' (keys: {sorted(outputs)}); "
-                        f"name the class scores 'logits'")
-    logits = outputs["logits"]
-  else:
-    logits, outputs = outputs, {"logits": outputs}
-  return tf.cast(logits, tf.float32), outputs
 
 
 def logits_model(model):

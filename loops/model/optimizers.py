@@ -5,7 +5,6 @@ import math
 
 import keras
 
-from loops.errors import ConfigError, unknown_name
 
 LR_SCALING = {
     "none": lambda lr, global_batch, replicas: lr,
@@ -33,38 +32,31 @@ class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
     return {"target": self.target, "warmup_steps": self.warmup_steps, "after": self.after}
 
 
+def warmup_steps(opt_config, steps_per_epoch):
+  """Steps of linear warmup: optimizer.warmup_epochs in whole steps."""
+  return int(round(opt_config.warmup_epochs * steps_per_epoch))
+
+
 def learning_rate_schedule(opt_config, peak_lr, total_steps, steps_per_epoch):
-  """A float (constant, no warmup) or a Keras schedule of the optimizer's update count."""
+  """A float (constant, no warmup) or a Keras schedule of the optimizer's update count (the settings are checked
+  by loops/check.py)."""
   name = opt_config.schedule
-  if name not in SCHEDULES:
-    raise unknown_name("optimizer.schedule", name, SCHEDULES)
-  warmup = int(round(opt_config.warmup_epochs * steps_per_epoch))
-  if warmup < 0 or (warmup > 0 and warmup >= total_steps):
-    raise ConfigError(f"optimizer.warmup_epochs={opt_config.warmup_epochs} gives {warmup} warmup steps; it must be "
-                      f">= 0 and shorter than the run ({total_steps} steps)")
+  warmup = warmup_steps(opt_config, steps_per_epoch)
   if name == "cosine":
     return keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup else peak_lr, decay_steps=max(total_steps - warmup, 1),
         alpha=opt_config.final_lr_fraction, warmup_target=peak_lr if warmup else None, warmup_steps=warmup)
   after = peak_lr
   if name == "piecewise":
-    epochs = list(opt_config.decay_epochs)
-    if not epochs or epochs != sorted(epochs) or epochs[0] <= 0:
-      raise ConfigError(f"optimizer.schedule='piecewise' needs optimizer.decay_epochs in increasing order (> 0), "
-                        f"got {tuple(epochs)}")
-    boundaries = [int(round(e * steps_per_epoch)) for e in epochs]
+    boundaries = [int(round(e * steps_per_epoch)) for e in opt_config.decay_epochs]
     values = [peak_lr * opt_config.decay_factor ** i for i in range(len(boundaries) + 1)]
     after = keras.optimizers.schedules.PiecewiseConstantDecay(boundaries, values)
   return LinearWarmup(peak_lr, warmup, after) if warmup else after
 
 
 def scaled_learning_rate(opt_config, global_batch_size, replicas):
-  rule = opt_config.lr_scaling
-  if rule not in LR_SCALING:
-    raise unknown_name("optimizer.lr_scaling rule", rule, LR_SCALING)
-  if not opt_config.learning_rate > 0:
-    raise ConfigError(f"optimizer.learning_rate must be > 0, got {opt_config.learning_rate}")
-  return float(LR_SCALING[rule](opt_config.learning_rate, global_batch_size, replicas))
+  """optimizer.learning_rate scaled by optimizer.lr_scaling for this global batch and replica count."""
+  return float(LR_SCALING[opt_config.lr_scaling](opt_config.learning_rate, global_batch_size, replicas))
 
 
 def build(opt_config, learning_rate, loss_scaling=False):
@@ -86,9 +78,8 @@ def _build(opt_config, learning_rate):
                                 weight_decay=opt_config.weight_decay, **common)
   if name == "adam":
     return keras.optimizers.Adam(weight_decay=opt_config.weight_decay, **common)
-  if name == "adamw":
-    return keras.optimizers.AdamW(weight_decay=opt_config.weight_decay or 0.004, **common)
-  raise unknown_name("optimizer", name, OPTIMIZERS)
+  assert name == "adamw", name  # loops/check.py allows only OPTIMIZERS
+  return keras.optimizers.AdamW(weight_decay=opt_config.weight_decay or 0.004, **common)
 
 
 def moving_averages(optimizer):

@@ -14,9 +14,8 @@ import functools
 import keras
 import tensorflow as tf
 
-from loops import modeling
-from loops import plugins
-from loops.errors import ConfigError, unknown_name
+from errors import ConfigError
+from loops.core import plugins
 
 
 EXTRA = ("images", "outputs", "step")
@@ -70,12 +69,10 @@ def build(loss_config):
   kwargs = dict(loss_config.kwargs)
   if plugins.is_import_path(name):
     fn = plugins.load_callable(name, "loss.name", 2, EXTRA)
-  elif name in LOSSES:
-    fn = LOSSES[name]
+  else:
+    fn = LOSSES[name]  # loops/check.py checked the name
     if name == "sparse_categorical_crossentropy":
       kwargs.setdefault("label_smoothing", loss_config.label_smoothing)
-  else:
-    raise unknown_name("loss", name, list(LOSSES) + ["package.module:function"])
   bound = functools.partial(fn, **kwargs)
   declared = plugins.declared_keywords(fn, [k for k in EXTRA if k not in kwargs])
 
@@ -88,15 +85,6 @@ def build(loss_config):
     return tf.cast(losses, tf.float32)
 
   return per_example_loss
-
-
-def validate(loss_fn, model, input_shape, num_classes, soft_labels=False, batch=4):
-  """Calls the model and the loss eagerly on a zero batch (labels as the pipeline will give them), so a broken
-  loss or model output fails here with its own message, not inside a trace."""
-  images = tf.zeros([batch, *input_shape], tf.float32)
-  logits, outputs = modeling.forward(model, images, training=False)
-  labels = tf.fill([batch, num_classes], 1.0 / num_classes) if soft_labels else tf.zeros([batch], tf.int64)
-  loss_fn(labels, logits, images=images, outputs=outputs, step=tf.constant(0, tf.int64))
 
 
 def check_per_example(name, losses, logits):

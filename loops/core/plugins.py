@@ -3,7 +3,7 @@
 import importlib
 import inspect
 
-from loops.errors import ConfigError
+from errors import ConfigError
 
 
 def is_import_path(name):

@@ -10,10 +10,11 @@ cover it (TensorFlow's PreemptionCheckpointHandler refuses a ps job).
 from absl import logging
 import tensorflow as tf
 
-from loops.errors import ConfigError
+from errors import ConfigError
 
 
 def check_cluster(task):
+  """The rule (called by loops/check.py): one chief, at least one worker and one ps task."""
   jobs = {job: len(addresses) for job, addresses in task.cluster.items()}
   if not jobs.get("ps") or not jobs.get("worker") or jobs.get("chief") != 1:
     raise ConfigError(f"strategy 'parameter_server' needs a cluster with one chief, workers and ps tasks; TF_CONFIG "
@@ -21,7 +22,6 @@ def check_cluster(task):
 
 
 def build_strategy(task):
-  check_cluster(task)
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec(task.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
   strategy = tf.distribute.ParameterServerStrategy(resolver)
@@ -31,7 +31,6 @@ def build_strategy(task):
 
 def serve(task):
   """Runs this worker or ps task's server until the process is stopped (by the launcher or the cluster)."""
-  check_cluster(task)
   server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.type, task_index=task.index,
                                 protocol="grpc", start=True)
   logging.info("parameter_server: %s:%d serving at %s", task.type, task.index, task.cluster[task.type][task.index])

@@ -1,0 +1,35 @@
+"""Callbacks: the `Callback` base class, the built-ins (one file each) and the user's, in one fixed order.
+
+A callback is any object with some of the hooks of `Callback` (loops/core/interfaces.py), each taking the loop's
+State; subclassing `Callback` is optional. A `trigger` attribute (a `Trigger`) makes the loop end a train call on
+each of its boundaries. Everything a callback writes goes through state.writer (a no-op off the chief).
+"""
+
+from loops.callbacks.best_checkpoint import BestCheckpoint
+from loops.callbacks.checkpointing import Checkpointing
+from loops.callbacks.early_stopping import EarlyStopping
+from loops.callbacks.eval_log import EvalLog
+from loops.callbacks.export import Export
+from loops.callbacks.histograms import Histograms
+from loops.callbacks.overview import Overview
+from loops.callbacks.profile_trace import ProfileTrace
+from loops.callbacks.run_summary import RunSummary
+from loops.callbacks.train_log import TrainLog
+from loops.core import plugins
+from loops.core.interfaces import HOOKS, Callback
+from loops.core.loop import Trigger
+
+__all__ = ["BestCheckpoint", "Callback", "Checkpointing", "EarlyStopping", "EvalLog", "Export", "HOOKS",
+           "Histograms", "Overview", "ProfileTrace", "RunSummary", "TrainLog", "Trigger", "assemble", "load_user"]
+
+
+def assemble(built_in_first, user, built_in_last):
+  """The fixed order: observers, then user callbacks, then the saving phase and the run summary."""
+  return [*built_in_first, *user, *built_in_last]
+
+
+def load_user(config, objects=()):
+  """[(name, callback)]: instances from config.callbacks ("package.module:factory", factory(config)), then
+  `objects` (passed by Python callers). loops/check.py checks their hooks."""
+  made = [(name, plugins.load_callable(name, "callbacks", 1)(config)) for name in config.callbacks]
+  return made + [(type(obj).__name__, obj) for obj in objects]

@@ -1,0 +1,28 @@
+"""Overview: at step 0, the resolved config as text, the HParams tab, grids of the first train and eval inputs."""
+
+from loops.core.interfaces import Callback
+
+
+class Overview(Callback):
+  """Writes (chief only) the run's overview at step 0.
+
+  Args:
+    config: the resolved config.
+    metric_tags: the eval result tags (the HParams tab's metrics).
+    first_batches: fn() -> (train batch, eval batch); called only by a writer that writes, at most once.
+  """
+
+  def __init__(self, config, metric_tags, first_batches):
+    self.config, self.metric_tags, self.first_batches, self._batches = config, metric_tags, first_batches, None
+
+  def on_train_begin(self, state):
+    if state.step != 0:
+      return
+    state.writer.text(0, "config", "```\n" + str(self.config) + "\n```")
+    state.writer.hparams(self.config, self.metric_tags)
+    state.writer.image_grid(0, "train/input_images", lambda: self._first_batches()[0])
+    state.writer.image_grid(0, "eval/input_images", lambda: self._first_batches()[1])
+
+  def _first_batches(self):
+    self._batches = self._batches or self.first_batches()
+    return self._batches

@@ -1,0 +1,145 @@
+"""Checkpoint series under workdir/checkpoints: explicit restore (never partial, damaged checkpoints skipped), save,
+and where each task's saves go (the chief's into the workdir, the others' into private scratch directories)."""
+
+import os
+import shutil
+import socket
+import tempfile
+
+from absl import logging
+import tensorflow as tf
+
+from errors import ConfigError, first_line
+from loops.persist import workdir_lock
+
+SCRATCH_PREFIX = "ckpt-nonchief-"
+
+
+class Checkpoints:
+  """Every task saves (saves may involve collectives); only the chief's series lands in the workdir.
+
+  Non-chief tasks write to a private temporary directory (scratch_directory, one checkpoint kept: nobody reads it)
+  that `close()` removes.
+  """
+
+  def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, subdir="checkpoints"):
+    self.directory = os.path.join(workdir, subdir)
+    # The one chief-vs-worker decision of saving: the chief writes the series, the others a throw-away copy.
+    self._writes_series = is_chief
+    self._temporary = None if is_chief else scratch_directory()
+    self._checkpoint, self._step_counter = checkpoint, step_counter
+    self._keep = keep if is_chief else 1
+    self._manager = self._make_manager()
+    self._manager_handed_out = False  # once another object holds the manager, it is never replaced
+    self.last_saved_step = None
+
+  def _make_manager(self):
+    return tf.train.CheckpointManager(self._checkpoint, self._temporary or self.directory, max_to_keep=self._keep,
+                                      step_counter=self._step_counter)
+
+  def restore_latest(self):
+    """Restores the chief's latest readable checkpoint; returns its path or None. Never partial.
+
+    A checkpoint whose files are damaged (torn write, bad disk: checksum or size errors) is skipped with a warning
+    naming it, and the one before it is restored; the chief moves the damaged files to `unreadable/` and makes
+    the restored checkpoint the latest again (at run start only: once the manager is handed out, e.g. to the
+    preemption handler, it is kept, and the files are moved at the next start). A readable checkpoint that does
+    not match the model is refused.
+    """
+    candidates = index_paths(self.directory)
+    if not candidates:
+      return None
+    damaged = []
+    for path in candidates:
+      damage = unreadable(path)
+      if damage:
+        logging.warning("checkpoint %s is unreadable (%s): skipping it", path, damage)
+        damaged.append(path)
+        continue
+      restore(self._checkpoint, path)
+      logging.info("restored %s", path)
+      if damaged and self._writes_series and not self._manager_handed_out:
+        self._set_aside(damaged, path, [p for p in candidates if p not in damaged])
+      return path
+    raise ConfigError(f"no readable checkpoint in {self.directory} (tried {', '.join(map(os.path.basename, candidates))}"
+                      f"); move the directory away to start over")
+
+  def _set_aside(self, damaged, latest, kept):
+    """Moves damaged checkpoints' files to unreadable/ and names `latest` in the index (nothing is deleted)."""
+    aside = os.path.join(self.directory, "unreadable")
+    tf.io.gfile.makedirs(aside)
+    for path in damaged:
+      for name in tf.io.gfile.glob(path + ".*"):
+        tf.io.gfile.rename(name, os.path.join(aside, os.path.basename(name)), overwrite=True)
+    # Paths under self.directory, as index_paths gives them: TensorFlow writes them relative to the index.
+    tf.compat.v1.train.update_checkpoint_state(self.directory, latest, all_model_checkpoint_paths=list(reversed(kept)))
+    self._manager = self._make_manager()
+    logging.warning("moved the unreadable checkpoint(s) to %s; %s is the latest checkpoint again", aside, latest)
+
+  @property
+  def manager(self):
+    self._manager_handed_out = True
+    return self._manager
+
+  def latest(self):
+    return tf.train.latest_checkpoint(self.directory)
+
+  def save(self, step):
+    path = self._manager.save(checkpoint_number=step)
+    self.last_saved_step = step
+    if self._writes_series:
+      logging.info("saved checkpoint %s", path)
+    return path if self._writes_series else None
+
+  def close(self):
+    if self._temporary:
+      shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def restore(checkpoint, path):
+  """Restores `checkpoint` (tf.train.Checkpoint) from `path`, every saved value matched to an object of this run;
+  a checkpoint of another model or shape raises ConfigError, and nothing is restored in part."""
+  try:
+    checkpoint.restore(path).assert_existing_objects_matched()
+  except (AssertionError, ValueError, LookupError, tf.errors.OpError) as e:
+    raise ConfigError(f"checkpoint {path} does not match this model/optimizer (another model or shape?): "
+                      f"{first_line(e)}; use a new --workdir") from None
+
+
+def scratch_directory(root=None):
+  """A new private temporary directory for a non-chief task's saves, named by host and pid. Those that dead
+  processes of this host left in `root` (a task killed with SIGKILL cannot remove its own) are removed first."""
+  root = root or tempfile.gettempdir()
+  ours = f"{SCRATCH_PREFIX}{socket.gethostname()}-"
+  for name in os.listdir(root):
+    pid = name[len(ours):].split("-")[0] if name.startswith(ours) else ""
+    if pid.isdigit() and not workdir_lock.pid_alive(int(pid)):
+      shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+  return tempfile.mkdtemp(prefix=f"{ours}{os.getpid()}-", dir=root)
+
+
+def index_paths(directory):
+  """The checkpoints directory's index lists, latest first, as paths under `directory` (relative when it is
+  relative, or any tf.io.gfile URL); [] when there is none.
+
+  The index names its checkpoints relative to itself; TensorFlow joins them onto `directory` as it reads them,
+  so they are used as they come (joining `directory` again broke every relative workdir).
+  """
+  state = tf.train.get_checkpoint_state(directory)
+  if state is None:
+    return []
+  return list(dict.fromkeys([state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]))
+
+
+def unreadable(path):
+  """Why the checkpoint at `path` cannot be read back (missing file, size or checksum error), or None.
+
+  Reads every tensor (TensorBundle verifies each one's checksum), so a restore never starts on a torn checkpoint.
+  """
+  try:
+    reader = tf.compat.v1.train.NewCheckpointReader(path)  # load_checkpoint takes ram://.../ckpt-N for a directory
+    for name in reader.get_variable_to_dtype_map():
+      reader.get_tensor(name)
+  except (tf.errors.OpError, IndexError, ValueError) as e:
+    return f"{type(e).__name__}: {first_line(e)}"
+  return None

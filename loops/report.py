@@ -1,0 +1,77 @@
+"""The --dry_run report: what a run would do (strategy, replicas, batches, lr, data, steps, model, packs), printed
+and returned; nothing is trained or written."""
+
+import math
+import os
+import posixpath
+
+import tensorflow as tf
+
+from data import resident as resident_lib
+from loops.distribute import execution as execution_lib
+from loops.distribute import strategy as strategy_lib
+from loops.model import fused_batchnorm
+from loops.model import metrics as metrics_lib
+
+
+def dry_run(config, workdir, parts, user_callbacks):
+  """Prints and returns {setting: value} for a checked and built run (loops/build.py Parts)."""
+  plan, source, task = parts.plan, parts.source, parts.task
+  report = {
+      "dry_run": True,
+      "strategy": config.strategy,
+      "task": f"{task.type}:{task.index}" + (" (chief)" if task.is_chief else ""),
+      "replicas": plan.replicas,
+      "global_batch_size": plan.global_batch_size,
+      "per_replica_batch_size": plan.per_replica_batch_size,
+      "grad_accum_steps": plan.grad_accum_steps,
+      "learning_rate": plan.learning_rate,
+      "lr_scaling": config.optimizer.lr_scaling,
+      "schedule": config.optimizer.schedule,
+      "dataset": source.name,
+      "train_examples": source.train_size,
+      "eval_examples": source.eval_size,
+      "input_shape": list(parts.input_shape),
+      "device_resident": _residency_line(parts, config),
+      "num_classes": source.num_classes,
+      "steps_per_epoch": plan.steps_per_epoch,
+      "total_steps": plan.total_steps,
+      "steps_per_loop": plan.steps_per_loop,
+      "epochs": round(plan.epochs, 3),
+      "model": config.model.name,
+      "parameters": parts.model.count_params(),
+      "fused_batchnorm_layers": fused_batchnorm.fused_layers(parts.model),
+      **({"gradient_all_reduce": _packs_line(parts, config)} if strategy_lib.is_multi_worker(parts.strategy) else {}),
+      "eval_metrics": metrics_lib.tags(parts.eval_metrics),
+      "early_stopping": config.early_stopping.metric or "off",
+      "callbacks": [type(c).__name__ for c in user_callbacks],
+      "workdir": _absolute(workdir),
+      "checkpoints": posixpath.join(_absolute(workdir), "checkpoints"),
+      "resumes_from": tf.train.latest_checkpoint(posixpath.join(workdir, "checkpoints")),
+  }
+  print(f"config:\n{config}")
+  print("dry run (nothing trained or written):")
+  for key, value in report.items():
+    print(f"  {key}: {value}")
+  return report
+
+
+def _residency_line(parts, config):
+  residency = execution_lib.residency(parts, config)
+  if residency.resident:
+    block = resident_lib.block_bytes(parts.source, config.data, parts.plan.per_replica_batch_size,
+                                     parts.plan.steps_per_loop)
+    return (f"yes, {residency.bytes_per_device} bytes per device + {block} bytes for a call's gathered batches "
+            f"({residency.reason})")
+  return f"no: host pipeline ({residency.reason})"
+
+
+def _packs_line(parts, config):
+  sizes = [math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in parts.model.trainable_variables]
+  packs = strategy_lib.gradient_packs(sizes, config.cluster.bytes_per_pack)
+  return (f"{len(packs)} pack(s) per step, {sum(sizes)} bytes of gradients when every trainable variable has a "
+          f"dense one (cluster.bytes_per_pack={config.cluster.bytes_per_pack}; packs: {packs})")
+
+
+def _absolute(path):
+  return path if "://" in path else os.path.abspath(path)

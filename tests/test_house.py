@@ -1,0 +1,94 @@
+"""The house's rules, read off the source: every import points down a floor (and down the rooms inside loops/),
+loops/core/ is pure Python, no two classes share a name, and every room is in WORKSPACE.md's file table."""
+
+import ast
+import os
+import re
+
+import pytest
+
+from tests.conftest import REPO
+
+OURS = ("errors", "data", "models", "loops", "launch", "configs", "benchmarks", "examples", "main", "tests")
+# Inside loops/: a room may import itself and the rooms after it (the top modules may import every room).
+ROOMS = ("callbacks", "distribute", "persist", "model", "core")
+
+
+def python_files(folder):
+  for root, _, files in os.walk(os.path.join(REPO, folder)):
+    for name in files:
+      if name.endswith(".py"):
+        yield os.path.relpath(os.path.join(root, name), REPO)
+
+
+def imported_modules(path):
+  """Every absolute module a file imports (`from a.b import c` gives a.b and a.b.c)."""
+  tree = ast.parse(open(os.path.join(REPO, path)).read())
+  modules = set()
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      modules.update(alias.name for alias in node.names)
+    elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+      modules.add(node.module)
+      modules.update(f"{node.module}.{alias.name}" for alias in node.names)
+  return modules
+
+
+def ours(modules):
+  return {m for m in modules if m.split(".")[0] in OURS}
+
+
+def room(path_or_module):
+  parts = path_or_module.replace("/", ".").split(".")
+  return parts[1] if len(parts) >= 2 and parts[1] in ROOMS else "top"
+
+
+@pytest.mark.parametrize("folder, allowed", [("data", {"data", "errors"}), ("models", {"models", "errors"}),
+                                             ("launch", {"launch"})])
+def test_the_leaves_import_only_themselves_and_the_ground_floor(folder, allowed):
+  for path in python_files(folder):
+    wrong = {m for m in ours(imported_modules(path)) if m.split(".")[0] not in allowed}
+    assert not wrong, f"{path} imports {sorted(wrong)}"
+
+
+def test_the_ground_floor_imports_nothing_of_ours():
+  assert not ours(imported_modules("errors.py"))
+
+
+def test_inside_loops_every_import_points_down_the_rooms():
+  for path in python_files("loops"):
+    here = room(path)
+    for module in ours(imported_modules(path)):
+      if not module.startswith("loops.") or module.count(".") < 1:
+        continue
+      there = room(module)
+      if here == "top":
+        continue
+      assert there != "top", f"{path} ({here}) imports the top module {module}"
+      assert ROOMS.index(there) >= ROOMS.index(here), f"{path} ({here}) imports {module} ({there}): an arrow up"
+
+
+def test_the_core_is_pure_python():
+  for path in python_files(os.path.join("loops", "core")):
+    heavy = {m for m in imported_modules(path) if m.split(".")[0] in ("tensorflow", "keras", "numpy")}
+    assert not heavy, f"{path} imports {sorted(heavy)}"
+
+
+def test_no_two_classes_share_a_name():
+  seen = {}
+  for folder in ("loops", "data", "models"):
+    for path in python_files(folder):
+      for node in ast.walk(ast.parse(open(os.path.join(REPO, path)).read())):
+        if isinstance(node, ast.ClassDef) and not node.name.startswith("_"):
+          assert node.name not in seen, f"class {node.name} in {path} and {seen[node.name]}"
+          seen[node.name] = path
+  assert len(seen) > 20
+
+
+def test_workspace_names_every_module_of_the_engine():
+  workspace = open(os.path.join(REPO, "WORKSPACE.md")).read()
+  for path in python_files("loops"):
+    name = os.path.basename(path)[:-3]
+    if name == "__init__":
+      continue
+    assert re.search(rf"\b{name}\b", workspace), f"WORKSPACE.md does not name {path}"
