@@ -25,16 +25,13 @@ from absl import app
 from absl import flags
 import keras
 from ml_collections import config_flags
-import numpy as np
 import tensorflow as tf
 
+from benchmarks import windows as timed
 import data
 from loops import plan as plan_lib
 from loops.distribute import cluster
-from loops.distribute import steps
 from loops.distribute import strategy as strategy_lib
-from loops.model import losses
-from loops.model import optimizers
 import models
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, as for main.py (model, batch, optimizer).")
@@ -45,19 +42,6 @@ _WINDOWS = flags.DEFINE_integer("windows", 3, "Timed windows per contender (medi
 _WINDOW_CALLS = flags.DEFINE_integer("window_calls", 5, "Calls of train.steps_per_loop steps per window.")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
 flags.mark_flags_as_required(["config", "folder"])
-
-
-def make_folder(root, count, size, classes=10):
-  """count train and count // 10 test JPEGs: a class colour plus noise, so the labels are learnable."""
-  rng = np.random.default_rng(0)
-  for split, n in (("train", count), ("test", max(classes, count // 10))):
-    for i in range(n):
-      label = i % classes
-      folder = os.path.join(root, split, f"class_{label}")
-      tf.io.gfile.makedirs(folder)
-      image = rng.integers(0, 64, (size, size, 3)) + np.array([25 * label, 255 - 25 * label, 128])
-      with tf.io.gfile.GFile(os.path.join(folder, f"{i:06d}.jpg"), "wb") as f:
-        f.write(tf.io.encode_jpeg(np.clip(image, 0, 255).astype(np.uint8), quality=90).numpy())
 
 
 def load_cases(config):
@@ -83,55 +67,11 @@ def load_cases(config):
   return cases, load_seconds
 
 
-def training_window(config, strategy, plan, reference, dataset):
-  """window(): --window_calls calls of the framework's compiled loop on a fresh copy of `reference`."""
-  with strategy.scope():
-    model = keras.models.clone_model(reference)
-    model.set_weights(reference.get_weights())
-    optimizer = optimizers.build(config.optimizer, plan.learning_rate)
-    optimizer.build(model.trainable_variables)
-    metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
-    counter = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-  step_fn = steps.make_train_step(model, optimizer, losses.build(config.loss), metrics, plan.global_batch_size,
-                                  counter)
-  train_fn = steps.make_train_fn(strategy, step_fn, counter)
-  iterator = iter(strategy.experimental_distribute_dataset(dataset))
-  calls = tf.constant(plan.steps_per_loop, tf.int32)
-
-  def window():
-    for _ in range(_WINDOW_CALLS.value):
-      loss = train_fn(iterator, calls)
-    float(loss)
-  return window
-
-
-def pipeline_window(dataset, batches):
-  """window(): pull `batches` batches without training (the pipeline's headroom over the training rate)."""
-  iterator = iter(dataset)
-
-  def window():
-    for _ in range(batches):
-      next(iterator)
-  return window
-
-
-def interleaved_seconds(windows):
-  for window in windows.values():  # warm-up: tracing and pipeline start-up, not timed
-    window()
-  seconds = {name: [] for name in windows}
-  for _ in range(_WINDOWS.value):
-    for name, window in windows.items():
-      started = time.perf_counter()
-      window()
-      seconds[name].append(time.perf_counter() - started)
-  return seconds
-
-
 def main(argv):
   del argv
   config = _CONFIG.value
   if _MAKE.value:
-    make_folder(_FOLDER.value, _MAKE.value, _SIZE.value)
+    timed.make_folder(_FOLDER.value, _MAKE.value, _SIZE.value)
   strategy_lib.configure_devices(config)
   strategy = strategy_lib.build(config, cluster.Task())
   keras.utils.set_random_seed(config.seed)
@@ -145,9 +85,9 @@ def main(argv):
   for name, (d, source) in cases.items():
     stream = functools.partial(data.train_dataset, source, d, batch_size=plan.global_batch_size,
                                steps_per_epoch=plan.steps_per_epoch, seed=config.seed)
-    windows[name] = training_window(config, strategy, plan, reference, stream())
-    windows[f"pipeline_only:{name}"] = pipeline_window(stream(), batches)
-  seconds = interleaved_seconds(windows)
+    windows[name] = timed.training_window(config, strategy, plan, reference, stream(), _WINDOW_CALLS.value)
+    windows[f"pipeline_only:{name}"] = timed.pipeline_window(stream(), batches)
+  seconds = timed.interleaved_seconds(windows, _WINDOWS.value)
   images = batches * plan.global_batch_size
   rates = {name: images / statistics.median(times) for name, times in seconds.items()}
   print(f"{folder.train_size} train images {folder.image_shape}, {config.model.name}, batch "

@@ -71,15 +71,33 @@ def _data(c):
   # keyed per step (exact resume, same on any number of replicas); labels become soft. Both set: one per batch.
   c.data.mixup_alpha = 0.0
   c.data.cutmix_alpha = 0.0
-  # Load whole tfds splits / image folders into memory: full per-epoch shuffles and exact resume. False streams
-  # from disk through a shuffle buffer of data.shuffle_buffer examples (for datasets larger than memory); an image
-  # folder then shuffles file paths and decodes in the pipeline (after one up-front decode pass that checks every
-  # file). npz files are always held in memory.
+  # Load whole splits into memory (tfds, image folders, TFRecords): full per-epoch permutations, device-resident
+  # input. False streams them (datasets larger than memory, see WORKSPACE "Data that does not fit in memory"):
+  # an image folder's file paths are permuted in memory and each pipeline decodes only its own images (after one
+  # up-front decode pass that checks every file); tfds splits and TFRecords are read as files of records dealt
+  # into data.streams streams, each input pipeline opening only its own files, in an order keyed on (seed,
+  # epoch): resume and any replica/worker count see the same batches. npz files are always held in memory.
   c.data.in_memory = True
+  # Streamed record files: the train split's files are dealt into this many streams (balanced by record count);
+  # each step takes global batch / streams records of each. It must divide the global batch and be a multiple of
+  # the number of workers, and the split needs at least this many files.
+  c.data.streams = 8
+  # Streamed record files: records of a stream permuted together (a keyed window; memory: streams x window raw
+  # records). Larger = closer to a full shuffle (files are also read in a keyed order every epoch).
+  c.data.shuffle_window = 2_048
+  # data.name=tfrecord: data_dir is a directory written by `python -m data.prepare` (its manifest says the rest),
+  # or a glob with {split} (e.g. gs://bucket/imagenet/{split}-*) of tf.train.Example files with these features.
+  c.data.tfrecord = ml_collections.ConfigDict()
+  c.data.tfrecord.image_key = "image"  # encoded JPEG/PNG bytes (tfds' key), or raw uint8 with image_shape
+  c.data.tfrecord.label_key = "label"  # int64 class id
+  c.data.tfrecord.image_shape = config_dict.placeholder(tuple)  # None: from the manifest or the first record
+  c.data.tfrecord.num_classes = config_dict.placeholder(int)  # None: from the manifest (needed without one)
+  # A tf.data service dispatcher (grpc://HOST:PORT): the train pipeline's reading, decoding and augmentation run
+  # on its data workers instead of the training hosts ("" = off; see WORKSPACE for what it guarantees).
+  c.data.service = ""
   # Input-pipeline threads: None = auto (1 when training on CPU, so the pipeline does not compete with the
   # step's threads; tf.data's default pool with GPUs/TPUs), 0 = tf.data's default, N = a private pool of N.
   c.data.pipeline_threads = config_dict.placeholder(int)
-  c.data.shuffle_buffer = 50_000
   # auto | on | off: keep an in-memory train split on every replica's device and gather each step's batch there,
   # inside the compiled loop (the host pipeline's exact batches, no per-step input hand-off). auto and on: when
   # the split fits device_resident_max_bytes per device and the run is synchronous (flips and mixup/cutmix too);

@@ -1,10 +1,11 @@
-"""Input pipelines: preprocessing, then seeded per-epoch shuffle -> shard -> batch -> prefetch.
+"""Input pipelines: a keyed per-epoch order -> shard -> skip -> decode -> batch -> preprocess -> prefetch.
 
-For in-memory data the train stream is a pure function of (seed, start_step): epoch e is a permutation
-keyed on (seed, e) and random flips (one draw per row of the global batch) and mixup/cutmix are keyed on
-(seed, step), so a resumed run sees exactly the batches an uninterrupted run would have seen, and an example is
-augmented alike however the global batch is split. Shuffling happens before sharding, with the same seed on
-every input pipeline, so the shards of one epoch are disjoint and together cover it.
+The train stream is a pure function of (seed, start_step): in-memory data takes a permutation of epoch e keyed on
+(seed, e) (record files: data/records.py's streams, keyed alike), and random flips (one draw per row of the global
+batch) and mixup/cutmix are keyed on (seed, step), so a resumed run sees exactly the batches an uninterrupted run
+would have seen, and an example is augmented alike however the global batch is split. The order is fixed before
+sharding, with the same seed on every input pipeline, so the shards of one epoch are disjoint and cover it; what
+needs decoding is decoded after shard and skip, by the pipeline that keeps it.
 """
 
 import math
@@ -12,8 +13,8 @@ import math
 import tensorflow as tf
 
 from data import mixing
+from data import records
 
-_EPOCH_SEED_STRIDE = 1_000_003
 _MAX_EPOCHS = 1 << 40  # the train stream is unbounded; the loop decides when to stop.
 
 
@@ -25,22 +26,24 @@ def output_shape(source, data_config):
   return (height, width, channels)
 
 
-def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shard_index=0):
-  """Returns fn(images, labels, key) -> (float32 images, labels) for a BATCH (vectorised: one op per batch).
+def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shard_index=0, global_rows=None):
+  """Returns fn(images, labels, key, rows=None) -> (float32 images, labels) for a BATCH (vectorised).
 
   `key` (the global step of the batch) seeds its random flips: one draw per row of the GLOBAL batch, of which this
-  shard's rows are shard_index, shard_index + num_shards, ... — so an example is flipped alike however the global
-  batch is split over workers.
+  shard's rows are shard_index, shard_index + num_shards, ... (or `rows`, their places among `global_rows`) — so
+  an example is flipped alike however the global batch is split over workers.
   """
   mean, std = data_config.mean, data_config.std
   flip = training and data_config.random_flip
   size = data_config.image_size
 
-  def preprocess(images, labels, key):
+  def preprocess(images, labels, key, rows=None):
     images = tf.cast(images, tf.float32) / source.max_value
     if size and tuple(source.image_shape[:2]) != (size, size):
       images = tf.image.resize(images, (size, size))
-    if flip:
+    if flip and rows is not None:
+      images = flip_rows(images, tf.gather(flip_draws(seed, key, global_rows), rows))
+    elif flip:
       images = flip_rows(images, flip_draws(seed, key, tf.shape(images)[0] * num_shards)[shard_index::num_shards])
     if mean is not None:
       images = (images - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)
@@ -68,69 +71,89 @@ def flip_draws(seed, key, rows):
   return tf.random.stateless_uniform([rows], seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)]))
 
 
-def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, start_step=0,
-                  num_shards=1, shard_index=0, decorrelate=False):
-  """Unbounded stream of (images, labels) batches of `batch_size` (this pipeline's share of the global batch).
+def steps_per_epoch(source, data_config, global_batch):
+  """Steps an epoch of the train split has at this global batch (record files: data/records.py's streams)."""
+  if source.train_files is not None:
+    return records.steps_per_epoch(source.train_files, data_config.streams, global_batch)
+  return source.train_size // global_batch
 
-  Every epoch has exactly `steps_per_epoch` batches on every shard; the stream starts at `start_step`.
-  In-memory sources get a full per-epoch permutation keyed on (seed, epoch): resume is exact and cheap.
-  Streamed sources use a shuffle buffer seeded by (seed, start_step): resume lands on the right step but
-  with a different (still seeded) example order, and skipping into an epoch reads the skipped examples (for
-  sources of records, e.g. file paths, only the records: images are decoded after shuffle, shard and skip).
-  decorrelate=True mixes the clock into each epoch's permutation (in-memory data), for asynchronous workers that
-  all run this same function (parameter servers) and must not read the same order; it is not reproducible.
-  With mixup/cutmix every pipeline reads and mixes the whole global batch, then keeps its rows (shard i of n gets
-  rows i, i+n, ...: the rows sharding would give it), so the mixes do not depend on how the batch is split.
+
+def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, start_step=0,
+                  num_shards=1, shard_index=0, local_replicas=1, decorrelate=False):
+  """Unbounded stream of (images, labels) batches of `batch_size`, from global step `start_step`.
+
+  This pipeline is shard `shard_index` of `num_shards` (one per worker) and feeds `local_replicas` replicas, one
+  batch each per step: the global batch is batch_size x num_shards x local_replicas. The order is a pure
+  function of (seed, epoch): in-memory data (images, or records such as file paths decoded after sharding) takes
+  a per-epoch permutation keyed on (seed, epoch), shard i of n its rows i, i+n, ...; record files are read as
+  data/records.py's streams, shard i its own streams. So resume is exact and any replica or worker count sees the
+  same examples per step. decorrelate=True mixes the clock into each epoch's permutation (in-memory data), for
+  asynchronous workers that all run this same function (parameter servers); it is not reproducible.
+  With mixup/cutmix every in-memory pipeline reads and mixes the whole global batch, then keeps its rows, so the
+  mixes do not depend on how the batch is split (record files: one pipeline only; loops/check.py).
   """
+  if source.train_files is not None:
+    return _finish(_streamed_batches(source, data_config, batch_size, seed, start_step, num_shards, shard_index,
+                                     local_replicas), data_config, service_pipeline=shard_index)
+  steps_per_epoch, start_step = steps_per_epoch * local_replicas, start_step * local_replicas  # a batch per replica
   mix = mixing.make_mix(source.num_classes, data_config, seed)
   if mix is None:
     preprocess = make_preprocess(source, data_config, training=True, seed=seed, num_shards=num_shards,
                                  shard_index=shard_index)
-    ds = _batches(source, data_config, batch_size, steps_per_epoch, seed, start_step, num_shards, shard_index,
-                  decorrelate)
+    ds = _batches(source, batch_size, steps_per_epoch, seed, start_step, num_shards, shard_index, decorrelate)
     ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
   else:
     preprocess = make_preprocess(source, data_config, training=True, seed=seed)
-    ds = _batches(source, data_config, batch_size * num_shards, steps_per_epoch, seed, start_step, 1, 0, decorrelate)
+    ds = _batches(source, batch_size * num_shards, steps_per_epoch, seed, start_step, 1, 0, decorrelate)
     ds = ds.map(lambda images, labels, key: mix(*preprocess(images, labels, key), key),
                 num_parallel_calls=tf.data.AUTOTUNE)
     if num_shards > 1:
       ds = ds.map(lambda images, labels: (images[shard_index::num_shards], labels[shard_index::num_shards]))
-  return _finish(ds, data_config)
+  return _finish(ds, data_config, service_pipeline=shard_index)
 
 
-def _batches(source, data_config, batch_size, steps_per_epoch, seed, start_step, num_shards, shard_index,
-             decorrelate):
-  """(raw images, labels, key) batches of this shard: the shuffled, sharded, resumable stream; key is the global
-  step (it seeds the batch's random augmentation alike on every shard)."""
+def _batches(source, batch_size, steps_per_epoch, seed, start_step, num_shards, shard_index, decorrelate):
+  """(raw images, labels, key) batches of this shard of in-memory data: the permuted, sharded, resumable stream;
+  key is the batch's step (it seeds the batch's random augmentation alike on every shard). In-memory records
+  (file paths) are gathered, then each decoded."""
   examples_per_shard = steps_per_epoch * batch_size
   start_epoch, skip_steps = divmod(int(start_step), int(steps_per_epoch))
-  skip = skip_steps * batch_size
+  held = source.train_arrays if source.train_arrays is not None else source.train_records
+  examples, labels = (tf.constant(a) for a in held)
+
+  def one_epoch(epoch):
+    epoch_seed = tf.constant(seed, tf.int64)
+    if decorrelate:
+      epoch_seed += tf.cast(tf.math.floormod(tf.timestamp() * 1e6, 2.0**40), tf.int64)
+    order = epoch_order(epoch_seed, epoch, source.train_size)
+    ds = tf.data.Dataset.from_tensor_slices(order).shard(num_shards, shard_index).take(examples_per_shard)
+    first = tf.where(epoch == start_epoch, tf.constant(skip_steps, tf.int64), 0)
+    ds = ds.skip(first * batch_size).batch(batch_size, drop_remainder=True)
+    return ds.enumerate(start=epoch * steps_per_epoch + first)  # keys made per epoch: any data worker may make it
+
+  # Whole batches of indices, then one gather per batch: no per-example work for data held as images.
+  ds = tf.data.Dataset.range(start_epoch, _MAX_EPOCHS).flat_map(one_epoch)
   if source.train_arrays is not None:
-    images, labels = (tf.constant(a) for a in source.train_arrays)
-    size = source.train_size
-
-    def one_epoch(epoch):
-      epoch_seed = tf.constant(seed, tf.int64)
-      if decorrelate:
-        epoch_seed += tf.cast(tf.math.floormod(tf.timestamp() * 1e6, 2.0**40), tf.int64)
-      order = epoch_order(epoch_seed, epoch, size)
-      ds = tf.data.Dataset.from_tensor_slices(order).shard(num_shards, shard_index).take(examples_per_shard)
-      ds = ds.skip(tf.where(epoch == start_epoch, tf.constant(skip, tf.int64), 0))
-      return ds.batch(batch_size, drop_remainder=True)
-
-    # Whole batches of indices, then one gather per batch: no per-example work in the pipeline.
-    ds = tf.data.Dataset.range(start_epoch, _MAX_EPOCHS).flat_map(one_epoch).enumerate(start=int(start_step))
-    return ds.map(lambda key, i: (tf.gather(images, i), tf.gather(labels, i), key),
+    return ds.map(lambda key, i: (tf.gather(examples, i), tf.gather(labels, i), key),
                   num_parallel_calls=tf.data.AUTOTUNE)
-  buffer = max(1, min(int(data_config.shuffle_buffer), source.train_size))
-  ds = source.train.shuffle(buffer, seed=seed * _EPOCH_SEED_STRIDE + int(start_step),
-                            reshuffle_each_iteration=True)
-  ds = ds.shard(num_shards, shard_index).take(examples_per_shard).repeat().skip(skip)
-  if source.decode is not None:  # records (file paths) are shuffled, sharded and skipped; kept ones are decoded
-    ds = ds.map(lambda record, label: (source.decode(record), label), num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(batch_size, drop_remainder=True).enumerate(start=int(start_step))
-  return ds.map(lambda key, xy: (xy[0], xy[1], key), num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(lambda key, i: (tf.gather(examples, i), tf.gather(labels, i), tf.fill(tf.shape(i), key)))
+  ds = ds.unbatch().map(lambda record, label, key: (source.decode(record), label, key),
+                        num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+  return ds.batch(batch_size, drop_remainder=True).map(lambda images, labels, keys: (images, labels, keys[0]))
+
+
+def _streamed_batches(source, data_config, batch_size, seed, start_step, num_shards, shard_index, local_replicas):
+  """Record files: this pipeline's streams' rows of every step (decoded after the streams' order, shard and skip),
+  flipped and mixed by their rows' places in the global batch, then one batch per local replica."""
+  global_batch = batch_size * num_shards * local_replicas
+  ds = records.batches(source.train_files, streams=data_config.streams, global_batch=global_batch, seed=seed,
+                       window=data_config.shuffle_window, start_step=start_step, num_pipelines=num_shards,
+                       pipeline_index=shard_index, decode=source.decode)
+  preprocess = make_preprocess(source, data_config, training=True, seed=seed, global_rows=global_batch)
+  mix = mixing.make_mix(source.num_classes, data_config, seed) or (lambda images, labels, _: (images, labels))
+  ds = ds.map(lambda images, labels, rows, step: mix(*preprocess(images, labels, step, rows=rows), step),
+              num_parallel_calls=tf.data.AUTOTUNE)
+  return ds.unbatch().batch(batch_size, drop_remainder=True) if local_replicas > 1 else ds
 
 
 def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0, local_replicas=1):
@@ -173,7 +196,9 @@ def pipeline_threads(data_config):
   return int(threads)
 
 
-def _finish(ds, data_config):
+def _finish(ds, data_config, service_pipeline=None):
+  """Options (determinism, no auto-sharding, the pipeline's thread pool), the tf.data service for a train pipeline
+  when data.service is set (data/service.py), prefetch."""
   options = tf.data.Options()
   options.deterministic = True
   options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
@@ -181,4 +206,8 @@ def _finish(ds, data_config):
   if threads:
     options.threading.private_threadpool_size = threads
     options.threading.max_intra_op_parallelism = 1
-  return ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+  ds = ds.with_options(options)
+  if service_pipeline is not None and data_config.service:
+    from data import service  # imported here: `python -m data.service` must not find itself imported by `data`
+    ds = service.distribute(ds, data_config.service, service_pipeline)
+  return ds.prefetch(tf.data.AUTOTUNE)

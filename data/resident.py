@@ -38,6 +38,9 @@ def decide(source, data_config, *, synchronous):
     return Residency(False, "data.device_resident=off", 0)
   if source.train_arrays is None:
     return Residency(False, f"dataset '{source.name}' is streamed (not held in memory)", 0)
+  if data_config.service:
+    return Residency(False, f"data.service={data_config.service} sends the train input through the tf.data service",
+                     0)
   size = resident_bytes(source, data_config)
   budget = int(data_config.device_resident_max_bytes)
   blockers = [(size > budget, f"the train split ({size / 2**20:.1f} MiB) is larger than "

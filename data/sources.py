@@ -16,35 +16,9 @@ from absl import logging
 import numpy as np
 import tensorflow as tf
 
-from errors import ConfigError, first_line
-
-
-@dataclasses.dataclass(frozen=True)
-class Source:
-  """train/eval: unbatched (image, label) datasets in a fixed order. When the train split is loaded in memory,
-  train_arrays holds it as numpy (images, labels) so the pipeline can shuffle all of it by index."""
-  name: str
-  train: tf.data.Dataset
-  eval: tf.data.Dataset
-  train_size: int
-  eval_size: int
-  num_classes: int
-  image_shape: tuple  # stored shape (H, W, C), before resizing.
-  max_value: float  # pixel value that maps to 1.0.
-  train_arrays: tuple = None
-  # Streamed records: train/eval yield (record, label) (e.g. a file path) and decode(record) is the uint8 image of
-  # image_shape; the pipeline shuffles, shards and skips records and decodes only those it keeps. None = images.
-  decode: object = None
-
-
-def from_arrays(name, train, evaluation, num_classes, max_value):
-  """A Source held in memory: train and evaluation are (images, labels) numpy pairs."""
-  return Source(
-      name=name,
-      train=tf.data.Dataset.from_tensor_slices(train),
-      eval=tf.data.Dataset.from_tensor_slices(evaluation),
-      train_size=len(train[1]), eval_size=len(evaluation[1]), num_classes=num_classes,
-      image_shape=tuple(train[0].shape[1:]), max_value=max_value, train_arrays=train)
+from data import tfrecord as tfrecord_lib
+from data.source import Source, from_arrays
+from errors import ConfigError, first_line, unknown_name
 
 
 def digits(data_config):
@@ -184,24 +158,24 @@ def tfds_source(tfds_name):
     features = builder.info.features
     if "image" not in features or "label" not in features:
       raise ValueError(f"tfds dataset '{tfds_name}' has no 'image'/'label' features (it has {list(features)})")
+    if not data_config.in_memory:  # tfds' own shard files, each pipeline its own; images decoded after sharding
+      image = features["image"]
+      if None in image.shape[:2] and not data_config.image_size:
+        raise ConfigError(f"tfds dataset '{tfds_name}' has images of varying size {image.shape}; set "
+                          f"data.image_size to stream it")
+      shape = tuple(d or data_config.image_size for d in image.shape)
+      return tfrecord_lib.from_files(
+          tfds_name, *(tfrecord_lib.tfds_files(builder, s) for s in (data_config.train_split, data_config.eval_split)),
+          tfrecord_lib.parser("image", "label"), tfrecord_lib.decoder("encoded", shape, data_config.image_size),
+          shape, features["label"].num_classes, 255.0, data_config)
 
     def split(name):
       ds = builder.as_dataset(split=name, as_supervised=False, shuffle_files=False)
-      ds = ds.map(lambda ex: (ex["image"], ex["label"]), num_parallel_calls=tf.data.AUTOTUNE)
-      size = int(ds.cardinality().numpy())
-      if size < 0:
-        size = int(ds.reduce(0, lambda n, _: n + 1).numpy())
-      return ds, size
+      return ds.map(lambda ex: (ex["image"], ex["label"]), num_parallel_calls=tf.data.AUTOTUNE)
 
-    train, train_size = split(data_config.train_split)
-    evaluation, eval_size = split(data_config.eval_split)
-    if data_config.in_memory:  # whole splits in memory: exact per-epoch shuffles and resume.
-      return from_arrays(tfds_name, _to_numpy(train), _to_numpy(evaluation),
-                         num_classes=features["label"].num_classes, max_value=255.0)
-    return Source(
-        name=tfds_name, train=train, eval=evaluation, train_size=train_size, eval_size=eval_size,
-        num_classes=features["label"].num_classes, image_shape=tuple(features["image"].shape),
-        max_value=255.0)
+    train, evaluation = split(data_config.train_split), split(data_config.eval_split)
+    return from_arrays(tfds_name, _to_numpy(train), _to_numpy(evaluation),  # whole splits in memory
+                       num_classes=features["label"].num_classes, max_value=255.0)
 
   return load
 
@@ -338,9 +312,10 @@ def _streamed_folder(root, classes, channels, data_config):
     return tf.data.Dataset.from_tensor_slices((tf.constant(paths, tf.string), tf.constant(labels, tf.int64)))
 
   decode = functools.partial(_decode_file, channels=channels, size=size, shape=image_shape)
+  train_records = (np.array([p for p, _ in splits[0]], object), np.array([l for _, l in splits[0]], np.int64))
   return Source(name=f"image_folder:{root}", train=records(splits[0]), eval=records(splits[1]),
                 train_size=len(splits[0]), eval_size=len(splits[1]), num_classes=len(classes),
-                image_shape=image_shape, max_value=255.0, decode=decode)
+                image_shape=image_shape, max_value=255.0, decode=decode, train_records=train_records)
 
 
 def _readable_files(files, channels, size, policy, split_dir):
@@ -348,10 +323,11 @@ def _readable_files(files, channels, size, policy, split_dir):
   (ignore_errors) and finds them by their missing indices."""
   paths = tf.constant([p for p, _ in files], tf.string)
   shapes = tf.data.Dataset.from_tensor_slices(paths).enumerate().map(
-      lambda i, path: (i, tf.shape(_decode_file(path, channels, size), tf.int64)), num_parallel_calls=tf.data.AUTOTUNE)
+      # the decoded shape, not the resized one: a static (size, size) shape would let TensorFlow skip the decode
+      lambda i, path: (i, tf.shape(_decode_file(path, channels, None), tf.int64)), num_parallel_calls=tf.data.AUTOTUNE)
   readable, decoded = np.zeros(len(files), bool), np.zeros((len(files), 3), np.int64)
   for i, shape in shapes.ignore_errors().batch(4096).as_numpy_iterator():
-    readable[i], decoded[i] = True, shape
+    readable[i], decoded[i] = True, (size, size, channels) if size else shape
   unreadable = [path for (path, _), ok in zip(files, readable) if not ok]
   if unreadable and policy == "fail":
     try:
@@ -373,17 +349,25 @@ SOURCES = {
     "quickdraw_bitmap": tfds_source("quickdraw_bitmap"),
     "image_folder": image_folder,
     "npz": npz,
+    "tfrecord": tfrecord_lib.tfrecord,
 }
 TFDS_PREFIX = "tfds:"
 
 
-def load(data_config):
-  """Returns the Source named by data_config.name (a registry name or "tfds:<any tfds name>")."""
-  name = data_config.name
+def resolve(name):
+  """The loader of data.name (a registry name or "tfds:<any tfds name>"); the one check of the name (loops/check.py
+  and data/prepare.py call it)."""
   if name.startswith(TFDS_PREFIX):
-    source = tfds_source(name[len(TFDS_PREFIX):])(data_config)
-  else:
-    source = SOURCES[name](data_config)  # loops/check.py checked the name
+    return tfds_source(name[len(TFDS_PREFIX):])
+  if name not in SOURCES:
+    raise unknown_name("dataset", name, list(SOURCES) + [TFDS_PREFIX + "<tfds name>"])
+  return SOURCES[name]
+
+
+def load(data_config):
+  """Returns the Source named by data_config.name."""
+  name = data_config.name
+  source = resolve(name)(data_config)
   if source.train_size == 0 or source.eval_size == 0:
     raise ValueError(f"dataset '{name}' is empty: {source.train_size} train and {source.eval_size} eval examples")
   return source

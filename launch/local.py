@@ -7,7 +7,9 @@ Each task's output lines are prefixed with its name ("[worker:1] ..."). When a t
 stopped and the launcher exits with that task's code (or 1), naming it. With --ps M the cluster gets a chief
 (the coordinator), N workers and M parameter servers; the job ends when the chief ends. --evaluator adds a sidecar
 evaluator task (not part of the cluster, as AI Platform writes it) that evaluates each checkpoint the job writes;
-the job then also waits for it to evaluate the final one.
+the job then also waits for it to evaluate the final one. --data_workers K starts a tf.data service beside the
+job (a dispatcher and K data workers: `python -m data.service`) and appends --config.data.service=grpc://... to the
+command, so the train input's work runs there; they are stopped when the job ends.
 """
 
 import argparse
@@ -67,8 +69,24 @@ def _pump(stream, prefix, out, lock):
   stream.close()
 
 
+def start_data_service(data_workers, out, lock, env=None):
+  """A tf.data service dispatcher and `data_workers` workers on loopback (`python -m data.service`, the same
+  interpreter); returns (grpc address, {name: process})."""
+  dispatcher_port, *worker_ports = free_ports(1 + data_workers)
+  base = [sys.executable, "-m", "data.service"]
+  roles = [("data:dispatcher", base + ["dispatcher", f"--port={dispatcher_port}"])]
+  roles += [(f"data:worker:{i}", base + ["worker", f"--dispatcher={LOOPBACK}:{dispatcher_port}", f"--port={port}"])
+            for i, port in enumerate(worker_ports)]
+  procs = {}
+  for name, command in roles:
+    procs[name] = subprocess.Popen(command, env=dict(os.environ if env is None else env), stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    threading.Thread(target=_pump, args=(procs[name].stdout, name, out, lock), daemon=True).start()
+  return f"grpc://{LOOPBACK}:{dispatcher_port}", procs
+
+
 def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, preempt_grace_seconds=120,
-           evaluator=False):
+           evaluator=False, data_workers=0):
   """Runs the tasks to the end; returns (exit code, name of the failed task or None).
 
   A task that exits with the preemption code (143 or the command's --config.preemption.exit_code: preempted
@@ -78,7 +96,10 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
   preempted = preempted_code(command)
   spec = cluster_spec(workers, ps)
   lock = threading.Lock()
-  procs, pumps = {}, []
+  procs, pumps, service = {}, [], {}
+  if data_workers:
+    address, service = start_data_service(data_workers, out, lock, env)
+    command = [*command, f"--config.data.service={address}"]
   for job, index in tasks_of(spec) + ([("evaluator", 0)] if evaluator else []):
     name = f"{job}:{index}"
     task_env = dict(os.environ if env is None else env)
@@ -112,7 +133,7 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
   except KeyboardInterrupt:
     failed, code = "launcher (interrupted)", 130
   finally:
-    for proc in procs.values():
+    for proc in [*procs.values(), *service.values()]:
       _stop(proc)
     for pump in pumps:
       pump.join(timeout=5)
@@ -149,14 +170,16 @@ def main(argv=None):
   parser.add_argument("--ps", type=int, default=0, help="parameter servers (adds a chief coordinator)")
   parser.add_argument("--evaluator", action="store_true",
                       help="add a sidecar evaluator task (TF_CONFIG task type 'evaluator', outside the cluster)")
+  parser.add_argument("--data_workers", type=int, default=0,
+                      help="start a tf.data service with this many data workers for the train input")
   parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each task runs, after --")
   args = parser.parse_args(argv)
   command = args.command[1:] if args.command[:1] == ["--"] else args.command
   if not command:
     parser.error("give the command to run after --")
-  if args.workers < 1 or args.ps < 0:
-    parser.error("--workers must be >= 1 and --ps >= 0")
-  code, _ = launch(command, args.workers, args.ps, evaluator=args.evaluator)
+  if args.workers < 1 or args.ps < 0 or args.data_workers < 0:
+    parser.error("--workers must be >= 1, --ps and --data_workers >= 0")
+  code, _ = launch(command, args.workers, args.ps, evaluator=args.evaluator, data_workers=args.data_workers)
   return code
 
 

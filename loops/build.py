@@ -70,7 +70,8 @@ def build(config, task):
     tf.config.experimental.enable_op_determinism()
   source = data.load(config.data)
   plan = plan_lib.derive(config, strategy.num_replicas_in_sync, source.train_size,
-                         num_input_pipelines=execution.input_pipelines(strategy, task))
+                         num_input_pipelines=execution.input_pipelines(strategy, task),
+                         epoch_steps=lambda global_batch: data.steps_per_epoch(source, config.data, global_batch))
   check.check_derived(config, plan, source)
   input_shape = data.output_shape(source, config.data)
   loss_fn = losses.build(config.loss)

@@ -12,6 +12,7 @@ Code deeper down does not re-check what is checked here.
 import re
 
 import data
+from data import mixing
 from data import resident
 from data import sources
 from errors import ConfigError, unknown_name
@@ -107,8 +108,7 @@ def _check_machine(config):
 
 
 def _check_data(d):
-  if not d.name.startswith(sources.TFDS_PREFIX):
-    _one_of("dataset", d.name, list(data.SOURCES) + [sources.TFDS_PREFIX + "<tfds name>"])
+  sources.resolve(d.name)
   _one_of("data.corrupt_images", d.corrupt_images, sources.CORRUPT_IMAGE_POLICIES)
   _one_of("data.device_resident", d.device_resident, resident.CHOICES)
   _at_least("data.device_resident_max_bytes", d.device_resident_max_bytes, 0, "a number of bytes")
@@ -116,6 +116,8 @@ def _check_data(d):
     _check_npz_settings(d)
   if d.name == "image_folder" and not d.data_dir:
     raise ConfigError("data.name='image_folder' needs data.data_dir=ROOT holding ROOT/<split>/<class>/<images>")
+  if d.name == "tfrecord":
+    _check_tfrecord_settings(d)
   shape = tuple(d.synthetic.image_shape)
   if d.name == "synthetic" and (len(shape) != 3 or min(shape) < 1):
     raise ConfigError(f"data.synthetic.image_shape must be (height, width, channels), got {shape}")
@@ -131,7 +133,21 @@ def _check_data(d):
       raise ConfigError(f"data.{name} must be >= 0 (0 = off; typical 0.2 for mixup, 1.0 for cutmix), got {d[name]}")
   if d.pipeline_threads is not None:
     _at_least("data.pipeline_threads", d.pipeline_threads, 0, "None (auto), 0 (tf.data's pool) or")
-  _at_least("data.shuffle_buffer", d.shuffle_buffer, 1)
+  _at_least("data.shuffle_window", d.shuffle_window, 1)
+  _at_least("data.streams", d.streams, 1)
+  if d.service and not d.service.startswith(("grpc://", "grpc+loas://")):
+    raise ConfigError(f"data.service must be '' (off) or a dispatcher address grpc://HOST:PORT, got '{d.service}'")
+
+
+def _check_tfrecord_settings(d):
+  if not d.data_dir:
+    raise ConfigError("data.name='tfrecord' needs data.data_dir: a directory written by `python -m data.prepare`, or "
+                      "a glob of TFRecord files with {split} for the split name (e.g. /data/imagenet/{split}-*)")
+  shape = d.tfrecord.image_shape
+  if shape is not None and (len(shape) != 3 or min(shape) < 1):
+    raise ConfigError(f"data.tfrecord.image_shape must be None or (height, width, channels), got {tuple(shape)}")
+  if d.tfrecord.num_classes is not None:
+    _at_least("data.tfrecord.num_classes", d.tfrecord.num_classes, 1, "None (from the manifest) or")
 
 
 def _check_model_and_loss(config):
@@ -291,6 +307,8 @@ def check_derived(config, plan, source):
   if plan.per_replica_batch_size % plan.grad_accum_steps:
     raise ConfigError(f"train.grad_accum_steps={plan.grad_accum_steps} must be a positive integer dividing the "
                       f"per-replica batch ({plan.per_replica_batch_size})")
+  if source.train_files is not None:
+    _check_streams(config.data, plan, source)
   if plan.steps_per_epoch < 1:
     raise ConfigError(f"dataset '{source.name}' has {source.train_size} train examples: fewer than one global "
                       f"batch of {global_batch}")
@@ -320,6 +338,25 @@ def check_metrics(made, names):
       raise ConfigError(f"two eval metrics are named '{metric.name}' (eval.metrics={tuple(names)}); "
                         f"give each its own name")
     seen.add(metric.name)
+
+
+def _check_streams(data_config, plan, source):
+  """Record files read as data.streams streams (data/records.py): whole shares per step, whole streams per
+  worker, a file for every stream, and mixes of the whole global batch only where one pipeline reads it."""
+  streams, files = data_config.streams, len(source.train_files.paths)
+  if plan.global_batch_size % streams:
+    raise ConfigError(f"data.streams={streams} must divide the global batch ({plan.global_batch_size}): each step "
+                      f"takes the same number of records from every stream")
+  if streams % plan.input_pipelines:
+    raise ConfigError(f"data.streams={streams} must be a multiple of the {plan.input_pipelines} workers (each "
+                      f"reads whole streams); e.g. {plan.input_pipelines * max(1, streams // plan.input_pipelines)}")
+  if files < streams:
+    raise ConfigError(f"dataset '{source.name}' has {files} train file(s), fewer than data.streams={streams}; "
+                      f"set data.streams <= {files} or prepare more shards")
+  if plan.input_pipelines > 1 and mixing.mixes(data_config):
+    raise ConfigError("mixup/cutmix mix examples of the whole global batch, which no worker reads when streamed "
+                      "record files are split over workers; hold the data in memory (data.in_memory=True) or "
+                      "turn mixup/cutmix off")
 
 
 def check_model_outputs(loss_fn, model, input_shape, num_classes, soft_labels=False, batch=4):

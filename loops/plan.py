@@ -27,14 +27,18 @@ class Plan:
     return self.total_steps / self.steps_per_epoch
 
 
-def derive(config, replicas, train_size, num_input_pipelines=1):
-  """The Plan for `replicas` replicas and a train split of `train_size` examples (arithmetic only)."""
+def derive(config, replicas, train_size, num_input_pipelines=1, epoch_steps=None):
+  """The Plan for `replicas` replicas and a train split of `train_size` examples (arithmetic only).
+
+  epoch_steps: fn(global batch) -> steps per epoch, when the data decides it (record files: data/records.py);
+  default train_size // global batch.
+  """
   train = config.train
   if train.global_batch_size is not None:
     global_batch = train.global_batch_size
   else:
     global_batch = train.per_replica_batch_size * replicas
-  steps_per_epoch = train_size // global_batch
+  steps_per_epoch = epoch_steps(global_batch) if epoch_steps else train_size // global_batch
   total = train.steps if train.steps is not None else math.ceil(train.epochs * steps_per_epoch)
   return Plan(
       replicas=replicas,

@@ -7,6 +7,7 @@ import posixpath
 
 import tensorflow as tf
 
+from data import records
 from data import resident as resident_lib
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
@@ -33,6 +34,7 @@ def dry_run(config, workdir, parts, user_callbacks):
       "eval_examples": source.eval_size,
       "input_shape": list(parts.input_shape),
       "device_resident": _residency_line(parts, config),
+      **({"streams": _streams_line(parts, config)} if source.train_files is not None else {}),
       "num_classes": source.num_classes,
       "steps_per_epoch": plan.steps_per_epoch,
       "total_steps": plan.total_steps,
@@ -64,6 +66,16 @@ def _residency_line(parts, config):
     return (f"yes, {residency.bytes_per_device} bytes per device + {block} bytes for a call's gathered batches "
             f"({residency.reason})")
   return f"no: host pipeline ({residency.reason})"
+
+
+def _streams_line(parts, config):
+  files, plan, streams = parts.source.train_files, parts.plan, config.data.streams
+  sizes = records.stream_sizes(files, streams)
+  used = plan.steps_per_epoch * plan.global_batch_size
+  return (f"{len(files.paths)} train files in {streams} streams of {min(sizes)}-{max(sizes)} records, "
+          f"{streams // plan.input_pipelines} stream(s) per input pipeline; an epoch uses {used} of {files.size} "
+          f"records ({files.size - used} left out, different ones each epoch); shuffle window "
+          f"{config.data.shuffle_window}")
 
 
 def _packs_line(parts, config):

@@ -151,8 +151,10 @@ def _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guar
 
 
 def _first_inputs(config, parts):
-  """16 train and 16 eval inputs after preprocessing, from pipelines of their own (not the run's)."""
-  train = data.train_dataset(parts.source, config.data, batch_size=min(16, parts.plan.global_batch_size),
-                             steps_per_epoch=1, seed=config.seed)
+  """16 train and 16 eval inputs after preprocessing, from pipelines of their own (not the run's; local)."""
+  local = config.data.copy_and_resolve_references()
+  local.service = ""
+  train = data.train_dataset(parts.source, local, batch_size=min(16, parts.plan.global_batch_size),
+                             steps_per_epoch=parts.plan.steps_per_epoch, seed=config.seed)
   evaluation = data.eval_dataset(parts.source, config.data, batch_size=16)
   return next(iter(train)), next(iter(evaluation))

@@ -275,3 +275,22 @@ def test_scaling_independent_pair_runs_two_unconnected_runs_at_once(tmp_path, mo
   assert result["global_batch_size"] == 128
   a, b = (json.load(open(tmp_path / "independent-2-r1" / name / "summary.json")) for name in ("a", "b"))
   assert a["started"] < b["ended"] and b["started"] < a["ended"]  # at once, not one after the other
+
+
+def test_records_benchmark_smoke(tmp_path):
+  """A tiny folder, prepared as JPEG and raw records; every contender timed in one run, the ratios computed from
+  the rates it reports, and the bytes each of 2 workers reads counted."""
+  out = tmp_path / "records.json"
+  run_module("benchmarks.records", "--config=configs/digits_cnn.py", f"--folder={tmp_path / 'chips'}", "--make=160",
+             "--size=48", "--image_size=16", "--windows=1", "--window_batches=2", "--config.train.global_batch_size=16",
+             "--config.train.steps_per_loop=2", f"--out={out}")
+  results = json.load(open(out))
+  rates = {name: r["median"] for name, r in results["images_per_sec"].items()}
+  assert set(rates) == {"folder", "jpeg_records", "raw_records", "jpeg_service", "raw_service", "train_jpeg_records",
+                        "train_synthetic"} and all(r > 0 for r in rates.values())
+  ratios = results["ratios"]
+  assert ratios["jpeg_records_vs_folder"] == pytest.approx(rates["jpeg_records"] / rates["folder"])
+  assert ratios["real_vs_synthetic"] == pytest.approx(rates["train_jpeg_records"] / rates["train_synthetic"])
+  assert all(0.3 < share < 0.8 for share in ratios["bytes_read_per_worker_of_2"])
+  manifest = json.load(open(tmp_path / "chips-raw" / "manifest.json"))
+  assert manifest["image_shape"] == [16, 16, 3] and sum(manifest["splits"]["train"]["counts"]) == 160

@@ -116,3 +116,19 @@ def test_replicas_share_command_workdir_and_restart_on_exit_code(manifest):
       mounts = [m for m in container(replica)["volumeMounts"] if workdir.startswith(m["mountPath"].rstrip("/") + "/")]
       assert mounts and claims[mounts[0]["name"]] == pvc["metadata"]["name"], replica_type
   assert len(commands) == 1, commands
+
+
+def test_the_data_service_pool_runs_our_dispatcher_and_workers_pointed_at_its_service():
+  from data import service
+  with open(os.path.join(K8S, "data-service.yaml")) as f:
+    documents = {d["metadata"]["name"]: d for d in yaml.safe_load_all(f)}
+  port = documents["data-service"]["spec"]["ports"][0]["port"]
+  commands = {name: documents[name]["spec"]["template"]["spec"]["containers"][0]["command"]
+              for name in ("data-dispatcher", "data-workers")}
+  for name, command in commands.items():
+    assert command[:3] == ["python", "-m", "data.service"], name
+  dispatcher = service.command_line().parse_args(commands["data-dispatcher"][3:])
+  worker = service.command_line().parse_args(commands["data-workers"][3:])
+  assert dispatcher.role == "dispatcher" and dispatcher.port == port and dispatcher.work_dir.startswith("/workdir/")
+  assert worker.role == "worker" and worker.dispatcher == f"data-service:{port}"
+  assert documents["data-service"]["spec"]["selector"] == documents["data-dispatcher"]["spec"]["selector"]["matchLabels"]

@@ -47,6 +47,6 @@ def test_learning_rate_scaling_rules(rule, expected):
 def test_what_only_the_replicas_and_data_reveal_is_one_clear_error(change, message):
   c = load_config("digits_cnn")
   change(c)
-  digits = types.SimpleNamespace(name="digits", train_size=1437, image_shape=(8, 8, 1))
+  digits = types.SimpleNamespace(name="digits", train_size=1437, image_shape=(8, 8, 1), train_files=None)
   with pytest.raises(ConfigError, match=message):
     check.check_derived(c, plan_lib.derive(c, replicas=2, train_size=1437), digits)

@@ -231,8 +231,14 @@ def test_sigterm_from_slurm_waits_for_the_save_and_does_not_requeue(stand_in, tm
 def test_templates_are_valid_bash_and_ask_for_the_warning_and_requeue():
   for path in glob.glob(os.path.join(SLURM_DIR, "*")):
     assert subprocess.run(["bash", "-n", path], capture_output=True).returncode == 0, path
-  for path in glob.glob(os.path.join(SLURM_DIR, "*.sbatch")):
+  training = [p for p in glob.glob(os.path.join(SLURM_DIR, "*.sbatch")) if not p.endswith("data_service.sbatch")]
+  assert len(training) == 2
+  for path in training:
     text = open(path).read()
     for line in ("#SBATCH --signal=B:USR1@120", "#SBATCH --requeue", "#SBATCH --open-mode=append",
                  "source launch/slurm/run_and_requeue.sh"):
       assert line in text, (path, line)
+  pool = open(os.path.join(SLURM_DIR, "data_service.sbatch")).read()  # a pool: no training, no requeue
+  assert 'python -m data.service dispatcher --port="$PORT"' in pool
+  assert 'srun --kill-on-bad-exit=1 python -m data.service worker --dispatcher="$HOST:$PORT"' in pool
+  assert 'echo "grpc://$HOST:$PORT" > "$ADDRESS_FILE"' in pool

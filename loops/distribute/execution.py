@@ -18,6 +18,7 @@ import tensorflow as tf
 
 import data
 from data import resident as resident_lib
+from data import service as data_service
 from errors import ConfigError, WorkerLostError, first_line
 from loops.core.interfaces import TrainOutput
 from loops.distribute import parameter_server
@@ -155,6 +156,8 @@ class SyncExecution(_Execution):
     p, strategy = self.parts, self.parts.strategy
     decision = residency(p, self.config)
     logging.info("train input: %s (%s)", "device-resident" if decision.resident else "host pipeline", decision.reason)
+    if self.config.data.service:
+      logging.warning(data_service.LOG_LINE, self.config.data.service)
     if not decision.resident:
       self._iterator = iter(self._distribute(self._train_pipeline))
       return
@@ -166,9 +169,8 @@ class SyncExecution(_Execution):
                                                      self._read_out)
 
   def _train_pipeline(self, batch, shards, index, local):
-    steps_per_epoch = self.parts.plan.steps_per_epoch
-    return self._train_dataset(batch, self._start_step * local, steps_per_epoch=steps_per_epoch * local,
-                               num_shards=shards, shard_index=index)
+    return self._train_dataset(batch, self._start_step, steps_per_epoch=self.parts.plan.steps_per_epoch,
+                               num_shards=shards, shard_index=index, local_replicas=local)
 
   def evaluate(self):
     self._reset(self.parts.eval_metrics)
