@@ -2,11 +2,15 @@
 
 import ast
 import difflib
+import errno
 import logging as python_logging
 import os
+import posixpath
 import re
 import sys
+import sysconfig
 import tempfile
+import traceback
 import warnings
 
 # TensorFlow's own start-up and save chatter (CUDA probing on CPU machines, oneDNN notes, per-save INFO lines)
@@ -51,6 +55,7 @@ from ml_collections import config_flags
 from configs import base as base_config
 from errors import ConfigError, WorkerLostError
 from loops import run
+from loops.persist import preemption
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:arg]).")
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard events and results.")
@@ -70,19 +75,34 @@ def main(argv):
   if QUIET:
     logging.get_absl_handler().addFilter(TensorFlowInfoFilter())
     python_logging.getLogger("tensorflow").setLevel(python_logging.WARNING)  # tf_logging's own handler
+  preemption.PROCESS_ENDS_AFTER_RUN = True
   try:
     run.train_and_evaluate(_CONFIG.value, _WORKDIR.value, dry_run=_DRY_RUN.value)
-  except USER_ERRORS as e:
+  except KeyboardInterrupt:  # Ctrl-C before training started (once it runs, the preemption watcher saves and exits)
     if _DEBUG.value:
       raise
-    logging.flush()
-    logging.set_verbosity(logging.ERROR)  # clean-up warnings at exit must not bury the error line
-    python_logging.getLogger("tensorflow").setLevel(python_logging.ERROR)
-    hint = "" if isinstance(e, (ConfigError, WorkerLostError)) else " (rerun with --debug for the traceback)"
-    print(f"error: {_last_line(e)}{hint}", file=sys.stderr)
-    # A lost peer is not the user's error: exit with the "restart me" code (Kubernetes' ExitCode policy retries
-    # codes >= 128); everything else is permanent (1).
-    sys.exit(_CONFIG.value.preemption.exit_code if isinstance(e, WorkerLostError) else 1)
+    print("interrupted (Ctrl-C) before training started: nothing was trained or saved", file=sys.stderr)
+    sys.exit(preemption.INTERRUPTED_EXIT_CODE)
+  except Exception as e:  # pylint: disable=broad-except
+    if _DEBUG.value or (_no_space_left(e) is None and not isinstance(e, USER_ERRORS)):
+      raise  # a bug: its traceback
+    _exit_with_one_line(e)
+
+
+def _exit_with_one_line(error):
+  """Prints `error: ...` (what went wrong, where in the user's code, what to do) and exits: the preemption code
+  for a lost peer (Kubernetes' ExitCode policy retries codes >= 128), else 1 (permanent)."""
+  logging.flush()
+  logging.set_verbosity(logging.ERROR)  # clean-up warnings at exit must not bury the error line
+  python_logging.getLogger("tensorflow").setLevel(python_logging.ERROR)
+  full = _no_space_left(error)
+  if full is not None:
+    print(f"error: no space left on the device of {full}: free some space (or move the workdir) and rerun the same "
+          "command; it resumes from the last complete checkpoint (a save that failed is never read)", file=sys.stderr)
+    sys.exit(1)
+  hint = "" if isinstance(error, (ConfigError, WorkerLostError)) else " (rerun with --debug for the traceback)"
+  print(f"error: {_last_line(error)}{_user_location(error)}{hint}", file=sys.stderr)
+  sys.exit(_CONFIG.value.preemption.exit_code if isinstance(error, WorkerLostError) else 1)
 
 
 # Dicts handed to user functions as **kwargs: any key may be set from the command line.
@@ -153,7 +173,45 @@ def _unknown_key_message(argv, error):
         return (f"unknown config key '{match.group(1)}' in {arg}{hint}; valid keys here: "
                 f"{', '.join(siblings) or '(none: not a group)'}")
       node = node[key]
-  return f"unknown config key {error}"
+  return _unknown_key_in_file(argv, error)
+
+
+def _unknown_key_in_file(argv, error):
+  """The config file set a key configs/base.py does not define (the base config is locked)."""
+  text = str(error)
+  key = re.search(r'Key "(\w+)" does not exist', text)
+  if not key:
+    return f"unknown config key {error}"
+  close = re.search(r'Did you mean "(\w+)"', text)
+  config_file = next((arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")), "the config file")
+  hint = f" (did you mean '{close.group(1)}'?)" if close else ""
+  return (f"{config_file} sets '{key.group(1)}', a key configs/base.py does not define{hint}; a config file may only "
+          "set existing keys (model.kwargs and loss.kwargs take any)")
+
+
+FRAMEWORK = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
+                  for name in ("loops" + os.sep, "data" + os.sep, "errors.py", "main.py"))
+LIBRARIES = tuple({sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"],
+                   "<frozen"})
+
+
+def _user_location(error):
+  """' (in FILE:LINE)' when the error was raised in the user's code (a loss, model, metric or callback of their
+  own), found as the innermost frame outside Python, its libraries and the framework; else ''."""
+  if isinstance(error, (ConfigError, WorkerLostError)):
+    return ""
+  frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith(LIBRARIES)]
+  if not frames or frames[-1].filename.startswith(FRAMEWORK):
+    return ""
+  return f" (in {frames[-1].filename}:{frames[-1].lineno})"
+
+
+def _no_space_left(error):
+  """The path a write failed on for lack of space (TensorFlow's ResourceExhaustedError or ENOSPC), else None."""
+  if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+    return error.filename or "the workdir"
+  match = re.search(r"(\S+); No space left on device", str(error))
+  return posixpath.dirname(match.group(1)) if match else None
 
 
 def _last_line(error):

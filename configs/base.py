@@ -18,6 +18,9 @@ def get_config(arg=None):
   _train(c)
   _eval_and_checkpoints(c)
   _monitoring(c)
+  c.lock()  # a config file that sets a key defined nowhere here (a misspelling) fails, as on the command line
+  c.model.kwargs.unlock()  # the model's and the loss's own arguments: any key
+  c.loss.kwargs.unlock()
   return c
 
 
@@ -48,6 +51,9 @@ def _runtime(c):
   c.cluster.bytes_per_pack = 0
   c.cluster.collective_timeout_seconds = config_dict.placeholder(float)  # None = wait forever.
   c.cluster.tpu = ""  # strategy=tpu: TPU name or grpc:// address ("" = from the environment, e.g. a TPU VM).
+  # A worker whose peers have not all joined within this many seconds stops with one line naming the addresses
+  # nothing listens on, exit status 143 (128 + SIGTERM: restartable); SIGTERM and Ctrl-C end the wait at once.
+  c.cluster.startup_timeout_seconds = 600.0
 
 
 def _data(c):
@@ -200,6 +206,14 @@ def _eval_and_checkpoints(c):
   c.preemption = ml_collections.ConfigDict()
   c.preemption.signals = "SIGTERM"  # comma-separated: SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP, SIGCONT
   c.preemption.exit_code = 143
+
+  # A rerun on a workdir with checkpoints resumes. Settings that change the optimisation or the data (optimizer,
+  # schedule, batch, seed, model, loss, dataset, mixup, precision, ...) must then be what the run was started with,
+  # else it stops with one line (key: recorded -> now); True trains on with the new values (recorded in
+  # workdir/starts.jsonl). Length, cadence, logging, devices and cluster may always change; on another number
+  # of replicas the recorded global batch and learning rate are kept (loops/resume.py).
+  c.resume = ml_collections.ConfigDict()
+  c.resume.accept_changes = False
 
 
 def _monitoring(c):

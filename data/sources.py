@@ -74,8 +74,27 @@ def npz(data_config):
   if train[0].shape[1:] != evaluation[0].shape[1:]:
     raise ConfigError(f"npz file '{path}': x_{names[1]} images are {evaluation[0].shape[1:]} but x_{names[0]} are "
                       f"{train[0].shape[1:]} (height, width, channels); they must match")
-  num_classes = int(max(train[1].max(initial=-1), evaluation[1].max(initial=-1))) + 1
+  num_classes = _check_class_ids(train[1], evaluation[1], path, names)
   return from_arrays(f"npz:{path}", train, evaluation, num_classes=num_classes, max_value=255.0)
+
+
+def _check_class_ids(train_labels, eval_labels, path, names):
+  """The number of classes: train labels must be 0..C-1 with every class present, eval labels among them."""
+  present = np.unique(train_labels)
+  num_classes = int(present[-1]) + 1 if len(present) else 0
+  if len(present) != num_classes:
+    absent = sorted(set(range(num_classes)) - set(present.tolist()))
+    raise ConfigError(f"npz file '{path}': y_{names[0]} must hold class ids 0..C-1 with every class present; ids "
+                      f"{_id_list(absent)} of 0..{num_classes - 1} have no example (relabel to 0..{len(present) - 1})")
+  unseen = np.setdiff1d(np.unique(eval_labels), present)
+  if len(unseen):
+    raise ConfigError(f"npz file '{path}': y_{names[1]} has class ids {_id_list(unseen.tolist())} that "
+                      f"y_{names[0]} lacks (classes 0..{num_classes - 1}); the model could never predict them")
+  return num_classes
+
+
+def _id_list(ids, shown=8):
+  return ", ".join(map(str, ids[:shown])) + (f", ... ({len(ids)} in all)" if len(ids) > shown else "")
 
 
 def _read_npz(path):
@@ -97,8 +116,9 @@ def _npz_split(arrays, split, path):
   x_key, y_key = f"x_{split}", f"y_{split}"
   try:
     images, labels = arrays[x_key], arrays[y_key]
-  except (ValueError, OSError) as e:  # object arrays (pickles), a damaged member
-    raise ConfigError(f"npz file '{path}': {x_key} or {y_key} cannot be read ({first_line(e)})") from None
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:  # object arrays (pickles), a damaged member
+    raise ConfigError(f"npz file '{path}': {x_key} or {y_key} cannot be read ({first_line(e)}); the file is damaged "
+                      f"or not written by np.savez") from None
   if images.ndim not in (3, 4) or images.dtype != np.uint8:
     raise ConfigError(f"npz file '{path}': {x_key} must be uint8 images (N, H, W) or (N, H, W, C) with pixels "
                       f"0-255, got {images.dtype} of shape {images.shape}")
@@ -200,7 +220,12 @@ def image_folder(data_config):
   classes = _sub_directories(train_dir)
   if not classes:
     raise ValueError(f"image folder '{train_dir}' has no class sub-directories")
-  first = _image_files(train_dir, classes)[:1]
+  files = _image_files(train_dir, classes)
+  empty = sorted(set(classes) - {classes[label] for _, label in files})
+  if empty:
+    raise ConfigError(f"image folder '{train_dir}': class folder(s) {', '.join(empty)} hold no images; a class "
+                      f"without training images cannot be learned (remove the folder or add images)")
+  first = files[:1]
   channels = int(tf.io.decode_image(tf.io.read_file(first[0][0]), expand_animations=False).shape[-1]) if first else 3
   if not data_config.in_memory:
     return _streamed_folder(root, classes, channels, data_config)

@@ -17,6 +17,7 @@ from loops import check
 from loops import plan as plan_lib
 from loops.distribute import cluster
 from loops.distribute import execution
+from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
 from loops.model import losses
 from loops.model import metrics as metrics_lib
@@ -51,12 +52,13 @@ class RunVariables(tf.Module):
     self.early_stopping_evals_since = tf.Variable(0, dtype=tf.int64, trainable=False)
 
 
-def build(config, task):
+def build(config, task, kept=None):
   """Builds every part of the run for this task (config already passed loops/check.py's check and check_task).
 
   Args:
     config: the resolved config.
     task: this process's cluster.Task.
+    kept: plan values a resumed run keeps from its record (loops/resume.py), or None.
 
   Returns:
     Parts (frozen).
@@ -64,14 +66,16 @@ def build(config, task):
   Raises:
     ConfigError: for what only the data, the replica count or the built model reveal.
   """
-  strategy = strategy_lib.build(config, task)
+  with startup.bounded_start(task, config.cluster.startup_timeout_seconds):
+    strategy = strategy_lib.build(config, task)
   keras.utils.set_random_seed(config.seed)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   source = data.load(config.data)
   plan = plan_lib.derive(config, strategy.num_replicas_in_sync, source.train_size,
                          num_input_pipelines=execution.input_pipelines(strategy, task),
-                         epoch_steps=lambda global_batch: data.steps_per_epoch(source, config.data, global_batch))
+                         epoch_steps=lambda global_batch: data.steps_per_epoch(source, config.data, global_batch),
+                         kept=kept)
   check.check_derived(config, plan, source)
   input_shape = data.output_shape(source, config.data)
   loss_fn = losses.build(config.loss)

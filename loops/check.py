@@ -94,6 +94,10 @@ def _check_machine(config):
   timeout = config.cluster.collective_timeout_seconds
   if timeout is not None and not timeout > 0:
     raise ConfigError(f"cluster.collective_timeout_seconds must be > 0 or None (wait forever), got {timeout}")
+  if not config.cluster.startup_timeout_seconds > 0:
+    raise ConfigError(f"cluster.startup_timeout_seconds must be > 0, got {config.cluster.startup_timeout_seconds}")
+  if not isinstance(config.resume.accept_changes, bool):
+    raise ConfigError(f"resume.accept_changes must be True or False, got {config.resume.accept_changes!r}")
   preemption.signal_numbers(config.preemption.signals)
   code = config.preemption.exit_code
   if not isinstance(code, int) or isinstance(code, bool) or not 2 <= code <= 255:
@@ -338,6 +342,24 @@ def check_metrics(made, names):
       raise ConfigError(f"two eval metrics are named '{metric.name}' (eval.metrics={tuple(names)}); "
                         f"give each its own name")
     seen.add(metric.name)
+    if entry != metrics_lib.LOSS:  # the loss mean is the run's own, updated with the per-example losses
+      _check_update_state(entry, metric)
+
+
+def _check_update_state(entry, metric):
+  """The run calls update_state(labels, logits, sample_weight=weights): a metric that cannot take that call fails
+  here, before anything is trained, naming its file and line."""
+  import inspect
+  update = metric.update_state
+  try:
+    inspect.signature(update).bind(None, None, sample_weight=None)
+  except TypeError:
+    code = getattr(getattr(type(metric), "update_state", None), "__code__", None)
+    where = f" ({code.co_filename}:{code.co_firstlineno})" if code else ""
+    raise ConfigError(f"eval.metrics entry '{entry}': {type(metric).__name__}.update_state{inspect.signature(update)}"
+                      f"{where} must take (labels, logits, sample_weight=None)") from None
+  except ValueError:  # no signature to read
+    pass
 
 
 def _check_streams(data_config, plan, source):

@@ -23,13 +23,16 @@ from loops import build as build_lib
 from loops import callbacks as callbacks_lib
 from loops import check as check_lib
 from loops import report
+from loops import resume as resume_lib
 from loops import sidecar
 from loops.core import loop as loop_lib
 from loops.core.nan_guard import NanGuard
 from loops.distribute import cluster
 from loops.distribute import execution as execution_lib
+from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
 from loops.model import metrics as metrics_lib
+from loops.model import optimizers
 from loops.persist import checkpoints as checkpoints_lib
 from loops.persist import workdir_lock
 from loops.persist import writers
@@ -72,13 +75,16 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   if config.mode == "evaluate" and not task.is_evaluator:
     task = cluster.Task(type="evaluator", cluster=task.cluster)
   check_lib.check_task(config, task)
+  if task.is_distributed and not dry_run:
+    startup.check_port_free(task)
   if execution_lib.serve_if_server(config, task):
     return None
   with contextlib.ExitStack() as cleanup:
     if not dry_run:  # before anything is built, restored or written: a second run on this workdir stops here
       locked = posixpath.join(workdir, "eval") if task.is_evaluator else workdir  # one evaluator per workdir
       cleanup.enter_context(workdir_lock.held(locked, task.is_chief or task.is_evaluator))
-    parts = build_lib.build(config, task)
+    resume = resume_lib.decide(config, workdir, trains=not task.is_evaluator)
+    parts = build_lib.build(config, task, kept=resume.kept)
     named_callbacks = callbacks_lib.load_user(config, callback_objects)
     check_lib.check_callbacks(named_callbacks)
     user_callbacks = [callback for _, callback in named_callbacks]
@@ -86,10 +92,10 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
       return report.dry_run(config, workdir, parts, user_callbacks)
     if task.is_evaluator:
       return sidecar.Sidecar(config, workdir, parts).run()
-    return _train(config, workdir, parts, user_callbacks, wall_started, cleanup)
+    return _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume)
 
 
-def _train(config, workdir, parts, user_callbacks, wall_started, cleanup):
+def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume):
   task = parts.task
   checkpoints = checkpoints_lib.Checkpoints(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep,
                                             task.is_chief)
@@ -100,6 +106,7 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup):
   writer.write_json("plan.json", dataclasses.asdict(parts.plan))  # the derived values (the evaluator's end step)
   cleanup.callback(writer.close)
   execution = execution_lib.make(parts, config)
+  resume_lib.record(resume, config, parts.plan, execution.step, workdir, task)
   state = loop_lib.State(step=execution.step, total_steps=parts.plan.total_steps,
                          steps_per_epoch=parts.plan.steps_per_epoch, is_chief=task.is_chief, workdir=workdir,
                          writer=writer, config=config)
@@ -107,6 +114,8 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup):
                        log=logging.warning)
   observers, saving_phase = _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guard,
                                                 wall_started, cleanup)
+  # after every restore (TensorFlow's preemption handler restores the latest checkpoint again when it is made)
+  optimizers.set_constant_learning_rate(parts.optimizer, parts.plan.learning_rate)
   loop = loop_lib.Loop(execution, callbacks_lib.assemble(observers, user_callbacks, saving_phase), state,
                        steps_per_loop=parts.plan.steps_per_loop, eval_every_steps=config.eval.every_steps,
                        nan_guard=nan_guard)

@@ -23,6 +23,7 @@ from loops.persist import writers
 from loops.persist.writers import format_values
 
 PROGRESS = "evaluated.json"
+WAITING_LOG_SECONDS = 60.0  # while no new checkpoint comes, say what the evaluator waits for this often
 
 
 def read_json(path):
@@ -66,25 +67,34 @@ class Sidecar:
   def run(self):
     self.writer.prepare_workdir(self.config)
     poll, timeout = self.config.eval.sidecar_poll_seconds, self.config.eval.sidecar_timeout_seconds
-    waited_since = time.monotonic()
+    waited_since, said_at = time.monotonic(), None
     try:
       while not self.final:
         pending = [(s, p) for s, p in checkpoint_steps(self.checkpoint_dir) if s > self.last_step]
         for step, path in pending:
           self._evaluate(step, path)
+        now = time.monotonic()
         if pending:
-          waited_since = time.monotonic()
-        elif time.monotonic() - waited_since > timeout:
+          waited_since, said_at = now, None
+          continue
+        if now - waited_since > timeout:
           raise ConfigError(f"evaluator: no new checkpoint in {self.checkpoint_dir} for {timeout:.0f} s "
                             f"(eval.sidecar_timeout_seconds; last evaluated step {self.last_step}); is the "
                             "training running?")
-        else:
-          time.sleep(poll)
+        if said_at is None or now - said_at >= WAITING_LOG_SECONDS:
+          said_at = now
+          self._say_waiting(now - waited_since, timeout)
+        time.sleep(poll)
     finally:
       self.writer.close()
     summary = {"step": self.last_step, **self.results, **self.best.summary()}
     logging.info("evaluator done: %s", format_values(summary))
     return summary
+
+  def _say_waiting(self, waited, timeout):
+    after = f"a checkpoint after step {self.last_step}" if self.last_step >= 0 else "the first checkpoint"
+    logging.info("evaluator: waiting for %s in %s (%.0f s so far; gives up after %.0f s: "
+                 "eval.sidecar_timeout_seconds)", after, self.checkpoint_dir, max(waited, 0.0), timeout)
 
   def _evaluate(self, step, path):
     damage = checkpoints_lib.unreadable(path)  # removed meanwhile (checkpoint.keep) or torn

@@ -17,13 +17,13 @@ from tests.test_data import batches, make_image_folder, truncated_png
 
 
 def npz_arrays(rank=3, train=20, test=10):
-  """Distinct uint8 images of 8x8 (rank 3) or 8x8x1 (rank 4); train labels 0..3, test labels up to 5."""
+  """Distinct uint8 images of 8x8 (rank 3) or 8x8x1 (rank 4); train and test labels 0..3."""
   rng = np.random.default_rng(7)
   shape = (8, 8) if rank == 3 else (8, 8, 1)
   return {"x_train": rng.integers(0, 256, (train,) + shape, dtype=np.uint8),
           "y_train": np.arange(train, dtype=np.uint8) % 4,
           "x_test": rng.integers(0, 256, (test,) + shape, dtype=np.uint8),
-          "y_test": (np.arange(test, dtype=np.int32) % 6).reshape(-1, 1)}  # (N, 1), as keras' cifar10 gives them
+          "y_test": (np.arange(test, dtype=np.int32) % 4).reshape(-1, 1)}  # (N, 1), as keras' cifar10 gives them
 
 
 def save_npz(path, **arrays):
@@ -45,7 +45,7 @@ def test_npz_round_trip_keeps_images_and_labels_exactly(rank, tmp_path):
   arrays = npz_arrays(rank)
   source = data.load(npz_config(save_npz(tmp_path / "d.npz", **arrays)))
   assert (source.train_size, source.eval_size, source.image_shape, source.max_value) == (20, 10, (8, 8, 1), 255.0)
-  assert source.num_classes == 6  # the largest label of either split + 1 (the test split has 5)
+  assert source.num_classes == 4  # the largest train label + 1
   images, labels = source.train_arrays
   np.testing.assert_array_equal(images, arrays["x_train"].reshape(20, 8, 8, 1))
   np.testing.assert_array_equal(labels, arrays["y_train"])
@@ -94,11 +94,35 @@ def broken(**changes):
                                         "be 0, 1, ..., num_classes - 1"),
     (broken(x_test=np.zeros((10, 8, 8, 3), np.uint8)), "npz file '{p}': x_test images are (8, 8, 3) but x_train are "
                                                        "(8, 8, 1) (height, width, channels); they must match"),
+    (broken(y_train=np.arange(20) % 4 + 10), "npz file '{p}': y_train must hold class ids 0..C-1 with every class "
+                                             "present; ids 0, 1, 2, 3, 4, 5, 6, 7, ... (10 in all) of 0..13 have no "
+                                             "example (relabel to 0..3)"),
+    (broken(y_test=np.array([0, 1, 7, 9, 9, 0, 1, 2, 3, 3])), "npz file '{p}': y_test has class ids 7, 9 that y_train "
+                                                              "lacks (classes 0..3); the model could never predict "
+                                                              "them"),
 ])
 def test_a_bad_npz_is_one_line_naming_what_is_wrong(arrays, message, tmp_path):
   path = save_npz(tmp_path / "d.npz", **arrays)
   with pytest.raises(ConfigError, match=f"^{re.escape(message.format(p=path))}$"):
     data.load(npz_config(path))
+
+
+def test_a_damaged_member_of_an_npz_is_one_line(tmp_path):
+  path = save_npz(tmp_path / "d.npz", **npz_arrays())
+  content = bytearray(open(path, "rb").read())
+  content[200] ^= 0xFF  # inside x_test's data (the first member): its CRC-32 no longer matches
+  open(path, "wb").write(bytes(content))
+  with pytest.raises(ConfigError, match=r"^npz file '.*': x_train or y_train cannot be read \(Bad CRC-32 for file "
+                                        r"'x_train.npy'\); the file is damaged or not written by np.savez$"):
+    data.load(npz_config(path))
+
+
+def test_an_empty_class_folder_is_refused(tmp_path):
+  root = make_image_folder(tmp_path / "images")
+  (root / "train" / "bird").mkdir()
+  with pytest.raises(ConfigError, match=r"^image folder '.*/train': class folder\(s\) bird hold no images; a class "
+                                        r"without training images cannot be learned"):
+    data.load(folder_config(root, in_memory=True))
 
 
 def test_a_missing_npz_file_says_how_to_provide_it(tmp_path):

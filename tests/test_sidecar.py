@@ -75,13 +75,20 @@ def test_an_evaluator_after_a_run_evaluates_each_checkpoint_once_and_matches_the
   assert sorted(event_scalars(f"{workdir}/eval", "eval/accuracy")) == [10, 20]
 
 
-def test_an_evaluator_without_checkpoints_gives_up_after_its_timeout(tiny_digits, tmp_path):
+def test_an_evaluator_without_checkpoints_says_what_it_waits_for_and_gives_up_after_its_timeout(
+    tiny_digits, tmp_path, monkeypatch, caplog):
+  monkeypatch.setattr(sidecar, "WAITING_LOG_SECONDS", 0.4)
+  caplog.set_level("INFO")
   tiny_digits.mode = "evaluate"
   tiny_digits.eval.sidecar_poll_seconds = 0.1
-  tiny_digits.eval.sidecar_timeout_seconds = 0.5
-  with pytest.raises(ConfigError, match=r"evaluator: no new checkpoint in .*/checkpoints for 0 s \(eval.sidecar_"
+  tiny_digits.eval.sidecar_timeout_seconds = 1.0
+  with pytest.raises(ConfigError, match=r"evaluator: no new checkpoint in .*/checkpoints for 1 s \(eval.sidecar_"
                                         r"timeout_seconds; last evaluated step -1\); is the training running\?"):
     run.train_and_evaluate(tiny_digits, str(tmp_path))
+  waiting = [r.getMessage() for r in caplog.records if "evaluator: waiting for" in r.getMessage()]
+  assert 2 <= len(waiting) <= 3, waiting  # at 0 s, ~0.4 s, ~0.8 s: a steady interval, not once per poll
+  assert waiting[0].startswith(f"evaluator: waiting for the first checkpoint in {tmp_path}/checkpoints (0 s so far; "
+                               "gives up after 1 s")
 
 
 JOB = ["--config=configs/digits_cnn.py", "--config.train.steps=60",

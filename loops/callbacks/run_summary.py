@@ -21,6 +21,8 @@ class RunSummary(Callback):
                **state.summary}
     if state.stop_reason:
       summary["stopped_early"] = state.stop_reason
+    if state.step == state.start_step:
+      summary = _kept_training_figures(summary, state.writer.read_json("summary.json"), state)
     state.summary.clear()
     state.summary.update(summary)
     state.writer.write_json("summary.json", summary)
@@ -31,3 +33,19 @@ class RunSummary(Callback):
                         summary["examples_per_sec"], state.step - state.start_step, self.plan.replicas,
                         f"{epoch_time:.2f} s" if epoch_time else "n/a (fewer than 2 whole epochs)")
     logging.flush()
+
+
+# What a start that trains no step (a rerun of a finished run) measures anew; the rest is the last start's.
+REMEASURED = ("step", "total_steps", "checkpoint", "export")
+
+
+def _kept_training_figures(summary, previous, state):
+  """A rerun of a finished run evaluates again and trains nothing: summary.json keeps the training figures it had
+  (train/*, throughput, times) and takes the new eval results."""
+  if not previous:
+    return summary
+  state.writer.info("the run was complete at step %d: evaluated again; summary.json keeps its training figures",
+                    state.step)
+  fresh = {key: value for key, value in summary.items()
+           if key in REMEASURED or key.startswith(("eval/", "best_"))}
+  return {**previous, **fresh}

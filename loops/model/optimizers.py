@@ -82,6 +82,14 @@ def _build(opt_config, learning_rate):
   return keras.optimizers.AdamW(weight_decay=opt_config.weight_decay or 0.004, **common)
 
 
+def set_constant_learning_rate(optimizer, learning_rate):
+  """After a restore: a constant learning rate is a variable the checkpoint brought back; this run's value wins
+  (a schedule is rebuilt from the config at each start and holds no state)."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
+  if isinstance(inner._learning_rate, keras.Variable):  # pylint: disable=protected-access
+    inner.learning_rate = learning_rate
+
+
 def moving_averages(optimizer):
   """The optimizer's exponential moving averages of the trainable weights, or None when optimizer.ema_decay is 0."""
   inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer

@@ -29,6 +29,14 @@ class NullWriter:
   def __init__(self, workdir):
     self.workdir = workdir
 
+  def read_json(self, name):
+    """workdir/name's value, or None when there is no such file (any task may read)."""
+    path = posixpath.join(self.workdir, name)
+    if not tf.io.gfile.exists(path):
+      return None
+    with tf.io.gfile.GFile(path) as f:
+      return json.load(f)
+
   def prepare_workdir(self, config):
     pass
 

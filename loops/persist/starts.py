@@ -1,0 +1,118 @@
+"""The run's own record of its starts, and what a resume may change.
+
+Every start of training appends one line to `workdir/starts.jsonl` (never rewritten): when, at which step, on how
+many replicas and input pipelines, the resolved config and the derived plan. A resume compares its config with the
+last start's (`compare`):
+
+  * settings that change what is optimised or how (the data, the model, the loss, the optimizer and its schedule,
+    the global batch, the seed, the precision, ...): the run stops with one line listing `key: recorded -> now`,
+    unless `resume.accept_changes=True`; an accepted change takes effect in training and is recorded;
+  * settings that change neither (length, eval/checkpoint cadence, logging, callbacks, the strategy, the devices,
+    the cluster, where the data lives): accepted, logged and recorded;
+  * another number of replicas or workers keeps the recorded global batch and peak learning rate
+    (`kept_plan_values`): the per-replica batch is re-derived, never the optimisation.
+
+Pure Python (no TensorFlow): the sequencing is unit-tested on its own.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import posixpath
+from typing import Iterable, Optional
+
+FILE = "starts.jsonl"
+
+# Settings that leave the optimisation and the data order as they were (prefixes end with "."). Everything else
+# (including keys added later) counts as a change of the optimisation: the safe side.
+ACCEPTED = (
+    "train.steps", "train.epochs", "train.steps_per_loop", "eval.", "checkpoint.", "summary.", "early_stopping.",
+    "callbacks", "preemption.", "nan_policy.", "export", "mode", "resume.", "strategy", "cpu_replicas", "num_gpus",
+    "cluster.", "intra_op_threads", "inter_op_threads", "jit_compile", "deterministic", "model.fused_batchnorm",
+    "data.data_dir", "data.download", "data.pipeline_threads", "data.device_resident", "data.service",
+)
+# The settings the global batch and the peak learning rate are derived from (besides the replica count).
+BATCH_AND_LR = ("train.global_batch_size", "train.per_replica_batch_size", "optimizer.learning_rate",
+                "optimizer.lr_scaling")
+
+
+def flatten(tree: dict, prefix: str = "") -> dict:
+  """{'a.b': leaf} for a nested dict; lists are leaves, empty groups (e.g. model.kwargs) leave no key."""
+  flat = {}
+  for key, value in tree.items():
+    if isinstance(value, dict):
+      flat.update(flatten(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = list(value) if isinstance(value, tuple) else value
+  return flat
+
+
+def is_accepted(key: str) -> bool:
+  return any(key == name or (name.endswith(".") and key.startswith(name)) for name in ACCEPTED)
+
+
+ABSENT = "(absent)"
+
+
+def compare(recorded: dict, now: dict) -> tuple[list, list]:
+  """(changes that need resume.accept_changes, changes accepted as they are): lists of (key, recorded, now)."""
+  changed = [(key, recorded.get(key, ABSENT), now.get(key, ABSENT))
+             for key in sorted(set(recorded) | set(now)) if recorded.get(key) != now.get(key)]
+  refused = [change for change in changed if not is_accepted(change[0])]
+  accepted = [change for change in changed if is_accepted(change[0])]
+  return refused, accepted
+
+
+def describe(changes: Iterable[tuple]) -> str:
+  return ", ".join(f"{key}: {_show(old)} -> {_show(new)}" for key, old, new in changes)
+
+
+def _show(value):
+  return json.dumps(value) if isinstance(value, str) and value != ABSENT else str(value)
+
+
+def kept_plan_values(recorded: Optional[dict], changed_keys: Iterable[str]) -> Optional[dict]:
+  """{'global_batch_size', 'learning_rate'} the resumed run keeps from the recorded plan, or None when the settings
+  they come from changed (an accepted change: the new values are derived) or nothing was recorded."""
+  if not recorded or "plan" not in recorded:
+    return None
+  if any(key in BATCH_AND_LR for key in changed_keys):
+    return None
+  plan = recorded["plan"]
+  return {"global_batch_size": plan["global_batch_size"], "learning_rate": plan["learning_rate"]}
+
+
+def parse(text: str) -> list[dict]:
+  """The starts in a starts.jsonl text (a torn last line, from a crash while writing, is left out)."""
+  starts = []
+  for line in text.splitlines():
+    try:
+      starts.append(json.loads(line))
+    except json.JSONDecodeError:
+      continue
+  return starts
+
+
+def entry(step: int, config: dict, plan: dict, accepted: list, task: str) -> dict:
+  return {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "step": step,
+          "task": task, "accepted_changes": [list(change) for change in accepted], "plan": plan,
+          "config": config}
+
+
+def read(workdir: str) -> list[dict]:
+  """The starts recorded in workdir (none when it has no record)."""
+  import tensorflow as tf
+  name = posixpath.join(workdir, FILE)
+  return parse(tf.io.gfile.GFile(name).read()) if tf.io.gfile.exists(name) else []
+
+
+def append(workdir: str, start: dict) -> None:
+  """Adds one start to the record: the whole file is rewritten to a temporary name and renamed over it, so a crash
+  leaves the old record or the new one (gfile has no append on object stores)."""
+  import tensorflow as tf
+  name = posixpath.join(workdir, FILE)
+  before = tf.io.gfile.GFile(name).read() if tf.io.gfile.exists(name) else ""
+  with tf.io.gfile.GFile(name + ".tmp", "w") as f:
+    f.write(before + json.dumps(start) + "\n")
+  tf.io.gfile.rename(name + ".tmp", name, overwrite=True)
