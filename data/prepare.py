@@ -128,7 +128,8 @@ def _bytes(data):
 def example(data, label):
   return tf.train.Example(features=tf.train.Features(feature={
       "image": tf.train.Feature(bytes_list=tf.train.BytesList(value=[_bytes(data)])),
-      "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))})).SerializeToString()
+      "label": tf.train.Feature(int64_list=tf.train.Int64List(value=[int(label)]))})).SerializeToString(
+      deterministic=True)  # the map of features in one order: the same bytes in every process
 
 
 class ShardWriter:
@@ -150,12 +151,11 @@ class ShardWriter:
 
   def write_split(self, split, examples, shards, num_classes):
     """Writes the split's missing shards; returns its manifest entry."""
-    per_shard = math.ceil(examples.size / shards)
     entry = {"files": [], "counts": [], "class_counts": [0] * num_classes, "sha256": [], "bytes": []}
     started, written = time.monotonic(), 0
     for i in range(shards):
       name = f"{split}-{i:05d}-of-{shards:05d}.tfrecord"
-      begin, end = i * per_shard, min(examples.size, (i + 1) * per_shard)
+      begin, end = i * examples.size // shards, (i + 1) * examples.size // shards  # sizes differ by 1 at most
       record = self.state["done"].get(name)
       if record is None or not self._intact(name, record):
         record = self._write(name, examples, begin, end)
