@@ -200,10 +200,14 @@ def _user_location(error):
   own), found as the innermost frame outside Python, its libraries and the framework; else ''."""
   if isinstance(error, (ConfigError, WorkerLostError)):
     return ""
-  frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith(LIBRARIES)]
-  if not frames or frames[-1].filename.startswith(FRAMEWORK):
+  frames = [(frame.filename, frame.lineno) for frame in traceback.extract_tb(error.__traceback__)]
+  if str(error).startswith("in user code:"):  # raised while TensorFlow traced it: autograph lists the real frames
+    frames = [(name, int(line)) for name, line in re.findall(r'File "([^"]+)", line (\d+)', str(error))]
+  frames = [(name, line) for name, line in frames
+            if not name.startswith(LIBRARIES) and "__autograph_generated_file" not in name]
+  if not frames or frames[-1][0].startswith(FRAMEWORK):
     return ""
-  return f" (in {frames[-1].filename}:{frames[-1].lineno})"
+  return f" (in {frames[-1][0]}:{frames[-1][1]})"
 
 
 def _no_space_left(error):
@@ -219,7 +223,8 @@ def _last_line(error):
   lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
   if not lines:
     return type(error).__name__
-  wrapped = isinstance(error, OSError) or any(line.startswith("Traceback") for line in lines)
+  wrapped = (isinstance(error, OSError) or lines[0] == "in user code:"
+             or any(line.startswith("Traceback") for line in lines))
   line = lines[-1] if wrapped else lines[0]
   return re.sub(r"^[\w.]+(Error|Exception): ", "", line)
 

@@ -124,3 +124,14 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_resumes(small_disk, tmp
   shutil.copytree(workdir, moved)
   again = main_with_plugins(moved, "--config.train.steps=40", "--config.checkpoint.every_steps=10")
   assert again.returncode == 0 and "restored" in again.stderr and "ckpt-20" in again.stderr
+
+
+def test_an_error_in_a_users_loss_while_traced_names_its_file_and_line(tmp_path):
+  losses = os.path.join(REPO, "tests", "fixtures", "user_losses")
+  done = run_main(*SHORT, f"--workdir={tmp_path}", "--config.train.steps=10",
+                  "--config.loss.name=my_losses:breaks_when_traced", env={"PYTHONPATH": losses})
+  source = os.path.join(losses, "my_losses.py")
+  line = next(n for n, text in enumerate(open(source), 1) if "raise ValueError(\"a bug in the user's loss\")" in text)
+  assert done.returncode == 1
+  assert error_lines(done.stderr) == [f"error: a bug in the user's loss (in {source}:{line}) (rerun with --debug for "
+                                      "the traceback)"]
