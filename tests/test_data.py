@@ -218,7 +218,8 @@ def test_corrupt_images_are_skipped_and_counted_when_asked(tmp_path, caplog):
 
 @pytest.mark.parametrize("setup, message", [
     (lambda root: None, "image folder '{root}/train' does not exist"),
-    (lambda root: (root / "train" / "cat").mkdir(parents=True), "dataset 'image_folder' is empty: 0 train"),
+    (lambda root: (root / "train" / "cat").mkdir(parents=True), "image folder '{root}/train': class folder(s) cat hold "
+                                                                "no images"),
 ])
 def test_a_missing_or_empty_image_folder_is_one_clear_error(setup, message, tmp_path):
   setup(tmp_path)

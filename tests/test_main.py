@@ -96,8 +96,13 @@ def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_overwritten(tmp
   assert first.returncode == 0, first.stderr[-2000:]
   before = {p.name: p.read_bytes() for p in workdir.rglob("*") if p.is_file()}
   other = run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.model.name=mnist_cnn")
-  assert other.returncode != 0
+  assert other.returncode == 1
   assert other.stderr.strip().splitlines()[-1].startswith(
+      f'error: {workdir} holds a run trained with other settings: model.name: "digits_cnn" -> "mnist_cnn"')
+  accepted = run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.model.name=mnist_cnn",
+                      "--config.resume.accept_changes=True")  # accepted, the checkpoint still cannot be restored
+  assert accepted.returncode == 1
+  assert accepted.stderr.strip().splitlines()[-1].startswith(
       f"error: checkpoint {workdir}/checkpoints/ckpt-10 does not match this model/optimizer")
   assert {p.name: p.read_bytes() for p in workdir.rglob("*") if p.is_file()} == before
 

@@ -35,8 +35,8 @@ def test_ctrl_c_saves_at_the_end_of_the_call_and_exits_130_with_one_line(tmp_pat
   assert "Traceback" not in done.stderr and "KeyboardInterrupt" not in done.stderr
   steps = checkpoint_steps(tmp_path)
   assert steps and 10 <= steps[-1] < 400
-  assert re.search(r"interrupted \(Ctrl-C\): checkpoint .*ckpt-%d saved; exiting with code 130" % steps[-1],
-                   done.stderr)
+  assert re.search(r"interrupted \(Ctrl-C\): checkpoint saved; exiting with code 130; rerun the same command to "
+                   r"resume from .*ckpt-%d" % steps[-1], done.stderr)
   again = main_with_plugins(tmp_path, "--config.train.steps=400")
   assert again.returncode == 0 and f"restored {tmp_path}/checkpoints/ckpt-{steps[-1]}" in again.stderr
 

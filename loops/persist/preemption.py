@@ -111,13 +111,12 @@ class PreemptionWatcher:
       self._exit()
 
   def _exit(self):
-    latest = self._checkpoints.latest()
     if self._received == "SIGINT" and self._ctrl_c:
-      code, message = INTERRUPTED_EXIT_CODE, f"interrupted (Ctrl-C): checkpoint {latest} saved"
+      code, cause = INTERRUPTED_EXIT_CODE, "interrupted (Ctrl-C)"
     else:
-      code = self._exit_code
-      message = f"preempted ({self._received or 'by a peer or the platform'}): checkpoint {latest} saved"
-    logging.warning("%s; exiting with code %d; rerun the same command to resume", message, code)
+      code, cause = self._exit_code, f"preempted ({self._received or 'by a peer or the platform'})"
+    logging.warning("%s: checkpoint saved; exiting with code %d; rerun the same command to resume from %s", cause,
+                    code, self._checkpoints.latest())
     if self._before_exit:
       self._before_exit()
     logging.flush()
