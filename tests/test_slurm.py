@@ -231,6 +231,7 @@ def test_a_training_killed_by_the_warning_before_its_handler_is_set_is_requeued_
       os.killpg(proc.pid, signal.SIGKILL)
       proc.wait()
   assert proc.returncode == 0, output
+  assert "[slurm] SIGUSR1: the training saves a checkpoint and exits, then a requeue" in output
   assert "requeued job 78" in output
   assert scontrol_calls(tmp_path) == ["requeue 78"]
 
@@ -242,6 +243,7 @@ def test_sigterm_from_slurm_waits_for_the_save_and_does_not_requeue(stand_in, tm
   env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "79"}, "save")
   code, output = start_and_signal(template, env, lambda proc: os.killpg(proc.pid, signal.SIGTERM))
   assert code == 143, output
+  assert "[slurm] SIGTERM: SLURM is ending the job; the training saves and exits" in output  # the trap's own line
   assert output.index("preempted (SIGTERM): checkpoint saved") < output.index("SLURM is ending this job, so no requeue")
   assert scontrol_calls(tmp_path) == []
 

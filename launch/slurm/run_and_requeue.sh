@@ -61,17 +61,16 @@ _rq_pid=""      # the running training (python or srun), "" between runs
 _rq_warned=0    # SIGUSR1 arrived: save, exit, requeue
 _rq_ending=0    # SIGTERM arrived: SLURM is ending the job; save and exit, no requeue
 
-_rq_forward() {
+exec {_rq_log}>&2  # the traps write here: they may run inside the poll loop's `2>/dev/null`
+
+_rq_forward() {  # $1: the signal, $2: what happens now
   if [ -n "$_rq_pid" ]; then
+    echo "[slurm] SIG$1: $2" >&"$_rq_log"
     kill -"$1" "$_rq_pid" 2>/dev/null || true
   fi
 }
-trap '_rq_warned=1
-      [ -z "$_rq_pid" ] || echo "[slurm] SIGUSR1: the training saves a checkpoint and exits, then a requeue" >&2
-      _rq_forward USR1' USR1
-trap '_rq_ending=1
-      [ -z "$_rq_pid" ] || echo "[slurm] SIGTERM: SLURM is ending the job; the training saves and exits" >&2
-      _rq_forward TERM' TERM
+trap '_rq_warned=1; _rq_forward USR1 "the training saves a checkpoint and exits, then a requeue"' USR1
+trap '_rq_ending=1; _rq_forward TERM "SLURM is ending the job; the training saves and exits"' TERM
 
 _rq_requeue_and_exit() {  # $1: the training's exit code
   local job=${SLURM_JOB_ID:-}
@@ -102,13 +101,13 @@ run_or_requeue() {
   fi
   "$@" &
   _rq_pid=$!
-  if (( _rq_warned )); then _rq_forward USR1; fi  # a signal trapped between the check above and this line
-  if (( _rq_ending )); then _rq_forward TERM; fi
+  if (( _rq_warned )); then _rq_forward USR1 "arrived as the training started"; fi  # trapped since the check above
+  if (( _rq_ending )); then _rq_forward TERM "arrived as the training started"; fi
   # Poll, and `wait` for the training only once it has ended. A `wait` that a trapped signal interrupts returns
   # 128 + that signal, and when the training ended around the trap, bash 5.2 lost its code (the next `wait` gave -1
   # in ~half of 100 tries; the same for `sleep & wait`). A foreground sleep defers the traps by <= 0.2 s instead.
   while kill -0 "$_rq_pid" 2>/dev/null; do
-    { sleep 0.2; } 2>/dev/null || true  # SLURM's SIGTERM kills the sleep too: no "Terminated" line, no set -e exit
+    { sleep 0.2; } 2>/dev/null || true  # SLURM's SIGTERM kills the sleep too: no "Terminated" line, no exit (-e)
   done
   local code=0
   wait "$_rq_pid" 2>/dev/null || code=$?
