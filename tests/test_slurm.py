@@ -282,8 +282,8 @@ def test_a_task_killed_by_a_signal_is_a_lost_worker_requeued_a_bounded_number_of
   assert result.returncode == job_exit, result.stdout
   assert scontrol_calls(tmp_path) == (["requeue 81"] if requeued else [])
   if requeued:
-    assert (f"a task died of SIGKILL (exit code 137): a lost worker; requeue {int(restarts or 0) + 1} of at most 3"
-            in result.stdout)
+    assert (f"[slurm] a task died of SIGKILL (exit code 137): a lost worker, requeue {int(restarts or 0) + 1} of at "
+            "most 3 (MAX_SIGNAL_REQUEUES); requeued job 81" in result.stdout)
   else:
     assert f"has been requeued {restarts} times (MAX_SIGNAL_REQUEUES={max_requeues or 3}): no more" in result.stdout
 

@@ -72,8 +72,8 @@ _rq_forward() {  # $1: the signal, $2: what happens now
 trap '_rq_warned=1; _rq_forward USR1 "the training saves a checkpoint and exits, then a requeue"' USR1
 trap '_rq_ending=1; _rq_forward TERM "SLURM is ending the job; the training saves and exits"' TERM
 
-_rq_requeue_and_exit() {  # $1: the training's exit code
-  local job=${SLURM_JOB_ID:-}
+_rq_requeue_and_exit() {  # $1: the training's exit code, $2: what happened (default: checkpoint saved)
+  local job=${SLURM_JOB_ID:-} what=${2:-checkpoint saved}
   if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then
     job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
   fi
@@ -82,10 +82,10 @@ _rq_requeue_and_exit() {  # $1: the training's exit code
     exit "$1"
   fi
   if scontrol requeue "$job"; then
-    echo "[slurm] checkpoint saved; requeued job $job: it reruns this script and resumes at the saved step" >&2
+    echo "[slurm] $what; requeued job $job: it reruns this script and resumes at the last checkpoint" >&2
     exit 0
   fi
-  echo "[slurm] checkpoint saved, but \`scontrol requeue $job\` failed (submitted with --no-requeue?);" \
+  echo "[slurm] $what, but \`scontrol requeue $job\` failed (submitted with --no-requeue?);" \
        "resubmit the job to resume" >&2
   exit "$1"
 }
@@ -132,9 +132,8 @@ _rq_lost_worker() {
   local restarts=${SLURM_RESTART_COUNT:-0} name
   name=SIG$(kill -l $(( $1 - 128 )) 2>/dev/null || echo "$(( $1 - 128 ))")
   if (( restarts < MAX_SIGNAL_REQUEUES )); then
-    echo "[slurm] a task died of $name (exit code $1): a lost worker; requeue $(( restarts + 1 )) of at most" \
-         "$MAX_SIGNAL_REQUEUES (MAX_SIGNAL_REQUEUES), resuming from the last checkpoint" >&2
-    _rq_requeue_and_exit "$1"
+    _rq_requeue_and_exit "$1" "a task died of $name (exit code $1): a lost worker, requeue $(( restarts + 1 )) of at \
+most $MAX_SIGNAL_REQUEUES (MAX_SIGNAL_REQUEUES)"
   fi
   echo "[slurm] a task died of $name (exit code $1) and this job has been requeued $restarts times" \
        "(MAX_SIGNAL_REQUEUES=$MAX_SIGNAL_REQUEUES): no more requeues; see why it was killed (out of memory?)" >&2
