@@ -42,7 +42,9 @@ def _runtime(c):
 
   c.cluster = ml_collections.ConfigDict()
   c.cluster.source = "auto"  # auto | tf_config | slurm | local (see loops/distribute/cluster.py)
-  c.cluster.slurm_port_base = 8888  # SLURM: task i of a node listens on port_base + i.
+  # SLURM: task i of a node listens on port_base + i. None = 20000 + (SLURM_JOB_ID % 199) * 64 (ports 20000-32735,
+  # below Linux's ephemeral range): distinct for jobs and array tasks sharing a node (loops/distribute/cluster.py).
+  c.cluster.slurm_port_base = config_dict.placeholder(int)
   c.cluster.collective = "auto"  # multi_worker_mirrored all-reduce: auto | ring | nccl
   # multi_worker_mirrored: the gradient all-reduce in packs of about this many bytes, the last layers' first, so
   # a pack can travel while the backward pass computes the layers before it (not with jit_compile, float16 loss

@@ -4,8 +4,10 @@
       --config.strategy=multi_worker_mirrored
 
 Each task's output lines are prefixed with its name ("[worker:1] ..."). When a task fails, the others are
-stopped and the launcher exits with that task's code (or 1), naming it. With --ps M the cluster gets a chief
-(the coordinator), N workers and M parameter servers; the job ends when the chief ends. --evaluator adds a sidecar
+stopped and the launcher exits with that task's code, naming it; a task killed by a signal (kill -9, the OOM
+killer) is a lost worker: the launcher exits with the preemption code (143, or the command's
+--config.preemption.exit_code), as the surviving workers do, so that a wrapper restarts the job. With --ps M the
+cluster gets a chief (the coordinator), N workers and M parameter servers; the job ends when the chief ends. --evaluator adds a sidecar
 evaluator task (not part of the cluster, as AI Platform writes it) that evaluates each checkpoint the job writes;
 the job then also waits for it to evaluate the final one. --data_workers K starts a tf.data service beside the
 job (a dispatcher and K data workers: `python -m data.service`) and appends --config.data.service=grpc://... to the
@@ -91,7 +93,8 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
 
   A task that exits with the preemption code (143 or the command's --config.preemption.exit_code: preempted
   after saving a checkpoint) gives the others preempt_grace_seconds to save and exit too; the launcher then exits
-  with that code, so a wrapper script (or Kubernetes, SLURM) can tell "rerun me" from a failure.
+  with that code, so a wrapper script (or Kubernetes, SLURM) can tell "rerun me" from a failure. A task killed by
+  a signal (a lost worker) ends the job with that code too.
   """
   preempted = preempted_code(command)
   spec = cluster_spec(workers, ps)
@@ -118,18 +121,7 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
   lead = ["chief:0"] + (["evaluator:0"] if evaluator else []) if ps else list(procs)
   failed, code = None, 0
   try:
-    while True:
-      for name, proc in procs.items():
-        if proc.poll() not in (None, 0):
-          failed, code = name, proc.returncode
-          break
-      if failed or all(procs[name].poll() == 0 for name in lead):
-        break
-      time.sleep(poll_seconds)
-    if code == preempted:  # the others are saving the same checkpoint: let them finish before stopping them
-      deadline = time.monotonic() + preempt_grace_seconds
-      while time.monotonic() < deadline and any(procs[name].poll() is None for name in lead):
-        time.sleep(poll_seconds)
+    failed, code = _watch(procs, lead, preempted, poll_seconds, preempt_grace_seconds)
   except KeyboardInterrupt:
     failed, code = "launcher (interrupted)", 130
   finally:
@@ -139,14 +131,45 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
       pump.join(timeout=5)
   if failed:
     with lock:
-      reason = f"exit code {code}" if code > 0 else f"signal {-code}" if code < 0 else ""
-      if code == preempted:
-        out.write(f"[launch] task {failed} was preempted (exit code {code}, checkpoint saved); rerun to resume\n")
-      else:
-        out.write(f"[launch] task {failed} failed ({reason}); stopped the other tasks\n")
+      out.write(_verdict(failed, code, preempted) + "\n")
       out.flush()
-    return (code if code > 0 else 1), failed
+    return (code if code > 0 else preempted), failed
   return 0, None
+
+
+def _watch(procs, lead, preempted, poll_seconds, grace_seconds):
+  """Polls the tasks until the lead tasks have succeeded or one task failed; returns (failed task or None, its code).
+
+  A task killed by a signal (negative code) is named before the others it brought down (they exit with the
+  preemption code on a lost peer). After a preemption the others get grace_seconds to save the same checkpoint.
+  """
+  while True:
+    failures = {name: proc.returncode for name, proc in procs.items() if proc.poll() not in (None, 0)}
+    if failures:
+      failed = next((name for name, code in failures.items() if code < 0), next(iter(failures)))
+      break
+    if all(procs[name].poll() == 0 for name in lead):
+      return None, 0
+    time.sleep(poll_seconds)
+  if failures[failed] == preempted:  # the others are saving the same checkpoint: let them finish before stopping
+    deadline = time.monotonic() + grace_seconds
+    while time.monotonic() < deadline and any(procs[name].poll() is None for name in lead):
+      time.sleep(poll_seconds)
+  return failed, failures[failed]
+
+
+def _verdict(failed, code, preempted):
+  """The launcher's one line on how the job ended."""
+  if code == preempted:
+    return f"[launch] task {failed} was preempted (exit code {code}, checkpoint saved); rerun to resume"
+  if code < 0:
+    try:
+      name = f" ({signal.Signals(-code).name})"
+    except ValueError:  # a real-time signal has no name
+      name = ""
+    return (f"[launch] task {failed} died of signal {-code}{name}: a lost worker; stopped the other tasks; exit code "
+            f"{preempted}: rerun to resume from the last checkpoint")
+  return f"[launch] task {failed} failed (exit code {code}); stopped the other tasks"
 
 
 def _stop(proc, grace_seconds=5):

@@ -1,5 +1,6 @@
 import json
 import os
+import re
 
 import pytest
 
@@ -51,9 +52,19 @@ def test_malformed_tf_config_names_the_field(raw, message):
     cluster.from_environment({"TF_CONFIG": raw})
 
 
-def slurm_env(procid, nodelist="n[1-2]", tasks_per_node="2(x2)", num_tasks=4):
-  return {"SLURM_PROCID": str(procid), "SLURM_STEP_NUM_TASKS": str(num_tasks),
+def slurm_env(procid, nodelist="n[1-2]", tasks_per_node="2(x2)", num_tasks=4, job_id="4242"):
+  return {"SLURM_PROCID": str(procid), "SLURM_STEP_NUM_TASKS": str(num_tasks), "SLURM_JOB_ID": job_id,
           "SLURM_STEP_NODELIST": nodelist, "SLURM_STEP_TASKS_PER_NODE": tasks_per_node}
+
+
+# What Slurm 22.05 gives `sbatch --ntasks=2` on one node (printed by `env | grep SLURM` in a real job): the batch
+# shell has the job's variables only; each task of `srun` inside it has the step's as well.
+BATCH_SHELL = {"SLURM_JOB_ID": "17", "SLURM_JOBID": "17", "SLURM_NTASKS": "2", "SLURM_NPROCS": "2", "SLURM_PROCID": "0",
+               "SLURM_LOCALID": "0", "SLURM_NODEID": "0", "SLURM_JOB_NODELIST": "vm", "SLURM_NODELIST": "vm",
+               "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NUM_NODES": "1", "SLURM_NNODES": "1", "SLURM_GTIDS": "0"}
+SRUN_TASK_1 = {**BATCH_SHELL, "SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_GTIDS": "0,1", "SLURM_STEPID": "0",
+               "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "2", "SLURM_STEP_NUM_NODES": "1",
+               "SLURM_STEP_NODELIST": "vm", "SLURM_STEP_TASKS_PER_NODE": "2"}
 
 
 @pytest.mark.parametrize("procid", range(4))
@@ -75,6 +86,43 @@ def test_single_srun_task_is_local_and_bad_slurm_env_is_explained():
     cluster.from_environment(slurm_env(0, "n[1-2]", "2,1", 4))
   with pytest.raises(ConfigError, match="SLURM_PROCID is not set"):
     cluster.from_environment({}, source="slurm")
+
+
+def test_auto_trains_locally_in_a_batch_shell_and_joins_the_cluster_in_an_srun_task():
+  """`sbatch --ntasks=2 --wrap "python main.py ..."` is one process: SLURM_NTASKS=2 alone is no cluster."""
+  assert cluster.from_environment(BATCH_SHELL) == cluster.Task()
+  task = cluster.from_environment(SRUN_TASK_1)
+  assert (task.type, task.index, task.num_workers, task.is_chief) == ("worker", 1, 2, False)
+  base = 20000 + 17 * 64
+  assert task.cluster == {"worker": [f"vm:{base}", f"vm:{base + 1}"]}
+  with pytest.raises(ConfigError, match="cluster.source is slurm but SLURM_STEP_NUM_TASKS is not set .start the "
+                                        "training with srun"):
+    cluster.from_environment(BATCH_SHELL, source="slurm")
+
+
+def test_derived_slurm_ports_differ_between_jobs_and_stay_below_the_ephemeral_range():
+  bases = [cluster.slurm_port_base({"SLURM_JOB_ID": str(job)}) for job in range(1_000_000, 1_000_199)]
+  assert len(set(bases)) == 199  # 199 consecutive jobs (or array tasks) on one node: 199 disjoint blocks of 64
+  assert all(b % 64 == 20000 % 64 for b in bases) and min(bases) >= 20000 and max(bases) + 63 <= 32767
+  assert cluster.slurm_port_base({"SLURM_JOB_ID": "1000199"}) == bases[0]  # the 200th reuses the first block
+  assert cluster.slurm_port_base({"SLURM_JOB_ID": "5"}, explicit=9000) == 9000
+  two_jobs = [cluster.from_environment(slurm_env(0, "vm", "2", 2, job)).cluster["worker"] for job in ("41", "42")]
+  assert not set(two_jobs[0]) & set(two_jobs[1])
+  assert cluster.from_environment(slurm_env(0, "vm", "2", 2, "41"), slurm_port_base=9000).cluster == {
+      "worker": ["vm:9000", "vm:9001"]}
+
+
+@pytest.mark.parametrize("env, port_base, message", [
+    ({**slurm_env(0, "vm", "2", 2), "SLURM_JOB_ID": ""}, None,
+     "cannot derive SLURM ports: SLURM_JOB_ID is '', not a job number; set cluster.slurm_port_base"),
+    (slurm_env(0, "vm", "65", 65), None, "65 tasks on a node need more than the 64 ports derived from SLURM_JOB_ID"),
+    (slurm_env(0, "vm", "2", 2), 65535, "cluster.slurm_port_base 65535 gives ports 65535..65536; they must lie in"),
+    (slurm_env(0, "vm", "2", 2), 0, "cluster.slurm_port_base 0 gives ports 0..1"),
+    ({**SRUN_TASK_1, "SLURM_STEP_NUM_TASKS": "two"}, None, "SLURM_STEP_NUM_TASKS is not a number: 'two'"),
+])
+def test_slurm_ports_that_cannot_work_are_one_line(env, port_base, message):
+  with pytest.raises(ConfigError, match=re.escape(message)):
+    cluster.from_environment(env, slurm_port_base=port_base)
 
 
 # TF_CONFIG exactly as cluster managers write it (sources in each docstring).

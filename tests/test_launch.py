@@ -99,11 +99,35 @@ def test_two_worker_mwms_computes_the_weights_of_two_mirrored_replicas(tiny_digi
     assert summaries[0][tag] == pytest.approx(summaries[1][tag], rel=1e-4), tag
 
 
-def test_killing_a_worker_mid_run_ends_the_job_naming_it(tmp_path):
-  proc = subprocess.Popen(
-      [PY, "-m", "launch.local", "--workers=2", "--", PY, "main.py", "--config=configs/digits_cnn.py",
-       "--config.strategy=multi_worker_mirrored", "--config.train.epochs=1000", f"--workdir={tmp_path}"],
-      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def test_a_task_killed_by_a_signal_is_a_lost_worker_and_the_job_exits_with_the_preemption_code(tmp_path):
+  """Worker 1 dies of SIGKILL; worker 0, like a real MWMS peer, then exits with the preemption code (99 here, read
+  from the command). The launcher names the killed task, not the one it brought down, and exits 99."""
+  script = ("import json, os, signal, sys, time\n"
+            "index = json.loads(os.environ['TF_CONFIG'])['task']['index']\n"
+            f"pid_file = {str(tmp_path / 'pid')!r}\n"
+            "if index == 1:\n"
+            "  open(pid_file, 'w').write(str(os.getpid())); time.sleep(0.3); os.kill(os.getpid(), signal.SIGKILL)\n"
+            "while not os.path.exists(pid_file): time.sleep(0.05)\n"
+            "stat = f'/proc/{open(pid_file).read()}/stat'\n"
+            "while os.path.exists(stat) and open(stat).read().split(')')[1].split()[0] != 'Z': time.sleep(0.05)\n"
+            "sys.exit(99)\n")
+  out = io.StringIO()
+  code, failed = local.launch([PY, "-c", script, "--config.preemption.exit_code=99"], workers=2, out=out)
+  assert (code, failed) == (99, "worker:1")
+  verdicts = [line for line in out.getvalue().splitlines() if line.startswith("[launch] task")]
+  assert verdicts == ["[launch] task worker:1 died of signal 9 (SIGKILL): a lost worker; stopped the other tasks; "
+                      "exit code 99: rerun to resume from the last checkpoint"]
+
+
+def test_killing_a_worker_mid_run_exits_143_naming_it_and_the_rerun_resumes(tmp_path):
+  """kill -9 of one MWMS worker after the first checkpoint: the launcher stops the other, exits 143 with one line
+  naming the killed task, and the same command run again restores that checkpoint and trains to the end."""
+  command = [PY, "-m", "launch.local", "--workers=2", "--", PY, "main.py", "--config=configs/digits_cnn.py",
+             "--config.strategy=multi_worker_mirrored", "--config.train.steps=300", "--config.train.steps_per_loop=10",
+             "--config.checkpoint.every_steps=20", "--config.eval.every_steps=0", "--config.export=False",
+             f"--workdir={tmp_path}"]
+  env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+  proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   pids, lines = {}, []
   try:
     for line in proc.stdout:
@@ -111,19 +135,28 @@ def test_killing_a_worker_mid_run_ends_the_job_naming_it(tmp_path):
       started = re.match(r"\[launch\] (\S+) started \(pid (\d+)\)", line)
       if started:
         pids[started.group(1)] = int(started.group(2))
-      if re.search(r"\[worker:0\].*step \d+/", line):
+      if re.search(r"\[worker:0\].*step \d+/", line) and list(tmp_path.glob("checkpoints/ckpt-*.index")):
         break
     killed_at = time.monotonic()
     os.kill(pids["worker:1"], signal.SIGKILL)
     rest, _ = proc.communicate(timeout=60)
   finally:
     proc.kill()
-  assert proc.returncode != 0
+  assert proc.returncode == 143, "".join(lines)[-2000:] + rest[-3000:]
   assert time.monotonic() - killed_at < 60
-  assert "[launch] task worker:1 failed (signal 9); stopped the other tasks" in rest
+  verdicts = [line for line in rest.splitlines() if line.startswith("[launch] task")]
+  assert verdicts == ["[launch] task worker:1 died of signal 9 (SIGKILL): a lost worker; stopped the other tasks; "
+                      "exit code 143: rerun to resume from the last checkpoint"]
   for pid in pids.values():
     with pytest.raises(ProcessLookupError):
       os.kill(pid, 0)
+  saved = max(int(p.name[len("ckpt-"):-len(".index")]) for p in tmp_path.glob("checkpoints/ckpt-*.index"))
+  assert 0 < saved < 300
+  rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+  assert rerun.returncode == 0, rerun.stdout[-3000:]
+  restored = re.search(r"\[worker:0\].*restored \S*ckpt-(\d+)", rerun.stdout)
+  assert restored and 0 < int(restored.group(1)) <= saved, rerun.stdout[-3000:]
+  assert json.load(open(tmp_path / "summary.json"))["step"] == 300
 
 
 def test_parameter_server_with_two_workers_and_one_ps_trains_digits(tmp_path):

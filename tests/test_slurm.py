@@ -30,11 +30,22 @@ FAKE_SRUN = f"""#!{PY}
 import os, signal, subprocess, sys
 env = dict(os.environ, SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NODEID="0", SLURM_NTASKS="1",
            SLURM_STEP_NUM_TASKS="1", SLURM_STEP_NODELIST="localhost", SLURM_STEP_TASKS_PER_NODE="1")
-task = subprocess.Popen(sys.argv[1:], env=env)
+command = sys.argv[1:]
+while command[0].startswith("-"):  # srun's own options (--label, --cpus-per-task=N): one task anyway
+  command = command[1:]
+task, pending = None, []  # handlers first: a signal that comes while the task starts is forwarded once it runs
+def forward(signum, frame):
+  if task is None:
+    pending.append(signum)
+  else:
+    task.send_signal(signum)
 for number in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
-  signal.signal(number, lambda signum, frame: task.send_signal(signum))
+  signal.signal(number, forward)
+task = subprocess.Popen(command, env=env)
+for number in pending:
+  task.send_signal(number)
 code = task.wait()
-sys.exit(128 - code if code < 0 else code)
+os._exit(128 - code if code < 0 else code)  # now: a late signal during Python's shutdown would kill it (143)
 """
 
 
@@ -149,7 +160,8 @@ def test_a_user_error_is_passed_through_without_requeue(slurm, tmp_path):
 
 STAND_IN = f"""#!{PY}
 # python stand-in (no training): records its arguments; EXIT=N exits N, EXIT=sleep dies of any signal,
-# EXIT=save saves for 1 s on SIGTERM/SIGUSR1 and exits 143, like main.py.
+# EXIT=save saves for 1 s on SIGTERM/SIGUSR1 and exits 143, like main.py; EXIT=kill9 dies of SIGKILL at once,
+# EXIT=kill9_on_term on SIGTERM (as after SLURM's KillWait).
 import os, signal, sys, time
 with open(os.environ["ARGS_LOG"], "a") as f:
   f.write(" ".join(sys.argv[1:]) + "\\n")
@@ -163,7 +175,12 @@ if mode == "save":
   signal.signal(signal.SIGTERM, save)
   signal.signal(signal.SIGUSR1, save)
   print("step 10/100", flush=True)
-if mode in ("save", "sleep"):
+if mode == "kill9":
+  os.kill(os.getpid(), signal.SIGKILL)
+if mode == "kill9_on_term":
+  signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGKILL))
+  print("step 10/100", flush=True)
+if mode in ("save", "sleep", "kill9_on_term"):
   time.sleep(60)
 sys.exit(int(mode))
 """
@@ -183,8 +200,9 @@ def stand_in_env(bin_dir, tmp_path, template, job, exit, extra=()):
 
 @pytest.mark.parametrize("template", ["multi_node_mwms.sbatch", "one_node_mirrored.sbatch"])
 @pytest.mark.parametrize("training_exit, job_exit, requeued", [(0, 0, False), (99, 0, True), (1, 1, False),
-                                                                (143, 143, False)])
+                                                                (128, 128, False), (160, 160, False)])
 def test_only_the_preemption_exit_code_requeues(stand_in, tmp_path, template, training_exit, job_exit, requeued):
+  """Codes 129..159 (a death by signal) are the lost-worker rule's, below."""
   env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "77"}, str(training_exit), ["--config.seed=3"])
   env["PREEMPTION_EXIT_CODE"] = "99"
   result = run_job(template, env, timeout=30)
@@ -213,6 +231,7 @@ def test_a_training_killed_by_the_warning_before_its_handler_is_set_is_requeued_
       os.killpg(proc.pid, signal.SIGKILL)
       proc.wait()
   assert proc.returncode == 0, output
+  assert "[slurm] SIGUSR1: the training saves a checkpoint and exits, then a requeue" in output
   assert "requeued job 78" in output
   assert scontrol_calls(tmp_path) == ["requeue 78"]
 
@@ -224,6 +243,7 @@ def test_sigterm_from_slurm_waits_for_the_save_and_does_not_requeue(stand_in, tm
   env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "79"}, "save")
   code, output = start_and_signal(template, env, lambda proc: os.killpg(proc.pid, signal.SIGTERM))
   assert code == 143, output
+  assert "[slurm] SIGTERM: SLURM is ending the job; the training saves and exits" in output  # the trap's own line
   assert output.index("preempted (SIGTERM): checkpoint saved") < output.index("SLURM is ending this job, so no requeue")
   assert scontrol_calls(tmp_path) == []
 
@@ -238,7 +258,59 @@ def test_templates_are_valid_bash_and_ask_for_the_warning_and_requeue():
     for line in ("#SBATCH --signal=B:USR1@120", "#SBATCH --requeue", "#SBATCH --open-mode=append",
                  "source launch/slurm/run_and_requeue.sh"):
       assert line in text, (path, line)
+    sbatch_lines = [line for line in text.splitlines() if line.startswith("#SBATCH")]
+    assert "#SBATCH --output=slurm-%x-%j.out" in sbatch_lines, path  # the submit directory: SLURM can write there
+    assert not [line for line in sbatch_lines if re.search(r"--gres|--cpus-per-task|--nodes=[^1]", line)], path
+    for override in ("--gres=gpu:4", "--cpus-per-task=16"):  # documented in the header instead
+      assert f"sbatch {override}" in text or f" {override} " in text, (path, override)
+  assert "run_or_requeue srun --label " in open(os.path.join(SLURM_DIR, "multi_node_mwms.sbatch")).read()
   pool = open(os.path.join(SLURM_DIR, "data_service.sbatch")).read()  # a pool: no training, no requeue
   assert 'python -m data.service dispatcher --port="$PORT"' in pool
   assert 'srun --kill-on-bad-exit=1 python -m data.service worker --dispatcher="$HOST:$PORT"' in pool
   assert 'echo "grpc://$HOST:$PORT" > "$ADDRESS_FILE"' in pool
+
+
+@pytest.mark.parametrize("template", ["multi_node_mwms.sbatch", "one_node_mirrored.sbatch"])
+@pytest.mark.parametrize("restarts, max_requeues, job_exit, requeued", [
+    (None, None, 0, True), ("2", None, 0, True), ("3", None, 137, False), ("0", "0", 137, False)])
+def test_a_task_killed_by_a_signal_is_a_lost_worker_requeued_a_bounded_number_of_times(
+    stand_in, tmp_path, template, restarts, max_requeues, job_exit, requeued):
+  """srun (or bash, for the mirrored template's lone python) returns 128 + 9 when a task got SIGKILL."""
+  env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "81"}, "kill9")
+  env.update({k: v for k, v in (("SLURM_RESTART_COUNT", restarts), ("MAX_SIGNAL_REQUEUES", max_requeues)) if v})
+  result = run_job(template, env, timeout=30)
+  assert result.returncode == job_exit, result.stdout
+  assert scontrol_calls(tmp_path) == (["requeue 81"] if requeued else [])
+  if requeued:
+    assert (f"[slurm] a task died of SIGKILL (exit code 137): a lost worker, requeue {int(restarts or 0) + 1} of at "
+            "most 3 (MAX_SIGNAL_REQUEUES); requeued job 81" in result.stdout)
+  else:
+    assert f"has been requeued {restarts} times (MAX_SIGNAL_REQUEUES={max_requeues or 3}): no more" in result.stdout
+
+
+def test_a_signal_death_after_slurms_sigterm_is_not_requeued(stand_in, tmp_path):
+  """scancel, then SIGKILL after KillWait: the job is ending, a requeue would undo the scancel."""
+  env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {"SLURM_JOB_ID": "82"}, "kill9_on_term")
+  code, output = start_and_signal("multi_node_mwms.sbatch", env, lambda proc: os.killpg(proc.pid, signal.SIGTERM))
+  assert code == 137, output
+  assert scontrol_calls(tmp_path) == []
+  assert "lost worker" not in output
+
+
+def test_a_bad_max_signal_requeues_is_one_line(stand_in, tmp_path):
+  env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {"SLURM_JOB_ID": "83"}, "0")
+  result = run_job("multi_node_mwms.sbatch", dict(env, MAX_SIGNAL_REQUEUES="many"), timeout=30)
+  assert (result.returncode, result.stdout) == (
+      1, "error: MAX_SIGNAL_REQUEUES must be a number of requeues >= 0, got 'many'\n")
+
+
+@pytest.mark.parametrize("template, workdir", [("multi_node_mwms.sbatch", "runs/r50-mwms-1nodes-1"),
+                                               ("one_node_mirrored.sbatch", "runs/r50-1-0gpu")])
+def test_an_array_task_gets_its_own_default_workdir(stand_in, tmp_path, template, workdir):
+  env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "85", "SLURM_ARRAY_JOB_ID": "84",
+                                                    "SLURM_ARRAY_TASK_ID": "1"}, "0")
+  env.pop("WORKDIR", None)
+  env.pop("WORKDIR_PREFIX", None)
+  result = run_job(template, env, timeout=30)
+  assert result.returncode == 0, result.stdout
+  assert f"--workdir={workdir} " in (tmp_path / "args.log").read_text()

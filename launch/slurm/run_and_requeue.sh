@@ -19,8 +19,15 @@
 #                             If the requeue fails (e.g. submitted with --no-requeue) it exits with the code.
 #   128 + SIGUSR1 (138)       the same, if SIGUSR1 had arrived: it reached the training before its handler was set
 #                             (it resumes from its last periodic checkpoint)
+#   129..159, another signal  a task died of signal N = code - 128 (srun returns 137 when one task got SIGKILL: the
+#   (137 = SIGKILL, ...)      OOM killer, a node's trouble, `kill -9`): a lost worker, restartable. The same requeue
+#                             while SLURM_RESTART_COUNT (the job's requeues so far, all causes) < MAX_SIGNAL_REQUEUES
+#                             (default 3); past that it exits with the code, so a task killed on every run (e.g.
+#                             out of memory) does not requeue forever. It resumes from the last checkpoint.
 #   anything else (1: a user  exits with that code, no requeue: rerunning would only fail again
 #   error, a crash)
+#
+# After SIGTERM (below) no code requeues.
 #
 # The requeued job reruns the whole script with the same environment and job id, so the same --workdir: the training
 # restores the saved checkpoint ("restored <workdir>/checkpoints/ckpt-N") and goes on to the end. Keep
@@ -32,13 +39,18 @@
 # alive until the save is done (a batch shell that dies takes its job steps with it) and does NOT requeue: a
 # requeue would undo a scancel. The script exits with the training's code; rerun or resubmit to resume.
 #
-# Environment: PREEMPTION_EXIT_CODE (default 143), EXTRA_ARGS (more --config.* overrides appended to TRAIN_ARGS,
-# split on spaces; e.g. EXTRA_ARGS="--config.train.steps=20000").
+# Environment: PREEMPTION_EXIT_CODE (default 143), MAX_SIGNAL_REQUEUES (default 3), EXTRA_ARGS (more --config.*
+# overrides appended to TRAIN_ARGS, split on spaces; e.g. EXTRA_ARGS="--config.train.steps=20000").
 
 PREEMPTION_EXIT_CODE=${PREEMPTION_EXIT_CODE:-143}
 if ! [[ $PREEMPTION_EXIT_CODE =~ ^[0-9]+$ ]] || (( PREEMPTION_EXIT_CODE < 2 || PREEMPTION_EXIT_CODE > 255 )); then
   echo "error: PREEMPTION_EXIT_CODE must be an exit code 2..255 (0 is success, 1 a user error), got" \
        "'$PREEMPTION_EXIT_CODE'" >&2
+  exit 1
+fi
+MAX_SIGNAL_REQUEUES=${MAX_SIGNAL_REQUEUES:-3}
+if ! [[ $MAX_SIGNAL_REQUEUES =~ ^[0-9]+$ ]]; then
+  echo "error: MAX_SIGNAL_REQUEUES must be a number of requeues >= 0, got '$MAX_SIGNAL_REQUEUES'" >&2
   exit 1
 fi
 read -r -a _rq_extra <<< "${EXTRA_ARGS:-}"
@@ -48,23 +60,20 @@ TRAIN_ARGS=(--config.preemption.signals=SIGTERM,SIGUSR1 "--config.preemption.exi
 _rq_pid=""      # the running training (python or srun), "" between runs
 _rq_warned=0    # SIGUSR1 arrived: save, exit, requeue
 _rq_ending=0    # SIGTERM arrived: SLURM is ending the job; save and exit, no requeue
-_rq_caught=0    # a trapped signal interrupted `wait`
 
-_rq_forward() {
-  _rq_caught=1
+exec {_rq_log}>&2  # the traps write here: they may run inside the poll loop's `2>/dev/null`
+
+_rq_forward() {  # $1: the signal, $2: what happens now
   if [ -n "$_rq_pid" ]; then
+    echo "[slurm] SIG$1: $2" >&"$_rq_log"
     kill -"$1" "$_rq_pid" 2>/dev/null || true
   fi
 }
-trap '_rq_warned=1
-      [ -z "$_rq_pid" ] || echo "[slurm] SIGUSR1: the training saves a checkpoint and exits, then a requeue" >&2
-      _rq_forward USR1' USR1
-trap '_rq_ending=1
-      [ -z "$_rq_pid" ] || echo "[slurm] SIGTERM: SLURM is ending the job; the training saves and exits" >&2
-      _rq_forward TERM' TERM
+trap '_rq_warned=1; _rq_forward USR1 "the training saves a checkpoint and exits, then a requeue"' USR1
+trap '_rq_ending=1; _rq_forward TERM "SLURM is ending the job; the training saves and exits"' TERM
 
-_rq_requeue_and_exit() {  # $1: the training's exit code
-  local job=${SLURM_JOB_ID:-}
+_rq_requeue_and_exit() {  # $1: the training's exit code, $2: what happened (default: checkpoint saved)
+  local job=${SLURM_JOB_ID:-} what=${2:-checkpoint saved}
   if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then
     job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
   fi
@@ -73,10 +82,10 @@ _rq_requeue_and_exit() {  # $1: the training's exit code
     exit "$1"
   fi
   if scontrol requeue "$job"; then
-    echo "[slurm] checkpoint saved; requeued job $job: it reruns this script and resumes at the saved step" >&2
+    echo "[slurm] $what; requeued job $job: it reruns this script and resumes at the last checkpoint" >&2
     exit 0
   fi
-  echo "[slurm] checkpoint saved, but \`scontrol requeue $job\` failed (submitted with --no-requeue?);" \
+  echo "[slurm] $what, but \`scontrol requeue $job\` failed (submitted with --no-requeue?);" \
        "resubmit the job to resume" >&2
   exit "$1"
 }
@@ -92,17 +101,16 @@ run_or_requeue() {
   fi
   "$@" &
   _rq_pid=$!
-  if (( _rq_warned )); then _rq_forward USR1; fi  # a signal trapped between the check above and this line
-  if (( _rq_ending )); then _rq_forward TERM; fi
-  local code=0 status first=1
-  while :; do
-    _rq_caught=0
-    wait "$_rq_pid" 2>/dev/null && status=0 || status=$?
-    # 127 on a second wait: the first one had reaped it (a signal trapped just after it returned; bash < 5).
-    if (( status == 127 && ! first )); then break; fi
-    code=$status first=0
-    (( _rq_caught )) || break  # else a trapped signal interrupted `wait`: the training is still saving
+  if (( _rq_warned )); then _rq_forward USR1 "arrived as the training started"; fi  # trapped since the check above
+  if (( _rq_ending )); then _rq_forward TERM "arrived as the training started"; fi
+  # Poll, and `wait` for the training only once it has ended. A `wait` that a trapped signal interrupts returns
+  # 128 + that signal, and when the training ended around the trap, bash 5.2 lost its code (the next `wait` gave -1
+  # in ~half of 100 tries; the same for `sleep & wait`). A foreground sleep defers the traps by <= 0.2 s instead.
+  while kill -0 "$_rq_pid" 2>/dev/null; do
+    { sleep 0.2; } 2>/dev/null || true  # SLURM's SIGTERM kills the sleep too: no "Terminated" line, no exit (-e)
   done
+  local code=0
+  wait "$_rq_pid" 2>/dev/null || code=$?
   _rq_pid=""
   # 128 + SIGUSR1: the signal reached the training before it set up its handler; it resumes from its last checkpoint.
   if (( code == PREEMPTION_EXIT_CODE || (_rq_warned && code == 128 + $(kill -l USR1)) )); then
@@ -113,5 +121,21 @@ run_or_requeue() {
     fi
     _rq_requeue_and_exit "$code"
   fi
+  if (( code > 128 && code < 160 && ! _rq_ending )); then
+    _rq_lost_worker "$code"
+  fi
   return "$code"
+}
+
+# A task died of a signal (exit code 128 + N): requeue while SLURM_RESTART_COUNT < MAX_SIGNAL_REQUEUES, else exit.
+_rq_lost_worker() {
+  local restarts=${SLURM_RESTART_COUNT:-0} name
+  name=SIG$(kill -l $(( $1 - 128 )) 2>/dev/null || echo "$(( $1 - 128 ))")
+  if (( restarts < MAX_SIGNAL_REQUEUES )); then
+    _rq_requeue_and_exit "$1" "a task died of $name (exit code $1): a lost worker, requeue $(( restarts + 1 )) of at \
+most $MAX_SIGNAL_REQUEUES (MAX_SIGNAL_REQUEUES)"
+  fi
+  echo "[slurm] a task died of $name (exit code $1) and this job has been requeued $restarts times" \
+       "(MAX_SIGNAL_REQUEUES=$MAX_SIGNAL_REQUEUES): no more requeues; see why it was killed (out of memory?)" >&2
+  exit "$1"
 }

@@ -44,45 +44,84 @@ class Task:
 
 
 SOURCES = ("auto", "tf_config", "slurm", "local")
+# Derived SLURM ports: 199 blocks of 64 in 20000-32735, below Linux's ephemeral range (32768-60999); a job's block
+# follows from its SLURM_JOB_ID (each array task has its own), so 199 consecutive jobs on one node never share one.
+SLURM_PORT_FIRST, SLURM_PORTS_PER_JOB, SLURM_PORT_BLOCKS = 20000, 64, 199
 
 
-def from_environment(environ=None, source="auto", slurm_port_base=8888):
+def from_environment(environ=None, source="auto", slurm_port_base=None):
   """The Task of this process.
 
   source: "tf_config" reads TF_CONFIG, "slurm" reads srun's variables, "local" ignores both, "auto" takes
-  TF_CONFIG when it is set, else SLURM when this process is one of several srun tasks, else local.
+  TF_CONFIG when it is set, else SLURM when this process is one task of an srun step of several tasks, else local
+  (a batch script's own shell, even with --ntasks=2, is one process: it trains locally).
+  slurm_port_base: task i of a node listens on base + i; None = derived from SLURM_JOB_ID (slurm_port_base()).
   """
   environ = os.environ if environ is None else environ
   if source == "local":
     return Task()
   if source == "slurm" or (source == "auto" and not environ.get("TF_CONFIG", "").strip()
-                           and int(environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or 1) > 1):
+                           and in_srun_step_of_several_tasks(environ)):
     return from_slurm(environ, slurm_port_base)
   return from_tf_config(environ)
 
 
-def from_slurm(environ, port_base):
+def in_srun_step_of_several_tasks(environ):
+  """srun sets SLURM_STEP_NUM_TASKS in every task of a step; the batch shell (sbatch) and salloc have only the
+  job's SLURM_NTASKS, which counts tasks that do not exist until srun starts them."""
+  try:
+    return int(environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1
+  except ValueError:
+    raise ConfigError(f"SLURM_STEP_NUM_TASKS is not a number: {environ['SLURM_STEP_NUM_TASKS']!r}") from None
+
+
+def slurm_port_base(environ, explicit=None):
+  """explicit when given, else 20000 + (SLURM_JOB_ID % 199) * 64: two jobs (or array tasks) on one node differ."""
+  if explicit is not None:
+    return explicit
+  job_id = environ.get("SLURM_JOB_ID", "")
+  if not job_id.isdigit():
+    raise ConfigError(f"cannot derive SLURM ports: SLURM_JOB_ID is {job_id!r}, not a job number; set "
+                      "cluster.slurm_port_base")
+  return SLURM_PORT_FIRST + int(job_id) % SLURM_PORT_BLOCKS * SLURM_PORTS_PER_JOB
+
+
+def from_slurm(environ, port_base=None):
   """One worker per srun task, ports port_base + local task number; tasks numbered node by node (block)."""
   from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
 
-  def get(*names):
-    for name in names:
-      if environ.get(name):
-        return environ[name]
-    raise ConfigError(f"cluster.source is slurm but {names[0]} is not set (run the job under srun)")
+  def get(name):
+    if environ.get(name):
+      return environ[name]
+    raise ConfigError(f"cluster.source is slurm but {name} is not set (start the training with srun; a batch "
+                      "script's own shell is not a task of a step)")
 
   try:
     rank = int(get("SLURM_PROCID"))
-    num_tasks = int(get("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"))
-    hosts = slurm.expand_hostlist(get("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"))
-    tasks_per_node = slurm.expand_tasks_per_node(get("SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"))
+    num_tasks = int(get("SLURM_STEP_NUM_TASKS"))
+    hosts = slurm.expand_hostlist(get("SLURM_STEP_NODELIST"))
+    tasks_per_node = slurm.expand_tasks_per_node(get("SLURM_STEP_TASKS_PER_NODE"))
   except ValueError as e:
     raise ConfigError(f"cannot read the SLURM environment: {e}") from None
-  addresses = [f"{host}:{port_base + i}" for host, count in zip(hosts, tasks_per_node) for i in range(count)]
-  if len(addresses) != num_tasks or not 0 <= rank < num_tasks:
-    raise ConfigError(f"SLURM environment is inconsistent: {num_tasks} tasks, {len(addresses)} task slots on "
+  layout = list(zip(hosts, tasks_per_node))
+  slots = sum(count for _, count in layout)
+  if slots != num_tasks or not 0 <= rank < num_tasks:
+    raise ConfigError(f"SLURM environment is inconsistent: {num_tasks} tasks, {slots} task slots on "
                       f"nodes {hosts} ({tasks_per_node} per node), SLURM_PROCID={rank}")
+  base = _checked_port_base(slurm_port_base(environ, port_base), max(tasks_per_node), derived=port_base is None)
+  addresses = [f"{host}:{base + i}" for host, count in layout for i in range(count)]
   return Task(type="worker", index=rank, cluster={"worker": addresses})
+
+
+def _checked_port_base(base, tasks_on_a_node, derived):
+  """base, if every task of a node gets a port of its own (within the job's block of 64 when derived)."""
+  last = base + tasks_on_a_node - 1
+  if derived and tasks_on_a_node > SLURM_PORTS_PER_JOB:
+    raise ConfigError(f"{tasks_on_a_node} tasks on a node need more than the {SLURM_PORTS_PER_JOB} ports derived "
+                      "from SLURM_JOB_ID; set cluster.slurm_port_base")
+  if base < 1 or last > 65535:
+    raise ConfigError(f"cluster.slurm_port_base {base} gives ports {base}..{last}; they must lie in 1..65535")
+  return base
 
 
 def from_tf_config(environ):
