@@ -99,24 +99,12 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
   preempted = preempted_code(command)
   spec = cluster_spec(workers, ps)
   lock = threading.Lock()
-  procs, pumps, service = {}, [], {}
+  service = {}
   if data_workers:
     address, service = start_data_service(data_workers, out, lock, env)
     command = [*command, f"--config.data.service={address}"]
-  for job, index in tasks_of(spec) + ([("evaluator", 0)] if evaluator else []):
-    name = f"{job}:{index}"
-    task_env = dict(os.environ if env is None else env)
-    task_env["TF_CONFIG"] = json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
-    if ps:
-      task_env.setdefault("GRPC_FAIL_FAST", "use_caller")
-    proc = subprocess.Popen(command, env=task_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    procs[name] = proc
-    with lock:
-      out.write(f"[launch] {name} started (pid {proc.pid})\n")
-    pump = threading.Thread(target=_pump, args=(proc.stdout, name, out, lock), daemon=True)
-    pump.start()
-    pumps.append(pump)
+  tasks = tasks_of(spec) + ([("evaluator", 0)] if evaluator else [])
+  procs, pumps = _start_tasks(command, spec, tasks, env, out, lock)
   # The job ends when every task has ended, or (parameter servers) when the chief has: its workers wait forever.
   lead = ["chief:0"] + (["evaluator:0"] if evaluator else []) if ps else list(procs)
   failed, code = None, 0
@@ -135,6 +123,26 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
       out.flush()
     return (code if code > 0 else preempted), failed
   return 0, None
+
+
+def _start_tasks(command, spec, tasks, env, out, lock):
+  """({name: Popen}, [output pump threads]): one process per (job, index) with its TF_CONFIG."""
+  procs, pumps = {}, []
+  for job, index in tasks:
+    name = f"{job}:{index}"
+    task_env = dict(os.environ if env is None else env)
+    task_env["TF_CONFIG"] = json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
+    if "ps" in spec:
+      task_env.setdefault("GRPC_FAIL_FAST", "use_caller")
+    proc = subprocess.Popen(command, env=task_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    procs[name] = proc
+    with lock:
+      out.write(f"[launch] {name} started (pid {proc.pid})\n")
+    pump = threading.Thread(target=_pump, args=(proc.stdout, name, out, lock), daemon=True)
+    pump.start()
+    pumps.append(pump)
+  return procs, pumps
 
 
 def _watch(procs, lead, preempted, poll_seconds, grace_seconds):
