@@ -8,31 +8,20 @@ early-stopped run ended (summary.json). A restarted evaluator goes on after the 
 (workdir/eval/evaluated.json).
 """
 
-import json
 import posixpath
 import time
 
 from absl import logging
-import tensorflow as tf
 
 from errors import ConfigError
 from loops.callbacks.best_checkpoint import BestCheckpoint
 from loops.distribute import execution as execution_lib
 from loops.persist import checkpoints as checkpoints_lib
 from loops.persist import writers
-from loops.persist.writers import format_values
+from loops.persist.writers import format_values, read_json
 
 PROGRESS = "evaluated.json"
 WAITING_LOG_SECONDS = 60.0  # while no new checkpoint comes, say what the evaluator waits for this often
-
-
-def read_json(path):
-  """The JSON at path, or None when it does not exist or cannot be parsed (e.g. replaced while read)."""
-  try:
-    with tf.io.gfile.GFile(path) as f:
-      return json.loads(f.read())
-  except (tf.errors.NotFoundError, ValueError):
-    return None
 
 
 def checkpoint_steps(directory):

@@ -19,6 +19,15 @@ from tensorboard.plugins.hparams import api as hparams_api
 from errors import unwritable_workdir
 
 
+def read_json(path):
+  """The JSON at path, or None when it does not exist or cannot be parsed (e.g. replaced while read)."""
+  try:
+    with tf.io.gfile.GFile(path) as f:
+      return json.loads(f.read())
+  except (tf.errors.NotFoundError, ValueError):
+    return None
+
+
 def for_task(workdir, is_chief):
   return Writer(workdir) if is_chief else NullWriter(workdir)
 
@@ -30,12 +39,8 @@ class NullWriter:
     self.workdir = workdir
 
   def read_json(self, name):
-    """workdir/name's value, or None when there is no such file (any task may read)."""
-    path = posixpath.join(self.workdir, name)
-    if not tf.io.gfile.exists(path):
-      return None
-    with tf.io.gfile.GFile(path) as f:
-      return json.load(f)
+    """workdir/name's value, or None (any task may read)."""
+    return read_json(posixpath.join(self.workdir, name))
 
   def prepare_workdir(self, config):
     pass
