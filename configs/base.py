@@ -239,7 +239,9 @@ def _monitoring(c):
   # on_train_begin / after_train_call / after_eval / on_call_end / on_train_end(state) (see WORKSPACE.md).
   c.callbacks = ()
 
-  c.export = True  # write workdir/export/model.keras (the final model) at the end
+  # At the end write workdir/export/model.keras (the final model) and workdir/export/saved_model (serving_default:
+  # raw images in, the eval's preprocessing inside, probabilities and classes out; WORKSPACE "Serving the export").
+  c.export = True
 
 
 def use_cifar10(c, synthetic):

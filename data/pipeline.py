@@ -52,6 +52,19 @@ def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shar
   return preprocess
 
 
+def eval_images(source, data_config):
+  """fn(raw image batch) -> the images as the eval sees them (make_preprocess, training=False): what the serving
+  export runs inside."""
+  preprocess = make_preprocess(source, data_config, training=False)
+  return lambda images: preprocess(images, None, 0)[0]
+
+
+def raw_image_spec(source):
+  """tf.TensorSpec of a batch of the source's images before preprocessing: [None, H, W, C], their dtype."""
+  dtype = tf.uint8 if source.decode is not None else source.eval.element_spec[0].dtype
+  return tf.TensorSpec((None,) + tuple(source.image_shape), dtype)
+
+
 def epoch_order(seed, epoch, size):
   """The permutation of the train split's `size` examples for `epoch` (every pipeline and replica computes it
   alike, so shards of it are disjoint)."""

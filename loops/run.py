@@ -153,7 +153,8 @@ def _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guar
       preemption,
       callbacks_lib.Checkpointing(checkpoints, config.checkpoint.every_steps,
                                   parts.run_variables.stopped_total_steps),
-      callbacks_lib.Export(parts.model, config.export, execution.averaged_weights),
+      callbacks_lib.Export(parts.model, config.export, execution.averaged_weights,
+                           data.eval_images(parts.source, config.data), data.raw_image_spec(parts.source)),
       callbacks_lib.RunSummary(parts.plan, wall_started),
   ]
   return observers, saving_phase

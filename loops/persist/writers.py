@@ -72,6 +72,10 @@ class NullWriter:
   def save_model(self, model, name):
     """Saves `model` as workdir/name (a .keras file); returns its path (None when nothing is written)."""
 
+  def save_saved_model(self, write, name):
+    """write(path) writes a SavedModel directory at workdir/name (called only by a writer that writes); returns
+    its path (None when nothing is written)."""
+
   def start_trace(self, name):
     pass
 
@@ -161,6 +165,12 @@ class Writer(NullWriter):
     path = posixpath.join(self.workdir, name)
     tf.io.gfile.makedirs(posixpath.dirname(path))
     model.save(path)
+    return path
+
+  def save_saved_model(self, write, name):
+    path = posixpath.join(self.workdir, name)
+    tf.io.gfile.makedirs(posixpath.dirname(path))
+    write(path)
     return path
 
   def start_trace(self, name):

@@ -1,0 +1,131 @@
+"""The serving export: workdir/export/saved_model, loaded in a fresh process with TensorFlow and numpy alone, gives
+the framework's eval probabilities on raw uint8 images (EMA weights, resize and normalisation inside), on one and
+two replicas and under a mixed-precision policy."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from loops import run
+from tests.conftest import REPO, load_config
+
+BATCH = 64
+
+# What a serving client runs: TensorFlow and numpy only, no project code on the path.
+CLIENT = """
+import sys, numpy as np, tensorflow as tf
+for path in sys.argv[1:]:
+  serve = tf.saved_model.load(path).signatures["serving_default"]
+  out = serve(images=tf.constant(np.load(path + ".images.npy")))
+  np.save(path + ".probabilities.npy", out["probabilities"].numpy())
+  np.save(path + ".classes.npy", out["classes"].numpy())
+"""
+
+
+def config_for(strategy, **keys):
+  """digits, 20 steps, resized to 12x12 and normalised (the preprocessing the export must carry inside)."""
+  c = load_config("digits_cnn")
+  c.train.epochs, c.train.steps, c.train.steps_per_loop = None, 20, 5
+  c.eval.every_steps = c.checkpoint.every_steps = 10
+  c.summary.progress_bar = "off"
+  c.data.image_size, c.data.mean, c.data.std = 12, (0.3,), (0.4,)
+  c.strategy, c.cpu_replicas = strategy, 2 if strategy == "mirrored" else 0
+  for key, value in keys.items():
+    section, name = key.split(".") if "." in key else (None, key)
+    setattr(c[section] if section else c, name, value)
+  return c
+
+
+RUNS = {
+    "ema": config_for("one_device", **{"optimizer.ema_decay": 0.9}),
+    "mirrored": config_for("mirrored", **{"optimizer.ema_decay": 0.9}),
+    "bfloat16": config_for("one_device", mixed_precision="bfloat16"),
+}
+
+
+def framework_eval(config, workdir):
+  """(raw uint8 eval batch, the model's softmax on the eval-preprocessed batch with the raw weights, with the
+  moving averages): the final checkpoint restored into a model built as a run builds it."""
+  import tensorflow as tf
+  import data
+  from loops import build as build_lib
+  from loops.model import model as model_lib
+  from loops.model import optimizers
+  source = data.load(config.data)
+  raw = np.stack([image for image, _ in source.eval.take(BATCH).as_numpy_iterator()])
+  preprocessed, _, _ = next(iter(data.eval_dataset(source, config.data, batch_size=BATCH)))
+  model = model_lib.build_model(config, data.output_shape(source, config.data), source.num_classes)
+  optimizer = optimizers.build(config.optimizer, 0.1)
+  optimizer.build(model.trainable_variables)
+  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64),
+                                   run=build_lib.RunVariables())
+  checkpoint.restore(tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))).expect_partial()
+  softmax = lambda: tf.nn.softmax(tf.cast(model(preprocessed, training=False), tf.float32)).numpy()
+  own = softmax()
+  with optimizers.averaged_weights(model, optimizer):
+    averaged = softmax()
+  return raw, own, averaged
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+  """{run: (summary, saved_model path, framework eval, served probabilities, served classes)}: the runs, then
+  one fresh client process serving every export."""
+  results = {}
+  for name, config in RUNS.items():
+    workdir = str(tmp_path_factory.mktemp(name))
+    summary = run.train_and_evaluate(config, workdir)
+    path = os.path.join(workdir, "export", "saved_model")
+    results[name] = (summary, path, framework_eval(config, workdir))
+    np.save(path + ".images.npy", results[name][2][0])
+  env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+  done = subprocess.run([sys.executable, "-c", CLIENT, *(r[1] for r in results.values())], cwd="/", env=env,
+                        capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-3000:]
+  return {name: (summary, path, evaluation, np.load(path + ".probabilities.npy"), np.load(path + ".classes.npy"))
+          for name, (summary, path, evaluation) in results.items()}
+
+
+def test_the_export_holds_model_keras_and_the_saved_model_and_the_summary_names_both(exported):
+  for name, (summary, path, *_) in exported.items():
+    export_dir = os.path.dirname(path)
+    assert summary["export"] == {"keras": os.path.join(export_dir, "model.keras"), "saved_model": path}, name
+    assert os.path.isfile(os.path.join(path, "saved_model.pb")), name
+    assert os.path.isfile(os.path.join(path, "variables", "variables.index")), name
+    assert os.path.isfile(os.path.join(export_dir, "model.keras")), name
+    with open(os.path.join(os.path.dirname(export_dir), "summary.json")) as f:
+      assert json.load(f)["export"] == summary["export"]
+
+
+@pytest.mark.parametrize("name", list(RUNS))
+def test_served_probabilities_are_the_frameworks_eval_on_raw_images(exported, name):
+  _, _, (raw, _, averaged), probabilities, classes = exported[name]
+  assert raw.dtype == np.uint8 and raw.shape == (BATCH, 8, 8, 1)  # the source's images, before the 12x12 resize
+  expected = averaged  # the eval's weights: the moving averages under EMA (the model's own otherwise)
+  assert probabilities.dtype == np.float32 and probabilities.shape == (BATCH, 10)
+  np.testing.assert_allclose(probabilities, expected, atol=1e-5, rtol=0)
+  np.testing.assert_array_equal(classes, np.argmax(probabilities, axis=-1))
+  assert classes.dtype == np.int64
+
+
+@pytest.mark.parametrize("name", ["ema", "mirrored"])
+def test_with_ema_the_export_serves_the_averages_not_the_raw_weights(exported, name):
+  _, _, (_, own, averaged), probabilities, _ = exported[name]
+  assert np.max(np.abs(own - averaged)) > 1e-3  # the two weight sets give different answers on this batch
+  assert np.max(np.abs(probabilities - averaged)) < 1e-5 < np.max(np.abs(probabilities - own))
+
+
+def test_saved_model_cli_lists_the_serving_signature(exported):
+  _, path, *_ = exported["mirrored"]
+  cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
+  done = subprocess.run([cli, "show", "--dir", path, "--tag_set", "serve", "--signature_def", "serving_default"],
+                        cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-2000:]
+  shown = " ".join(done.stdout.split())
+  assert "inputs['images'] tensor_info: dtype: DT_UINT8 shape: (-1, 8, 8, 1)" in shown, done.stdout
+  assert "outputs['probabilities'] tensor_info: dtype: DT_FLOAT shape: (-1, 10)" in shown, done.stdout
+  assert "outputs['classes'] tensor_info: dtype: DT_INT64 shape: (-1)" in shown, done.stdout
