@@ -34,7 +34,7 @@ def test_a_run_on_ram_trains_resumes_keeps_best_exports_and_writes_nothing_local
   first = run.train_and_evaluate(c, workdir)
   assert first["checkpoint"] == f"{workdir}/checkpoints/ckpt-20"
   assert first["best_checkpoint"] == f"{workdir}/best/ckpt-{first['best_step']}"
-  assert first["export"] == f"{workdir}/export/model.keras"
+  assert first["export"] == {"keras": f"{workdir}/export/model.keras", "saved_model": f"{workdir}/export/saved_model"}
 
   c.train.steps = 30  # the same process resumes from the saved step on the same filesystem
   absl_logging.set_verbosity(absl_logging.INFO)
@@ -43,7 +43,8 @@ def test_a_run_on_ram_trains_resumes_keeps_best_exports_and_writes_nothing_local
   assert second["step"] == 30 and second["checkpoint"] == f"{workdir}/checkpoints/ckpt-30"
 
   files = files_under(workdir)
-  for name in ("config.json", "summary.json", "best/best.json", "export/model.keras", "checkpoints/checkpoint",
+  for name in ("config.json", "summary.json", "best/best.json", "export/model.keras",
+               "export/saved_model/saved_model.pb", "checkpoints/checkpoint",
                "checkpoints/ckpt-30.index", f"best/ckpt-{second['best_step']}.index"):
     assert f"{workdir}/{name}" in files, files
   assert len([f for f in files if "/events.out.tfevents." in f]) == 2

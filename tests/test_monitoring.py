@@ -131,7 +131,8 @@ def test_summary_json_has_the_documented_fields(finished_run):
               "examples_per_sec", "replicas", "checkpoint", "export", "best_checkpoint"):
     assert key in on_disk, key
   assert on_disk["wall_seconds"] >= on_disk["train_seconds"] > 0
-  assert os.path.exists(on_disk["export"]) and os.path.exists(on_disk["checkpoint"] + ".index")
+  assert os.path.exists(on_disk["export"]["keras"]) and os.path.exists(on_disk["checkpoint"] + ".index")
+  assert os.path.exists(os.path.join(on_disk["export"]["saved_model"], "saved_model.pb"))
 
 
 @pytest.mark.parametrize("name", SHIPPED)

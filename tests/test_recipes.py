@@ -192,7 +192,7 @@ def test_export_reloads_in_a_fresh_process_and_reproduces_eval_accuracy(tiny_dig
       "  hit = (np.argmax(model(images), -1) == labels.numpy()) * weights.numpy()\n"
       "  correct += hit.sum(); n += weights.numpy().sum()\n"
       "print(json.dumps({'accuracy': float(correct / n), 'n': float(n)}))\n")
-  result = subprocess.run([sys.executable, "-c", script, summary["export"]], cwd=REPO, capture_output=True,
+  result = subprocess.run([sys.executable, "-c", script, summary["export"]["keras"]], cwd=REPO, capture_output=True,
                           text=True, timeout=120)
   assert result.returncode == 0, result.stderr[-2000:]
   reloaded = json.loads(result.stdout.strip().splitlines()[-1])
