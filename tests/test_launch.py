@@ -97,6 +97,10 @@ def test_two_worker_mwms_computes_the_weights_of_two_mirrored_replicas(tiny_digi
   summaries = [json.load(open(tmp_path / d / "summary.json")) for d in ("mwms", "mirrored")]
   for tag in ("train/loss", "train/accuracy"):  # the last call's metrics, summed over both workers
     assert summaries[0][tag] == pytest.approx(summaries[1][tag], rel=1e-4), tag
+  images = tf.constant(np.random.default_rng(0).integers(0, 17, (8, 8, 8, 1)), tf.uint8)
+  served = [tf.saved_model.load(summary["export"]["saved_model"]).signatures["serving_default"](images=images)
+            for summary in summaries]  # the chief's serving export is the mirrored run's
+  np.testing.assert_allclose(served[0]["probabilities"], served[1]["probabilities"], atol=1e-5)
 
 
 def test_a_task_killed_by_a_signal_is_a_lost_worker_and_the_job_exits_with_the_preemption_code(tmp_path):
@@ -168,4 +172,5 @@ def test_parameter_server_with_two_workers_and_one_ps_trains_digits(tmp_path):
   assert result.returncode == 0, result.stdout[-3000:]
   summary = json.load(open(tmp_path / "summary.json"))
   assert summary["step"] == 1100 and summary["eval/accuracy"] >= 0.90
+  assert os.path.isfile(os.path.join(summary["export"]["saved_model"], "saved_model.pb"))
   assert "[chief:0]" in result.stdout and "[worker:1]" in result.stdout and "[ps:0]" in result.stdout
