@@ -72,8 +72,9 @@ def framework_eval(config, workdir):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-  """{run: (summary, saved_model path, framework eval, served probabilities, served classes)}: the runs, then
-  one fresh client process serving every export."""
+  """{run: (summary, saved_model path, framework eval, served probabilities, served classes)} and what
+  `saved_model_cli show` printed for the last export: the runs, then one fresh client process serving every
+  export, beside the CLI (both mostly import TensorFlow: side by side they take the time of one)."""
   results = {}
   for name, config in RUNS.items():
     workdir = str(tmp_path_factory.mktemp(name))
@@ -82,15 +83,21 @@ def exported(tmp_path_factory):
     results[name] = (summary, path, framework_eval(config, workdir))
     np.save(path + ".images.npy", results[name][2][0])
   env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-  done = subprocess.run([sys.executable, "-c", CLIENT, *(r[1] for r in results.values())], cwd="/", env=env,
-                        capture_output=True, text=True, timeout=120)
-  assert done.returncode == 0, done.stderr[-3000:]
-  return {name: (summary, path, evaluation, np.load(path + ".probabilities.npy"), np.load(path + ".classes.npy"))
-          for name, (summary, path, evaluation) in results.items()}
+  client = subprocess.Popen([sys.executable, "-c", CLIENT, *(r[1] for r in results.values())], cwd="/", env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  cli = subprocess.run([os.path.join(os.path.dirname(sys.executable), "saved_model_cli"), "show", "--dir", path,
+                        "--tag_set", "serve", "--signature_def", "serving_default"], cwd=REPO, capture_output=True,
+                       text=True, timeout=120)
+  _, stderr = client.communicate(timeout=120)
+  assert client.returncode == 0, stderr[-3000:]
+  assert cli.returncode == 0, cli.stderr[-2000:]
+  served = {name: (summary, path, evaluation, np.load(path + ".probabilities.npy"), np.load(path + ".classes.npy"))
+            for name, (summary, path, evaluation) in results.items()}
+  return served, cli.stdout
 
 
 def test_the_export_holds_model_keras_and_the_saved_model_and_the_summary_names_both(exported):
-  for name, (summary, path, *_) in exported.items():
+  for name, (summary, path, *_) in exported[0].items():
     export_dir = os.path.dirname(path)
     assert summary["export"] == {"keras": os.path.join(export_dir, "model.keras"), "saved_model": path}, name
     assert os.path.isfile(os.path.join(path, "saved_model.pb")), name
@@ -102,7 +109,7 @@ def test_the_export_holds_model_keras_and_the_saved_model_and_the_summary_names_
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_served_probabilities_are_the_frameworks_eval_on_raw_images(exported, name):
-  _, _, (raw, _, averaged), probabilities, classes = exported[name]
+  _, _, (raw, _, averaged), probabilities, classes = exported[0][name]
   assert raw.dtype == np.uint8 and raw.shape == (BATCH, 8, 8, 1)  # the source's images, before the 12x12 resize
   expected = averaged  # the eval's weights: the moving averages under EMA (the model's own otherwise)
   assert probabilities.dtype == np.float32 and probabilities.shape == (BATCH, 10)
@@ -113,18 +120,13 @@ def test_served_probabilities_are_the_frameworks_eval_on_raw_images(exported, na
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_with_ema_the_export_serves_the_averages_not_the_raw_weights(exported, name):
-  _, _, (_, own, averaged), probabilities, _ = exported[name]
+  _, _, (_, own, averaged), probabilities, _ = exported[0][name]
   assert np.max(np.abs(own - averaged)) > 1e-3  # the two weight sets give different answers on this batch
   assert np.max(np.abs(probabilities - averaged)) < 1e-5 < np.max(np.abs(probabilities - own))
 
 
 def test_saved_model_cli_lists_the_serving_signature(exported):
-  _, path, *_ = exported["mirrored_bfloat16"]
-  cli = os.path.join(os.path.dirname(sys.executable), "saved_model_cli")
-  done = subprocess.run([cli, "show", "--dir", path, "--tag_set", "serve", "--signature_def", "serving_default"],
-                        cwd=REPO, capture_output=True, text=True, timeout=120)
-  assert done.returncode == 0, done.stderr[-2000:]
-  shown = " ".join(done.stdout.split())
-  assert "inputs['images'] tensor_info: dtype: DT_UINT8 shape: (-1, 8, 8, 1)" in shown, done.stdout
-  assert "outputs['probabilities'] tensor_info: dtype: DT_FLOAT shape: (-1, 10)" in shown, done.stdout
-  assert "outputs['classes'] tensor_info: dtype: DT_INT64 shape: (-1)" in shown, done.stdout
+  shown = " ".join(exported[1].split())  # the mirrored bfloat16 run's export
+  assert "inputs['images'] tensor_info: dtype: DT_UINT8 shape: (-1, 8, 8, 1)" in shown, exported[1]
+  assert "outputs['probabilities'] tensor_info: dtype: DT_FLOAT shape: (-1, 10)" in shown, exported[1]
+  assert "outputs['classes'] tensor_info: dtype: DT_INT64 shape: (-1)" in shown, exported[1]
