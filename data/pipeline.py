@@ -53,8 +53,8 @@ def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shar
 
 
 def eval_images(source, data_config):
-  """fn(raw image batch) -> the images as the eval sees them (make_preprocess, training=False): what the serving
-  export runs inside."""
+  """fn(raw image batch) -> the images as the eval sees them (make_preprocess, training=False): eval_dataset and
+  the serving export run it."""
   preprocess = make_preprocess(source, data_config, training=False)
   return lambda images: preprocess(images, None, 0)[0]
 
@@ -176,7 +176,7 @@ def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0
   local_replicas), so every replica gets full, equally many batches and metrics weighted by `weights` count
   each real example exactly once.
   """
-  preprocess = make_preprocess(source, data_config, training=False)
+  preprocess = eval_images(source, data_config)  # the serving export's too
   global_batch = batch_size * num_shards * local_replicas
   padded_size = math.ceil(source.eval_size / global_batch) * global_batch
   ds = source.eval.map(lambda image, label: (image, label, 1.0))
@@ -187,7 +187,7 @@ def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0
     ds = ds.map(lambda record, label, weight: (_decode_real(source, record, weight), label, weight),
                 num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.batch(batch_size, drop_remainder=True)
-  ds = ds.map(lambda images, labels, weights: preprocess(images, labels, 0) + (weights,),
+  ds = ds.map(lambda images, labels, weights: (preprocess(images), labels, weights),
               num_parallel_calls=tf.data.AUTOTUNE)
   return _finish(ds, data_config)
 
