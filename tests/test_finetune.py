@@ -115,11 +115,17 @@ def test_too_little_loaded_is_one_line_error(source, tmp_path):
   assert not (workdir / "checkpoints").exists() and not (workdir / "config.json").exists()
 
 
-@pytest.mark.parametrize("kind", ["prefix", "keras", "weights"])
-def test_other_sources(kind, source, tmp_path):
-  if kind == "prefix":
-    path = os.path.join(source, "checkpoints", "ckpt-150")
-  elif kind == "keras":
+def test_a_checkpoint_prefix_reads_as_its_workdir(source):
+  prefix = init_checkpoint.read(os.path.join(source, "checkpoints", "ckpt-150"), twin=None)
+  latest = init_checkpoint.read(source, twin=None)
+  assert prefix.arrays.keys() == latest.arrays.keys() and len(prefix.arrays) == 8
+  for place, array in latest.arrays.items():
+    np.testing.assert_array_equal(prefix.arrays[place], array)
+
+
+@pytest.mark.parametrize("kind", ["keras", "weights"])
+def test_keras_file_sources(kind, source, tmp_path):
+  if kind == "keras":
     path = os.path.join(source, "export", "model.keras")
   else:
     path = str(tmp_path / "source.weights.h5")

@@ -11,6 +11,7 @@ and by shape; `init.exclude` leaves out variables by their Keras path. Sources:
     did not fill, missing or of another shape, is known).
 """
 
+import contextlib
 import dataclasses
 import os
 import posixpath
@@ -32,7 +33,7 @@ SOURCES = "a workdir, a checkpoint prefix (.../checkpoints/ckpt-N), a .keras fil
 
 
 @dataclasses.dataclass
-class Source:
+class Offered:
   """What a source offers: arrays by place in the model, their readable names, optimizer slots by (slot, place)."""
   description: str
   arrays: dict
@@ -98,7 +99,7 @@ def resolve_prefix(path):
 
 
 def read(path, twin):
-  """The Source at `path`; `twin()` builds a fresh copy of this run's model (for .weights.h5 files)."""
+  """The Offered weights at `path`; `twin()` builds a fresh copy of this run's model (for .weights.h5 files)."""
   if path.endswith(".keras") or path.endswith(".weights.h5"):
     if not tf.io.gfile.exists(path):
       raise ConfigError(f"init.checkpoint '{path}' does not exist; give {SOURCES}")
@@ -110,29 +111,25 @@ def read(path, twin):
   return _from_checkpoint(resolve_prefix(path))
 
 
-class _local_copy:
-  """A local path for `path` (itself when local; else a temporary copy through tf.io.gfile, removed after)."""
-
-  def __init__(self, path):
-    self.path, self.directory = path, None
-
-  def __enter__(self):
-    if "://" not in self.path:
-      return self.path
-    self.directory = tempfile.mkdtemp(prefix="init-checkpoint-")
-    local = os.path.join(self.directory, posixpath.basename(self.path))
-    tf.io.gfile.copy(self.path, local, overwrite=True)
-    return local
-
-  def __exit__(self, *exc):
-    if self.directory:
-      shutil.rmtree(self.directory, ignore_errors=True)
+@contextlib.contextmanager
+def _local_copy(path):
+  """A local path for `path`: itself when local, else a temporary copy through tf.io.gfile (removed after)."""
+  if "://" not in path:
+    yield path
+    return
+  directory = tempfile.mkdtemp(prefix="init-checkpoint-")
+  try:
+    local = os.path.join(directory, posixpath.basename(path))
+    tf.io.gfile.copy(path, local, overwrite=True)
+    yield local
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _from_keras_file(path, local):
   model = keras.models.load_model(local, compile=False)
   variables = model_variables(model)
-  return Source(f"{path} (Keras model)", {p: v.numpy() for p, v in variables.items()},
+  return Offered(f"{path} (Keras model)", {p: v.numpy() for p, v in variables.items()},
                 {p: v.path for p, v in variables.items()})
 
 
@@ -145,7 +142,7 @@ def _from_weights_file(path, local, twin):
   variables = {p: v for p, v in model_variables(model).items() if v.dtype.startswith("float")}
   arrays = {p: v.numpy() for p, v in variables.items()}
   arrays = {p: a for p, a in arrays.items() if not np.isnan(a).all()}
-  return Source(f"{path} (Keras weights)", arrays, {p: variables[p].path for p in arrays})
+  return Offered(f"{path} (Keras weights)", arrays, {p: variables[p].path for p in arrays})
 
 
 def _from_checkpoint(prefix):
@@ -162,7 +159,7 @@ def _from_checkpoint(prefix):
   node_places = _node_places(graph, root["model"])
   keys = {place: _value_key(graph.nodes[node]) for node, place in node_places.items()}
   arrays = {place: reader.get_tensor(key) for place, key in keys.items() if key}
-  source = Source(prefix, arrays, {place: place for place in arrays})
+  source = Offered(prefix, arrays, {place: place for place in arrays})
   if "optimizer" in root:
     source.slots = _slots(graph, reader, root["optimizer"], node_places)
   return source
