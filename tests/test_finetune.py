@@ -9,11 +9,13 @@ import os
 import keras
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from errors import ConfigError
 from loops import run
 from loops.model import freeze as freeze_lib
 from loops.persist import init_checkpoint
+from loops.persist import starts
 import models
 from models import resnet
 from tests.conftest import load_config, run_main, set_keys
@@ -101,6 +103,7 @@ def test_shape_mismatch_is_skipped_and_a_resume_ignores_init(source, tmp_path, c
     summary = run.train_and_evaluate(config, workdir)
   assert summary["step"] == 10 and "init/loaded" not in summary
   assert f"init.checkpoint '{source}' is ignored" in caplog.text
+  assert starts.is_accepted("init.checkpoint") and not starts.is_accepted("train.freeze")
 
 
 def test_too_little_loaded_is_one_line_error(source, tmp_path):
@@ -125,8 +128,10 @@ def test_a_checkpoint_prefix_reads_as_its_workdir(source):
 
 @pytest.mark.parametrize("kind", ["keras", "weights"])
 def test_keras_file_sources(kind, source, tmp_path):
-  if kind == "keras":
-    path = os.path.join(source, "export", "model.keras")
+  if kind == "keras":  # through tf.io.gfile from a non-local filesystem (copied to a local file for Keras)
+    path = "ram://finetune/model.keras"
+    tf.io.gfile.makedirs("ram://finetune")
+    tf.io.gfile.copy(os.path.join(source, "export", "model.keras"), path, overwrite=True)
   else:
     path = str(tmp_path / "source.weights.h5")
     keras.models.load_model(os.path.join(source, "export", "model.keras")).save_weights(path)
@@ -163,3 +168,18 @@ def test_imagenet_weights_missing_from_the_cache_name_file_place_and_url(tmp_pat
   with pytest.raises(ConfigError, match=rf"place {name} in {tmp_path}/models/ \(download "
                                         rf"https://storage.googleapis.com/tensorflow/keras-applications/resnet/{name}"):
     models.build("resnet50v2", (32, 32, 3), 10, weights="imagenet")
+
+
+def test_imagenet_weights_in_the_cache_are_used_with_a_new_head(tmp_path, monkeypatch):
+  """A stand-in for Keras' cached file (same name and legacy h5 layout, one kernel set to 0.5) reaches the model."""
+  from keras.src.legacy.saving import legacy_h5_format  # the layout Keras' application files use
+  import h5py
+  body = keras.applications.ResNet50V2(include_top=False, weights=None, input_shape=(32, 32, 3), pooling="avg")
+  body.get_layer("conv1_conv").kernel.assign(np.full(body.get_layer("conv1_conv").kernel.shape, 0.5, "float32"))
+  os.makedirs(tmp_path / "models")
+  with h5py.File(tmp_path / "models" / "resnet50v2_weights_tf_dim_ordering_tf_kernels_notop.h5", "w") as f:
+    legacy_h5_format.save_weights_to_hdf5_group(f, body)
+  monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+  model = models.build("resnet50v2", (32, 32, 3), 7, weights="imagenet")
+  assert model.output.shape == (None, 7) and model.layers[-1].name == "logits"
+  assert np.all(model.get_layer("conv1_conv").kernel.numpy() == 0.5)
