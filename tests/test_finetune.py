@@ -183,3 +183,22 @@ def test_imagenet_weights_in_the_cache_are_used_with_a_new_head(tmp_path, monkey
   model = models.build("resnet50v2", (32, 32, 3), 7, weights="imagenet")
   assert model.output.shape == (None, 7) and model.layers[-1].name == "logits"
   assert np.all(model.get_layer("conv1_conv").kernel.numpy() == 0.5)
+
+
+@pytest.mark.parametrize("optimizer_state", [False, True])
+def test_optimizer_slots_are_taken_only_when_asked(source, optimizer_state):
+  init = set_keys(load_config("digits_cnn"), {"init.checkpoint": source, "init.optimizer_state": optimizer_state,
+                                              "init.exclude": ("logits",)}).init
+  model = models.build("digits_cnn", (8, 8, 1), 10)
+  optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
+  optimizer.build(model.trainable_variables)
+  _, counts = init_checkpoint.warm_start(init, model, optimizer, tf.distribute.get_strategy(), twin=None)
+  saved = tf.train.load_checkpoint(os.path.join(source, "checkpoints")).get_tensor("optimizer/_variables/2/.ATTRIBUTES/VARIABLE_VALUE")
+  assert saved.shape == (3, 3, 1, 32) and np.abs(saved).max() > 0  # conv1's kernel momentum in the source
+  conv1_momentum, logits_momentum = optimizer.momentums[0].numpy(), optimizer.momentums[-2].numpy()
+  if optimizer_state:
+    assert counts["init/optimizer_slots"] == 6  # the loaded variables' momentums; the excluded head's stay 0
+    np.testing.assert_array_equal(conv1_momentum, saved)
+  else:
+    assert "init/optimizer_slots" not in counts and not conv1_momentum.any()
+  assert not logits_momentum.any()
