@@ -202,3 +202,13 @@ def test_optimizer_slots_are_taken_only_when_asked(source, optimizer_state):
   else:
     assert "init/optimizer_slots" not in counts and not conv1_momentum.any()
   assert not logits_momentum.any()
+
+
+def test_dry_run_reports_what_would_be_loaded_and_trained(source, tmp_path):
+  report = run.train_and_evaluate(digits(5, **{"init.checkpoint": source}, **HEAD_FRESH_BODY_FROZEN),
+                                  str(tmp_path / "dry"), dry_run=True)
+  assert report["trained_parameters"] == 128 * 10 + 10
+  assert report["init"].endswith("ckpt-150: {'init/loaded': 6, 'init/skipped_shape': 0, 'init/excluded': 2, "
+                                 "'init/not_in_checkpoint': 0, 'init/not_in_model': 0, 'init/loaded_fraction': "
+                                 "0.991474}")
+  assert not (tmp_path / "dry").exists()

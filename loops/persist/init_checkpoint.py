@@ -230,15 +230,11 @@ def table(description, result):
   return "\n".join(lines)
 
 
-def warm_start(init, model, optimizer, strategy, twin):
-  """Loads init.checkpoint into `model` (and, with init.optimizer_state, `optimizer`'s slots) under `strategy`.
-
-  Returns:
-    (the table's text, the counts for summary.json).
+def inspect(init, model, twin):
+  """(source, {place: variable}, Match) for init.checkpoint against `model`; nothing is assigned (--dry_run).
 
   Raises:
-    ConfigError: a missing or unreadable source, or less than init.min_fraction of the model's scalars loaded
-      (nothing is assigned then).
+    ConfigError: a missing or unreadable source, or less than init.min_fraction of the model's scalars loadable.
   """
   source = read(init.checkpoint, twin)
   variables = model_variables(model)
@@ -250,6 +246,19 @@ def warm_start(init, model, optimizer, strategy, twin):
         f"{len(result.skipped)} of another shape ({compact(result.skipped, 3)}), {len(result.missing)} not in "
         f"the checkpoint, {len(result.unused)} not in the model; check the path and model.name/model.kwargs, "
         f"or lower init.min_fraction")
+  return source, variables, result
+
+
+def warm_start(init, model, optimizer, strategy, twin):
+  """Loads init.checkpoint into `model` (and, with init.optimizer_state, `optimizer`'s slots) under `strategy`.
+
+  Returns:
+    (the table's text, the counts for summary.json).
+
+  Raises:
+    ConfigError: as inspect (nothing is assigned then).
+  """
+  source, variables, result = inspect(init, model, twin)
   by_path = {v.path: place for place, v in variables.items()}
   with strategy.scope():
     for path in result.loaded:
