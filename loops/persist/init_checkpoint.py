@@ -239,6 +239,10 @@ def inspect(init, model, twin):
   source = read(init.checkpoint, twin)
   variables = model_variables(model)
   result = match(source, variables, tuple(init.exclude))
+  for pattern in init.exclude:
+    if not any(re.search(pattern, v.path) for v in variables.values()):
+      logging.warning("init.exclude pattern '%s' matches no variable of the model (paths: %s)", pattern,
+                      compact([v.path for v in variables.values()], 4))
   if result.fraction < init.min_fraction:
     raise ConfigError(
         f"init.checkpoint '{init.checkpoint}' would load {100 * result.fraction:.1f}% of the model's weights "
