@@ -154,7 +154,7 @@ def test_frozen_batchnorm_runs_in_inference_mode_unless_asked(batchnorm_stats):
   model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3, name="body"),
                             keras.layers.BatchNormalization(name="body_bn"), keras.layers.Dense(2, name="head")])
   frozen = freeze_lib.freeze(model, ("body",), batchnorm_stats=batchnorm_stats)
-  assert frozen == ["sequential/body", "sequential/body_bn"] or all("body" in p for p in frozen)
+  assert [p.split("/", 1)[1] for p in frozen] == ["body", "body_bn"]
   assert [v.path.split("/", 1)[1] for v in model.trainable_variables] == ["head/kernel", "head/bias"]
   bn = model.get_layer("body_bn")
   before = bn.moving_mean.numpy().copy()
