@@ -16,6 +16,7 @@ def get_config(arg=None):
   _model_and_loss(c)
   _optimizer(c)
   _train(c)
+  _init(c)
   _eval_and_checkpoints(c)
   _monitoring(c)
   c.lock()  # a config file that sets a key defined nowhere here (a misspelling) fails, as on the command line
@@ -176,8 +177,31 @@ def _train(c):
   # once (same update as the whole batch, ~1/k of the activation memory; BatchNorm sees micro-batches).
   c.train.grad_accum_steps = 1
 
+  # Regular expressions searched in each layer's path (e.g. "digits_cnn/conv1"; nested layers too): those layers'
+  # weights get no gradient (not computed, not all-reduced) and no update. () = train everything.
+  c.train.freeze = ()
+  # True: frozen BatchNormalization layers run in inference mode (their moving statistics, never updated).
+  # False: they normalise with batch statistics and update their moving averages; only gamma/beta are frozen.
+  c.train.freeze_batchnorm_stats = True
+
   c.mixed_precision = config_dict.placeholder(str)  # None | "bfloat16" | "float16" (with loss scaling)
   c.jit_compile = False  # XLA-compile the per-replica step.
+
+
+def _init(c):
+  """Warm start: a new run's weights from another run or a Keras file (read at the first start only)."""
+  c.init = ml_collections.ConfigDict()
+  # "" = random init. A workdir (its latest checkpoint), a checkpoint prefix (.../ckpt-N), a .keras file or a
+  # .weights.h5 file; any tf.io.gfile path. Variables are matched by their place in the model and their shape.
+  # A workdir with checkpoints of its own resumes from them and ignores this.
+  c.init.checkpoint = ""
+  c.init.exclude = ()  # regular expressions searched in variable paths (e.g. "logits"): those start fresh
+  # Stop (one line, before training) when less than this fraction of the model's weights, counted in scalars
+  # (every variable, BatchNorm statistics included), would be loaded: a wrong path must not train from scratch.
+  c.init.min_fraction = 0.5
+  # True: also take the optimizer's slots (momentum, Adam moments) of the loaded variables where they match
+  # (checkpoint sources only). The step, the optimizer's iteration count and the schedule start fresh.
+  c.init.optimizer_state = False
 
 
 def _eval_and_checkpoints(c):

@@ -19,6 +19,7 @@ from loops.distribute import cluster
 from loops.distribute import execution
 from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
+from loops.model import freeze as freeze_lib
 from loops.model import losses
 from loops.model import metrics as metrics_lib
 from loops.model import model as model_lib
@@ -101,6 +102,11 @@ def _build_trainables(config, strategy, plan, input_shape, num_classes):
   """Model, optimizer (built before the first step: a Keras 3 multi-replica pitfall) and step counter."""
   with strategy.scope():
     model = model_lib.build_model(config, input_shape, num_classes)
+    if config.train.freeze:
+      frozen = freeze_lib.freeze(model, tuple(config.train.freeze), config.train.freeze_batchnorm_stats)
+      logging.info("train.freeze: %d layer(s) frozen, %d of %d parameters trained: %s", len(frozen),
+                   sum(int(v.numpy().size) for v in model.trainable_variables), model.count_params(),
+                   freeze_lib.compact(frozen))
     schedule = optimizers.learning_rate_schedule(config.optimizer, plan.learning_rate, plan.total_steps,
                                                  plan.steps_per_epoch)
     optimizer = optimizers.build(config.optimizer, schedule, loss_scaling=config.mixed_precision == "float16")

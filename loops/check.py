@@ -48,6 +48,7 @@ def check(config):
   _check_model_and_loss(config)
   _check_optimizer(config.optimizer)
   _check_train(config.train)
+  _check_init(config.init, config.train)
   _check_cadence(config)
   _check_outputs(config)
   tags = _check_metric_names(tuple(config.eval.metrics))
@@ -229,6 +230,23 @@ def _check_train(t):
   if not isinstance(t.steps_per_loop, int) or t.steps_per_loop < 1:
     raise ConfigError(f"train.steps_per_loop must be a positive integer, got {t.steps_per_loop!r}")
   _at_least("train.grad_accum_steps", t.grad_accum_steps, 1, "a positive integer")
+
+
+def _check_init(init, train):
+  """init.* and train.freeze: valid regular expressions, a fraction, a source of a kind that can be read."""
+  for key, patterns in (("init.exclude", init.exclude), ("train.freeze", train.freeze)):
+    if isinstance(patterns, str):
+      raise ConfigError(f"{key} must be a tuple of regular expressions, e.g. ('{patterns}',); got a string")
+    for pattern in patterns:
+      try:
+        re.compile(pattern)
+      except (re.error, TypeError) as e:
+        raise ConfigError(f"{key} pattern {pattern!r} is not a regular expression: {e}") from None
+  if not isinstance(init.min_fraction, (int, float)) or not 0.0 <= init.min_fraction <= 1.0:
+    raise ConfigError(f"init.min_fraction must be a number in [0, 1], got {init.min_fraction!r}")
+  if init.optimizer_state and (init.checkpoint.endswith(".keras") or init.checkpoint.endswith(".h5")):
+    raise ConfigError(f"init.optimizer_state needs a checkpoint (a workdir or .../ckpt-N), not the Keras file "
+                      f"'{init.checkpoint}'")
 
 
 def _check_cadence(config):

@@ -13,6 +13,8 @@ from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
 from loops.model import fused_batchnorm
 from loops.model import metrics as metrics_lib
+from loops.model import model as model_lib
+from loops.persist import init_checkpoint
 
 
 def dry_run(config, workdir, parts, user_callbacks):
@@ -51,11 +53,23 @@ def dry_run(config, workdir, parts, user_callbacks):
       "checkpoints": posixpath.join(_absolute(workdir), "checkpoints"),
       "resumes_from": tf.train.latest_checkpoint(posixpath.join(workdir, "checkpoints")),
   }
+  report["trained_parameters"] = sum(math.prod(v.shape) for v in parts.model.trainable_variables)
+  if config.init.checkpoint:
+    report["init"] = _init_line(config, parts, report["resumes_from"])
   print(f"config:\n{config}")
   print("dry run (nothing trained or written):")
   for key, value in report.items():
     print(f"  {key}: {value}")
   return report
+
+
+def _init_line(config, parts, resumes_from):
+  """What init.checkpoint would load (the same checks as the run: a refusal raises here)."""
+  if resumes_from:
+    return f"ignored: the run resumes from {resumes_from}"
+  twin = lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
+  source, _, result = init_checkpoint.inspect(config.init, parts.model, twin)
+  return f"{source.description}: {result.counts()}"
 
 
 def _residency_line(parts, config):

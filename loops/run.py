@@ -32,8 +32,10 @@ from loops.distribute import execution as execution_lib
 from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
 from loops.model import metrics as metrics_lib
+from loops.model import model as model_lib
 from loops.model import optimizers
 from loops.persist import checkpoints as checkpoints_lib
+from loops.persist import init_checkpoint
 from loops.persist import workdir_lock
 from loops.persist import writers
 
@@ -100,9 +102,12 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
   checkpoints = checkpoints_lib.Checkpoints(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep,
                                             task.is_chief)
   cleanup.callback(checkpoints.close)
-  checkpoints.restore_latest()  # refuses a checkpoint of another model before anything in the workdir is touched
+  restored = checkpoints.restore_latest()  # refuses a checkpoint of another model before the workdir is touched
+  init_table, init_counts = _warm_start(config, parts, restored)  # a refusal also stops before anything is written
   writer = writers.for_task(workdir, task.is_chief)
   writer.prepare_workdir(config)  # only once every name, value and checkpoint has been accepted
+  if init_table:
+    writer.info("%s", init_table)
   writer.write_json("plan.json", dataclasses.asdict(parts.plan))  # the derived values (the evaluator's end step)
   cleanup.callback(writer.close)
   execution = execution_lib.make(parts, config)
@@ -110,6 +115,7 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
   state = loop_lib.State(step=execution.step, total_steps=parts.plan.total_steps,
                          steps_per_epoch=parts.plan.steps_per_epoch, is_chief=task.is_chief, workdir=workdir,
                          writer=writer, config=config)
+  state.summary.update(init_counts)
   nan_guard = NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,
                        log=logging.warning)
   observers, saving_phase = _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guard,
@@ -126,6 +132,18 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
     if lost is None:
       raise
     raise lost from e
+
+
+def _warm_start(config, parts, restored):
+  """(table text or "", summary counts): init.checkpoint loaded into a new run; a resumed run ignores it."""
+  if not config.init.checkpoint:
+    return "", {}
+  if restored:
+    logging.warning("resuming from %s: init.checkpoint '%s' is ignored (it only initialises a new run)", restored,
+                    config.init.checkpoint)
+    return "", {}
+  twin = lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
+  return init_checkpoint.warm_start(config.init, parts.model, parts.optimizer, parts.strategy, twin)
 
 
 def _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guard, wall_started, cleanup):

@@ -1,0 +1,54 @@
+"""train.freeze: layers whose weights get no gradient (left out of the trainable variables, so the tape never
+computes their gradients and nothing all-reduces them) and whose BatchNormalization runs in inference mode."""
+
+import re
+
+import keras
+
+from errors import ConfigError
+
+
+def layer_paths(model):
+  """The paths of every layer inside `model` (nested ones too), e.g. "digits_cnn/conv1"."""
+  return [layer.path for layer in model._flatten_layers(include_self=False) if layer.path]  # pylint: disable=protected-access
+
+
+def freeze(model, patterns, batchnorm_stats=True):
+  """Freezes the layers of `model` whose path matches one of the regular expressions `patterns` (re.search),
+  with every layer inside them. Call before the optimizer is built.
+
+  batchnorm_stats: True = a frozen BatchNormalization runs in inference mode (Keras' layer.trainable=False);
+  False = it keeps normalising with batch statistics (moving averages updated), only gamma and beta frozen.
+
+  Returns:
+    The paths of the frozen layers that hold weights.
+
+  Raises:
+    ConfigError: a pattern that matches no layer (one line listing the layers).
+  """
+  layers = [l for l in model._flatten_layers(include_self=False) if l.path]  # pylint: disable=protected-access
+  chosen = []
+  for pattern in patterns:
+    matched = [l for l in layers if re.search(pattern, l.path)]
+    if not matched:
+      raise ConfigError(f"train.freeze pattern '{pattern}' matches no layer; layers: {compact(layer_paths(model))}")
+    chosen.extend(matched)
+  frozen = {}
+  for layer in chosen:
+    for inner in layer._flatten_layers(include_self=True):  # pylint: disable=protected-access
+      if not inner._flatten_layers(include_self=False):  # leaves only: a container's flag would reach its BN  # pylint: disable=protected-access
+        frozen[id(inner)] = inner
+  for layer in frozen.values():
+    if isinstance(layer, keras.layers.BatchNormalization) and not batchnorm_stats:
+      for variable in layer.trainable_weights:
+        variable.trainable = False
+    else:
+      layer.trainable = False
+  return [layer.path for layer in frozen.values() if layer.weights]
+
+
+def compact(names, limit=12):
+  """'a, b, c' with at most `limit` names, then '... (N more)'."""
+  names = list(names)
+  shown = ", ".join(names[:limit])
+  return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
