@@ -54,7 +54,8 @@ def _runtime(c):
   c.cluster.collective_timeout_seconds = config_dict.placeholder(float)  # None = wait forever.
   c.cluster.tpu = ""  # strategy=tpu: TPU name or grpc:// address ("" = from the environment, e.g. a TPU VM).
   # A worker whose peers (MPI: their address files) have not all joined within this many seconds stops with one
-  # line naming the addresses nothing listens on, exit status 143 (128 + SIGTERM: restartable); SIGTERM and Ctrl-C end the wait at once.
+  # line naming the addresses nothing listens on, exit status 143 (128 + SIGTERM: restartable); SIGTERM and
+  # Ctrl-C end the wait at once.
   c.cluster.startup_timeout_seconds = 600.0
 
 

@@ -61,6 +61,12 @@ def test_srun_with_pmi2_is_slurm_not_hydra_and_no_launcher_is_none():
   assert mpi.detect(open_mpi(0, HOROVOD_RANK="0", HOROVOD_SIZE="2")) == "open_mpi"  # horovodrun over mpirun
 
 
+def test_a_rank_bound_to_one_core_of_several_is_warned_about():
+  assert mpi.binding_warning(1, 2).startswith("the MPI launcher bound this rank to 1 of the machine's 2 cores")
+  assert "mpirun --bind-to none" in mpi.binding_warning(1, 64)
+  assert mpi.binding_warning(16, 64) is None and mpi.binding_warning(1, 1) is None  # a cgroup's share, one core
+
+
 @pytest.mark.parametrize("env, message", [
     ({}, "cluster.source is mpi but no MPI launcher's variables are set (start the training with `mpirun -np N`"),
     (open_mpi(0, OMPI_COMM_WORLD_SIZE="two"), "OMPI_COMM_WORLD_SIZE is not a number: 'two'"),
@@ -151,7 +157,8 @@ COMMON = ["main.py", "--config=configs/digits_cnn.py", "--config.strategy=multi_
 
 def train(command, workdir):
   env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",  # Open MPI as root
-         "OMPI_MCA_rmaps_base_oversubscribe": "1"}  # a CI machine with one core
+         "OMPI_MCA_rmaps_base_oversubscribe": "1",  # a CI machine with one core
+         "OMPI_MCA_hwloc_base_binding_policy": "none"}  # as launch.local: not one core per rank (--bind-to none)
   env.pop("TF_CONFIG", None)
   result = subprocess.run(command + [PY] + COMMON + [f"--workdir={workdir}"], cwd=REPO, env=env, timeout=400,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -164,6 +171,7 @@ def train(command, workdir):
 def test_mpirun_two_ranks_train_as_launch_local_two_workers(tmp_path):
   by_mpirun, log = train([MPIRUN, "-np", "2"], str(tmp_path / "mpirun"))
   by_launcher, _ = train([PY, "-m", "launch.local", "--workers=2", "--"], str(tmp_path / "local"))
+  assert "bound this rank to 1" not in log
   assert re.search(r"(Open MPI mpirun|MPICH \(Hydra\) mpiexec) rank 1 of 2: cluster \[", log), log[-3000:]
   for summary in (by_mpirun, by_launcher):
     assert (summary["step"], summary["replicas"], summary["global_batch_size"]) == (60, 2, 64)

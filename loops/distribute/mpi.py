@@ -7,6 +7,7 @@ describe the daemons, not the ranks, so the launcher's own variables are read fi
 """
 
 import dataclasses
+import os
 import re
 
 from errors import ConfigError
@@ -56,6 +57,18 @@ def from_environment(environ):
     raise ConfigError(f"{NAMES[launcher]} environment is inconsistent: {rank_name}={rank}, {size_name}={size}")
   key, unique = job_key(launcher, environ, size)
   return Launch(launcher, rank, size, local_rank, key, unique)
+
+
+def binding_warning(usable_cores=None, machine_cores=None):
+  """A warning when the launcher bound this rank to one core of several (Open MPI binds each rank to a core when
+  -np <= 2, to a socket above; Hydra with -bind-to), else None: one process drives all of a machine's devices."""
+  if usable_cores is None:
+    usable_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 0
+  machine_cores = (os.cpu_count() or 1) if machine_cores is None else machine_cores
+  if usable_cores != 1 or machine_cores < 2:
+    return None
+  return (f"the MPI launcher bound this rank to 1 of the machine's {machine_cores} cores: its input pipeline and "
+          "TensorFlow's threads share that core; start with `mpirun --bind-to none` (MPICH: `-bind-to none`)")
 
 
 def _number(environ, name):
