@@ -13,11 +13,12 @@ import threading
 import pytest
 
 from errors import ConfigError, WorkerLostError
+from loops import check
 from loops.distribute import cluster
 from loops.distribute import mpi
 from loops.distribute import rendezvous
 from loops.distribute import startup
-from tests.conftest import REPO
+from tests.conftest import REPO, load_config
 
 PY = sys.executable
 
@@ -81,6 +82,16 @@ def test_bad_launcher_environment_is_one_line(env, message):
 def test_one_rank_is_a_local_run_and_writes_nothing(tmp_path):
   assert cluster.from_environment(open_mpi(0, size=1), workdir=str(tmp_path)) == cluster.Task()
   assert os.listdir(tmp_path) == []
+
+
+def test_cluster_source_mpi_is_a_valid_setting():
+  config = load_config("digits_cnn")
+  config.cluster.source = "mpi"
+  check.check(config)
+  config.cluster.source = "mpii"
+  with pytest.raises(ConfigError, match=r"unknown cluster.source 'mpii' \(did you mean 'mpi'\?\); valid: auto, "
+                                        r"tf_config, slurm, mpi, local"):
+    check.check(config)
 
 
 def meet(environs, workdir, timeout=20.0):
