@@ -158,6 +158,16 @@ def test_bounded_start_removes_the_rank_file_once_every_peer_answers(tmp_path):
   assert os.path.exists(tasks[1].rendezvous_file)  # rank 1's own: removed by rank 1
 
 
+def test_a_rank_that_stops_before_the_start_removes_its_file_when_it_exits(tmp_path):
+  script = ("import sys; from loops.distribute import rendezvous\n"
+            "addresses, own = rendezvous.exchange(sys.argv[1], 'hydra-size1', 0, 1, 10)\n"
+            "print(addresses, own, flush=True); sys.exit(1)  # as a config error after the exchange\n")
+  result = subprocess.run([PY, "-c", script, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True, timeout=120)
+  assert result.returncode == 1 and str(tmp_path / ".cluster" / "hydra-size1" / "rank-0.json") in result.stdout
+  assert os.listdir(tmp_path / ".cluster") == []
+
+
 # ------------------------------------------------------------------ one real mpirun, against launch.local
 
 MPIRUN = shutil.which("mpirun")

@@ -2,9 +2,12 @@
 
 Rank r writes `<workdir>/.cluster/<job key>/rank-r.json` ({"rank", "size", "address"}; written whole, then renamed)
 and reads the others' files until it has all of them; the job key (loops/distribute/mpi.py) keeps other launches
-apart. Each rank removes its own file once every peer answers (startup.bounded_start): by then all have read it.
+apart. Each rank removes its own file once every peer answers (startup.bounded_start): by then all have read it;
+a rank that stops before (a config error after the exchange) removes it when it exits, so that a later launch under
+a key that can repeat (Hydra's) never reads it.
 """
 
+import atexit
 import json
 import posixpath
 import socket
@@ -90,18 +93,21 @@ def _read(path, size):
 def exchange(workdir, key, rank, size, timeout_seconds):
   """(every rank's host:port in rank order, this rank's file): this rank publishes a free port and collects."""
   own = publish(workdir, key, rank, size, f"{this_host()}:{free_port()}")
+  atexit.register(forget, own)  # also when this rank stops before the cluster starts (no-op once forgotten)
   return collect(workdir, key, size, timeout_seconds), own
 
 
 def forget(path):
   """Removes a rank's file (once its peers have read it), and the launch's folder once it is empty; a file or
   folder another rank removed first is fine."""
+  if not path:
+    return
   import tensorflow as tf
 
   try:
-    if path and tf.io.gfile.exists(path):
+    if tf.io.gfile.exists(path):
       tf.io.gfile.remove(path)
-    if path and not tf.io.gfile.listdir(posixpath.dirname(path)):
+    if not tf.io.gfile.listdir(posixpath.dirname(path)):
       tf.io.gfile.rmtree(posixpath.dirname(path))
   except tf.errors.NotFoundError:
     pass
