@@ -87,7 +87,7 @@ def from_mpi(environ, workdir, timeout_seconds):
                       "ranks exchange their addresses through it")
   if not launch.job_key_is_unique:
     logging.warning("%s names no job id: the ranks meet under the key '%s' (launcher, size, resource manager job); "
-                    "files a crashed earlier launch left in %s would be read: remove that folder if the start "
+                    "files a killed earlier launch left in %s would be read: remove that folder if the start "
                     "fails", mpi.NAMES[launch.launcher], launch.job_key, rendezvous.folder(workdir, launch.job_key))
   bound = mpi.binding_warning()
   if bound:
