@@ -64,6 +64,14 @@ def test_srun_with_pmi2_is_slurm_not_hydra_and_no_launcher_is_none():
   assert mpi.detect(open_mpi(0, HOROVOD_RANK="0", HOROVOD_SIZE="2")) == "open_mpi"  # horovodrun over mpirun
 
 
+def test_ranks_that_share_a_machine_and_all_its_gpus_are_warned_about():
+  assert mpi.from_environment(open_mpi(0, OMPI_COMM_WORLD_LOCAL_SIZE="2")).local_size == 2
+  assert mpi.from_environment({"PMI_RANK": "0", "PMI_SIZE": "2", "MPI_LOCALRANKID": "0"}).local_size == 1
+  assert mpi.shared_gpus_warning(4, 4).startswith("4 ranks run on this machine and each takes all its 4 GPUs")
+  assert mpi.shared_gpus_warning(1, 8) is None  # one rank per machine
+  assert mpi.shared_gpus_warning(4, 1) is None and mpi.shared_gpus_warning(2, 0) is None  # pinned, or no GPU
+
+
 def test_a_rank_bound_to_one_core_of_several_is_warned_about():
   assert mpi.binding_warning(1, 2).startswith("the MPI launcher bound this rank to 1 of the machine's 2 cores")
   assert "mpirun --bind-to none" in mpi.binding_warning(1, 64)

@@ -89,12 +89,19 @@ def from_mpi(environ, workdir, timeout_seconds):
     logging.warning("%s names no job id: the ranks meet under the key '%s' (launcher, size, resource manager job); "
                     "files a killed earlier launch left in %s would be read: remove that folder if the start "
                     "fails", mpi.NAMES[launch.launcher], launch.job_key, rendezvous.folder(workdir, launch.job_key))
-  bound = mpi.binding_warning()
-  if bound:
-    logging.warning("%s", bound)
+  for warning in (mpi.binding_warning(), mpi.shared_gpus_warning(launch.local_size, _gpu_count())):
+    if warning:
+      logging.warning("%s", warning)
   addresses, own_file = rendezvous.exchange(workdir, launch.job_key, launch.rank, launch.size, timeout_seconds)
   logging.info("%s rank %d of %d: cluster %s", mpi.NAMES[launch.launcher], launch.rank, launch.size, addresses)
   return Task(type="worker", index=launch.rank, cluster={"worker": addresses}, rendezvous_file=own_file)
+
+
+def _gpu_count():
+  """GPUs this process sees (lists devices without starting TensorFlow's runtime)."""
+  import tensorflow as tf
+
+  return len(tf.config.list_physical_devices("GPU"))
 
 
 def in_srun_step_of_several_tasks(environ):

@@ -19,6 +19,7 @@ VARIABLES = {
     "hydra": ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
     "horovod": ("HOROVOD_RANK", "HOROVOD_SIZE", "HOROVOD_LOCAL_RANK"),
 }
+LOCAL_SIZES = {"open_mpi": "OMPI_COMM_WORLD_LOCAL_SIZE", "hydra": "MPI_LOCALNRANKS", "horovod": "HOROVOD_LOCAL_SIZE"}
 NAMES = {"open_mpi": "Open MPI mpirun", "hydra": "MPICH (Hydra) mpiexec", "horovod": "horovodrun (Gloo)"}
 # The job of a resource manager, for a launcher that names none of its own: (variable, step variable or None).
 RESOURCE_MANAGER_JOBS = (("SLURM_JOB_ID", "SLURM_STEP_ID"), ("PBS_JOBID", None), ("LSB_JOBID", None),
@@ -31,6 +32,7 @@ class Launch:
   rank: int
   size: int
   local_rank: int
+  local_size: int  # ranks on this machine (1 when the launcher does not say)
   job_key: str  # names this launch's rendezvous folder: distinct for every launch (see job_key)
   job_key_is_unique: bool = True  # False: no launcher job id; the key can repeat (a warning says so)
 
@@ -53,10 +55,11 @@ def from_environment(environ):
   rank_name, size_name, local_name = VARIABLES[launcher]
   rank, size = _number(environ, rank_name), _number(environ, size_name)
   local_rank = _number(environ, local_name) if environ.get(local_name, "").strip() else 0
+  local_size = _number(environ, LOCAL_SIZES[launcher]) if environ.get(LOCAL_SIZES[launcher], "").strip() else 1
   if size < 1 or not 0 <= rank < size:
     raise ConfigError(f"{NAMES[launcher]} environment is inconsistent: {rank_name}={rank}, {size_name}={size}")
   key, unique = job_key(launcher, environ, size)
-  return Launch(launcher, rank, size, local_rank, key, unique)
+  return Launch(launcher, rank, size, local_rank, local_size, key, unique)
 
 
 def binding_warning(usable_cores=None, machine_cores=None):
@@ -69,6 +72,16 @@ def binding_warning(usable_cores=None, machine_cores=None):
     return None
   return (f"the MPI launcher bound this rank to 1 of the machine's {machine_cores} cores: its input pipeline and "
           "TensorFlow's threads share that core; start with `mpirun --bind-to none` (MPICH: `-bind-to none`)")
+
+
+def shared_gpus_warning(local_size, gpus):
+  """A warning when several ranks share a machine and each sees all its GPUs (Horovod's one rank per GPU, without
+  pinning): every rank would take every GPU. None otherwise (one rank per machine, or ranks already pinned)."""
+  if local_size < 2 or gpus < local_size:
+    return None
+  return (f"{local_size} ranks run on this machine and each takes all its {gpus} GPUs (multi_worker_mirrored drives "
+          "a machine's GPUs from one process): start one rank per machine (mpirun --map-by ppr:1:node, mpiexec "
+          "-ppn 1, horovodrun -H host:1)")
 
 
 def _number(environ, name):
