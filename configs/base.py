@@ -42,7 +42,7 @@ def _runtime(c):
   c.inter_op_threads = 0  # ops run in parallel (0 = default)
 
   c.cluster = ml_collections.ConfigDict()
-  c.cluster.source = "auto"  # auto | tf_config | slurm | local (see loops/distribute/cluster.py)
+  c.cluster.source = "auto"  # auto | tf_config | slurm | mpi | local (see loops/distribute/cluster.py)
   # SLURM: task i of a node listens on port_base + i. None = 20000 + (SLURM_JOB_ID % 199) * 64 (ports 20000-32735,
   # below Linux's ephemeral range): distinct for jobs and array tasks sharing a node (loops/distribute/cluster.py).
   c.cluster.slurm_port_base = config_dict.placeholder(int)
@@ -54,8 +54,9 @@ def _runtime(c):
   c.cluster.bytes_per_pack = 0
   c.cluster.collective_timeout_seconds = config_dict.placeholder(float)  # None = wait forever.
   c.cluster.tpu = ""  # strategy=tpu: TPU name or grpc:// address ("" = from the environment, e.g. a TPU VM).
-  # A worker whose peers have not all joined within this many seconds stops with one line naming the addresses
-  # nothing listens on, exit status 143 (128 + SIGTERM: restartable); SIGTERM and Ctrl-C end the wait at once.
+  # A worker whose peers (MPI: their address files) have not all joined within this many seconds stops with one
+  # line naming the addresses nothing listens on, exit status 143 (128 + SIGTERM: restartable); SIGTERM and
+  # Ctrl-C end the wait at once.
   c.cluster.startup_timeout_seconds = 600.0
 
 

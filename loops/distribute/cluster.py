@@ -1,10 +1,14 @@
-"""Who am I? The task of this process from TF_CONFIG or SLURM: type, index, cluster, chief or not."""
+"""Who am I? The task of this process from TF_CONFIG, SLURM or an MPI launcher: type, index, cluster, chief or not."""
 
 import dataclasses
 import json
 import os
 
+from absl import logging
+
 from errors import ConfigError
+from loops.distribute import mpi
+from loops.distribute import rendezvous
 
 
 JOBS = ("chief", "worker", "ps", "evaluator")  # what tf.distribute accepts; "master" is read as "chief"
@@ -15,6 +19,7 @@ class Task:
   type: str = "local"  # local (no cluster), chief, worker, ps, evaluator
   index: int = 0
   cluster: dict = dataclasses.field(default_factory=dict)  # the training cluster: never an "evaluator" job
+  rendezvous_file: str = ""  # MPI: this rank's address file, removed once its peers answer (rendezvous.py)
 
   @property
   def is_chief(self):
@@ -43,27 +48,60 @@ class Task:
     return len(self.cluster.get("worker", [])) + len(self.cluster.get("chief", [])) or 1
 
 
-SOURCES = ("auto", "tf_config", "slurm", "local")
+SOURCES = ("auto", "tf_config", "slurm", "mpi", "local")
 # Derived SLURM ports: 199 blocks of 64 in 20000-32735, below Linux's ephemeral range (32768-60999); a job's block
 # follows from its SLURM_JOB_ID (each array task has its own), so 199 consecutive jobs on one node never share one.
 SLURM_PORT_FIRST, SLURM_PORTS_PER_JOB, SLURM_PORT_BLOCKS = 20000, 64, 199
 
 
-def from_environment(environ=None, source="auto", slurm_port_base=None):
+def from_environment(environ=None, source="auto", slurm_port_base=None, workdir=None, startup_timeout_seconds=600.0):
   """The Task of this process.
 
-  source: "tf_config" reads TF_CONFIG, "slurm" reads srun's variables, "local" ignores both, "auto" takes
-  TF_CONFIG when it is set, else SLURM when this process is one task of an srun step of several tasks, else local
-  (a batch script's own shell, even with --ntasks=2, is one process: it trains locally).
+  source: "tf_config" reads TF_CONFIG, "slurm" reads srun's variables, "mpi" an MPI launcher's (mpi.py), "local"
+  ignores them all; "auto" takes TF_CONFIG when it is set, else an MPI launcher's variables (an mpirun inside an
+  sbatch allocation: its SLURM step variables describe mpirun's daemons, not the ranks), else SLURM when this
+  process is one task of an srun step of several tasks, else local (a batch script's own shell, even with
+  --ntasks=2, is one process: it trains locally).
   slurm_port_base: task i of a node listens on base + i; None = derived from SLURM_JOB_ID (slurm_port_base()).
+  workdir, startup_timeout_seconds: where and how long MPI ranks exchange their addresses (rendezvous.py).
   """
   environ = os.environ if environ is None else environ
   if source == "local":
     return Task()
-  if source == "slurm" or (source == "auto" and not environ.get("TF_CONFIG", "").strip()
-                           and in_srun_step_of_several_tasks(environ)):
+  no_tf_config = not environ.get("TF_CONFIG", "").strip()
+  if source == "mpi" or (source == "auto" and no_tf_config and mpi.detect(environ)):
+    return from_mpi(environ, workdir, startup_timeout_seconds)
+  if source == "slurm" or (source == "auto" and no_tf_config and in_srun_step_of_several_tasks(environ)):
     return from_slurm(environ, slurm_port_base)
   return from_tf_config(environ)
+
+
+def from_mpi(environ, workdir, timeout_seconds):
+  """One worker per rank (rank 0 the chief-like worker 0), addresses exchanged through the workdir; one rank is
+  no cluster (a local run)."""
+  launch = mpi.from_environment(environ)
+  if launch.size == 1:
+    return Task()
+  if not workdir:
+    raise ConfigError(f"{mpi.NAMES[launch.launcher]} started {launch.size} ranks but no workdir was given: the "
+                      "ranks exchange their addresses through it")
+  if not launch.job_key_is_unique:
+    logging.warning("%s names no job id: the ranks meet under the key '%s' (launcher, size, resource manager job); "
+                    "files a killed earlier launch left in %s would be read: remove that folder if the start "
+                    "fails", mpi.NAMES[launch.launcher], launch.job_key, rendezvous.folder(workdir, launch.job_key))
+  for warning in (mpi.binding_warning(), mpi.shared_gpus_warning(launch.local_size, _gpu_count())):
+    if warning:
+      logging.warning("%s", warning)
+  addresses, own_file = rendezvous.exchange(workdir, launch.job_key, launch.rank, launch.size, timeout_seconds)
+  logging.info("%s rank %d of %d: cluster %s", mpi.NAMES[launch.launcher], launch.rank, launch.size, addresses)
+  return Task(type="worker", index=launch.rank, cluster={"worker": addresses}, rendezvous_file=own_file)
+
+
+def _gpu_count():
+  """GPUs this process sees (lists devices without starting TensorFlow's runtime)."""
+  import tensorflow as tf
+
+  return len(tf.config.list_physical_devices("GPU"))
 
 
 def in_srun_step_of_several_tasks(environ):

@@ -16,6 +16,7 @@ import sys
 import time
 
 from errors import ConfigError, WorkerLostError
+from loops.distribute import rendezvous
 from loops.distribute import startup_watchdog
 
 WATCHDOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup_watchdog.py")
@@ -51,12 +52,13 @@ def bounded_start(task, timeout_seconds):
   from every peer; past the timeout, WorkerLostError names the peers nothing listens for. Then TensorFlow's start
   runs under a watchdog process that ends it (SIGKILL: TensorFlow's own SIGTERM handler swallows SIGTERM while it
   waits) with one line when it takes longer. Only for a task of a multi-worker cluster; otherwise the body just
-  runs.
+  runs. An MPI rank's address file (rendezvous.py) is removed once every peer answers.
   """
   if not task.is_distributed:
     yield
     return
   _wait_for_peers(task, timeout_seconds)
+  rendezvous.forget(task.rendezvous_file)  # every peer listens: each has read this task's address (MPI)
   watchdog = subprocess.Popen([sys.executable, WATCHDOG, str(os.getpid()), str(timeout_seconds),
                                json.dumps(peers(task))], stdin=subprocess.PIPE)
   try:
