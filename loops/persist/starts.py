@@ -31,6 +31,7 @@ ACCEPTED = (
     "callbacks", "preemption.", "nan_policy.", "export", "mode", "resume.", "strategy", "cpu_replicas", "num_gpus",
     "cluster.", "intra_op_threads", "inter_op_threads", "jit_compile", "deterministic", "model.fused_batchnorm",
     "data.data_dir", "data.download", "data.pipeline_threads", "data.device_resident", "data.service",
+    "find.",
 )
 # The settings the global batch and the peak learning rate are derived from (besides the replica count).
 BATCH_AND_LR = ("train.global_batch_size", "train.per_replica_batch_size", "optimizer.learning_rate",
