@@ -261,7 +261,7 @@ def _finders(c):
   c.find.granularity = 8
   c.find.max_per_replica_batch = 4096
   c.find.memory_budget_gb = config_dict.placeholder(float)
-  c.find.timed_steps = 5  # train steps timed per size (after one untimed call that compiles)
+  c.find.timed_steps = 10  # train steps timed per size (after one untimed call that compiles)
 
 
 def use_cifar10(c, synthetic):
