@@ -87,9 +87,10 @@ def test_curve_smooths_with_bias_correction_and_stops_on_divergence():
   assert curve.smoothed[0] == pytest.approx(2.0)  # bias-corrected: the first value is the loss itself
   assert curve.add(1e-2, 1.0, beta=0.5, diverge_factor=4.0)
   assert curve.smoothed[1] == pytest.approx((0.5 * 0.5 * 2.0 + 0.5 * 1.0) / (1 - 0.25))
-  assert curve.add(1e-1, 6.0, beta=0.5, diverge_factor=4.0)  # smoothed 3.71: under 4 x 1.33
-  assert not curve.add(1.0, 40.0, beta=0.5, diverge_factor=4.0)
-  assert re.match(r"the smoothed loss 21\.\d+ exceeded 4 x its lowest 1\.333 at lr 1", curve.stop_reason)
+  assert curve.add(1e-1, 6.0, beta=0.5, diverge_factor=4.0)  # (0.5 x 1 + 0.5 x 6) / 0.875 = 4: under 4 x 1.33
+  assert curve.smoothed[2] == pytest.approx(4.0)
+  assert not curve.add(1.0, 40.0, beta=0.5, diverge_factor=4.0)  # (0.5 x 3.5 + 0.5 x 40) / 0.9375 = 23.2
+  assert curve.stop_reason == "the smoothed loss 23.2 exceeded 4 x its lowest 1.333 at lr 1"
   nan_curve = lr_range.Curve()
   assert nan_curve.add(1e-3, 2.0, 0.9, 4.0) and not nan_curve.add(1e-2, float("nan"), 0.9, 4.0)
   assert "not finite" in nan_curve.stop_reason
@@ -115,11 +116,13 @@ def digits_for_lr(strategy="one_device", replicas=0, **find):
 
 @pytest.fixture(scope="module")
 def lr_runs(tmp_path_factory):
-  """The range test on digits up to lr 10 (it diverges), on one_device and on mirrored x2 (same global batch)."""
+  """The range test on digits up to lr 10, on one_device and on mirrored x2 (same global batch). digits' ReLU
+  network saturates near ln(10) = 2.3 past lr ~1 instead of exploding: a factor of 1.5 stops it there."""
   runs = {}
   for strategy, replicas in (("one_device", 0), ("mirrored", 2)):
     workdir = str(tmp_path_factory.mktemp(strategy))
-    config = digits_for_lr(strategy, replicas, lr_min=1e-4, lr_max=10.0, lr_steps=120, smoothing=0.9)
+    config = digits_for_lr(strategy, replicas, lr_min=1e-4, lr_max=10.0, lr_steps=120, smoothing=0.9,
+                          diverge_factor=1.5)
     runs[strategy] = workdir, finders.find("lr", config, workdir)
   return runs
 
@@ -144,9 +147,10 @@ def test_range_test_ramps_stops_on_divergence_and_suggests(lr_runs):
   rates = np.asarray(result["learning_rates"])
   np.testing.assert_allclose(rates[1:] / rates[:-1], (10.0 / 1e-4) ** (1 / 119), rtol=1e-9)
   assert rates[0] == pytest.approx(1e-4)
-  assert 10 < result["steps"] < 120 and "exceeded 4 x its lowest" in result["stop_reason"]
+  assert 10 < result["steps"] < 120 and "exceeded 1.5 x its lowest" in result["stop_reason"]
   smoothed = [s for s in result["smoothed_losses"] if s is not None]
-  assert smoothed[-1] > 4 * min(smoothed)
+  assert smoothed[-1] > 1.5 * min(smoothed)
+  assert all(value <= 1.5 * min(smoothed[:i + 1]) for i, value in enumerate(smoothed[:-1]))  # not sooner
   assert 1e-3 < result["suggested_lr"] < result["lowest_loss_lr"] <= rates[-1]
   at_suggestion = smoothed[result["learning_rates"].index(result["suggested_lr"])]
   assert at_suggestion < smoothed[0] - 0.05  # the loss is already falling there
