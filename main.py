@@ -75,6 +75,8 @@ USER_ERRORS = (ConfigError, LookupError, FileNotFoundError, PermissionError, Flo
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if _FIND.value and _DRY_RUN.value:
+    sys.exit("error: --find runs trial steps of its own; it cannot be combined with --dry_run (drop one of them)")
   warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
   if QUIET:
     logging.get_absl_handler().addFilter(TensorFlowInfoFilter())

@@ -223,3 +223,9 @@ def test_batch_size_cli_without_budget_on_cpu_is_one_line(tmp_path):
   assert completed.stderr.strip().splitlines()[-1].startswith(
       "error: --find=batch_size on a machine without GPU needs a memory budget")
   assert not os.listdir(tmp_path)
+
+
+def test_finder_settings_are_harmless_on_resume():
+  from loops.persist import starts
+  refused, accepted = starts.compare({"find.lr_max": 1.0}, {"find.lr_max": 10.0, "find.granularity": 16})
+  assert refused == [] and [key for key, _, _ in accepted] == ["find.granularity", "find.lr_max"]
