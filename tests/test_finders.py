@@ -121,7 +121,7 @@ def lr_runs(tmp_path_factory):
   runs = {}
   for strategy, replicas in (("one_device", 0), ("mirrored", 2)):
     workdir = str(tmp_path_factory.mktemp(strategy))
-    config = digits_for_lr(strategy, replicas, lr_min=1e-4, lr_max=10.0, lr_steps=120, smoothing=0.9,
+    config = digits_for_lr(strategy, replicas, lr_min=1e-3, lr_max=10.0, lr_steps=80, smoothing=0.9,
                           diverge_factor=1.5)
     runs[strategy] = workdir, finders.find("lr", config, workdir)
   return runs
@@ -145,13 +145,13 @@ def test_range_test_writes_the_curve_and_never_a_checkpoint(lr_runs, capsys):
 def test_range_test_ramps_stops_on_divergence_and_suggests(lr_runs):
   _, result = lr_runs["one_device"]
   rates = np.asarray(result["learning_rates"])
-  np.testing.assert_allclose(rates[1:] / rates[:-1], (10.0 / 1e-4) ** (1 / 119), rtol=1e-9)
-  assert rates[0] == pytest.approx(1e-4)
-  assert 10 < result["steps"] < 120 and "exceeded 1.5 x its lowest" in result["stop_reason"]
+  np.testing.assert_allclose(rates[1:] / rates[:-1], (10.0 / 1e-3) ** (1 / 79), rtol=1e-9)
+  assert rates[0] == pytest.approx(1e-3)
+  assert 10 < result["steps"] < 80 and "exceeded 1.5 x its lowest" in result["stop_reason"]
   smoothed = [s for s in result["smoothed_losses"] if s is not None]
   assert smoothed[-1] > 1.5 * min(smoothed)
   assert all(value <= 1.5 * min(smoothed[:i + 1]) for i, value in enumerate(smoothed[:-1]))  # not sooner
-  assert 1e-3 < result["suggested_lr"] < result["lowest_loss_lr"] <= rates[-1]
+  assert rates[2] <= result["suggested_lr"] < result["lowest_loss_lr"] <= rates[-1]
   at_suggestion = smoothed[result["learning_rates"].index(result["suggested_lr"])]
   assert at_suggestion < smoothed[0] - 0.05  # the loss is already falling there
   assert result["flag_value"] == result["suggested_lr"]  # lr_scaling "none": the flag is the rate itself
@@ -195,10 +195,11 @@ def test_a_workdir_with_checkpoints_is_refused_as_output(tmp_path):
 
 
 def test_batch_size_search_on_cpu_under_a_budget(tmp_path):
-  """CLI end to end: doubling by 64 per replica under a 60 MB budget, then bisection; the flag printed."""
+  """CLI end to end: doubling from 64 per replica (at most 512) under a 45 MB budget, then bisection; the table
+  and the flag printed. Measured memory is noisy, so the assertions hold for any outcome of the search."""
   completed = run_main("--config=configs/digits_cnn.py", f"--workdir={tmp_path}", "--find=batch_size",
-                       "--config.find.memory_budget_gb=0.06", "--config.find.granularity=64",
-                       "--config.find.timed_steps=3")
+                       "--config.find.memory_budget_gb=0.045", "--config.find.granularity=64",
+                       "--config.find.timed_steps=2", "--config.find.max_per_replica_batch=512")
   assert completed.returncode == 0, completed.stderr[-2000:]
   with open(tmp_path / "batch_size_find" / "batch_size_find.json") as f:
     result = json.load(f)
@@ -208,21 +209,13 @@ def test_batch_size_search_on_cpu_under_a_budget(tmp_path):
   assert [t["per_replica_batch"] for t in result["trials"]][:2] == [64, 128]  # doubling from the granularity
   if result["first_failure"]:  # the bisection ended between a fit and a failure one granularity apart
     assert result["first_failure"] == largest + 64 and not trials[largest + 64]["fits"]
-    assert trials[largest + 64]["memory_gb"] > 0.06
+    assert trials[largest + 64]["memory_gb"] > 0.045
   else:
-    assert largest == result["maximum_tried"] == 1437 // 64 * 64
+    assert largest == result["maximum_tried"] == 512
   for t in result["trials"]:
-    assert t["fits"] == (t["memory_gb"] <= 0.06) and t["images_per_second"] > 0
+    assert t["fits"] == (t["memory_gb"] <= 0.045) and t["images_per_second"] > 0
   assert f"--config.train.global_batch_size={largest}" in completed.stdout
   assert re.search(rf"^ +{largest} +{largest} +yes ", completed.stdout, re.M)  # the table of sizes tried
-
-
-def test_batch_size_cli_without_budget_on_cpu_is_one_line(tmp_path):
-  completed = run_main("--config=configs/digits_cnn.py", f"--workdir={tmp_path}", "--find=batch_size")
-  assert completed.returncode == 1
-  assert completed.stderr.strip().splitlines()[-1].startswith(
-      "error: --find=batch_size on a machine without GPU needs a memory budget")
-  assert not os.listdir(tmp_path)
 
 
 def test_finder_settings_are_harmless_on_resume():

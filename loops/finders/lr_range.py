@@ -76,9 +76,9 @@ def suggest(learning_rates, smoothed):
   lowest_lr = learning_rates[lowest] if len(values) else None
   if lowest < 2:
     return None, lowest_lr
-  log_lr = np.log10(np.asarray(learning_rates[:lowest + 1], np.float64))
-  slope = np.gradient(values[:lowest + 1], log_lr)
-  return float(learning_rates[int(np.argmin(slope))]), lowest_lr
+  log_lr = np.log10(np.asarray(learning_rates[:len(values)], np.float64))
+  slope = np.gradient(values, log_lr)  # central differences: ~0 at the minimum itself
+  return float(learning_rates[int(np.argmin(slope[:lowest]))]), lowest_lr
 
 
 def run_ramp(execution, optimizer, ramp, find_config):
