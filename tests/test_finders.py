@@ -15,7 +15,7 @@ from errors import ConfigError
 from loops import finders
 from loops.core import batch_search
 from loops.finders import lr_range
-from tests.conftest import load_config, run_main
+from tests.conftest import load_config, run_main, set_keys
 
 
 def fake_fits(threshold, log):
@@ -181,7 +181,6 @@ def test_range_test_prints_the_flag_with_lr_scaling(tmp_path, capsys):
     ("batch_size", {"find.memory_budget_gb": 1.0, "strategy": "multi_worker_mirrored"}, "measures one machine"),
     ("lr", {"strategy": "parameter_server"}, "needs a synchronous strategy")])
 def test_bad_finder_settings_are_one_line_errors(what, keys, message, tmp_path):
-  from tests.conftest import set_keys
   config = set_keys(load_config("digits_cnn"), keys)
   with pytest.raises(ConfigError, match=message):
     finders.find(what, config, str(tmp_path))
@@ -222,3 +221,26 @@ def test_finder_settings_are_harmless_on_resume():
   from loops.persist import starts
   refused, accepted = starts.compare({"find.lr_max": 1.0}, {"find.lr_max": 10.0, "find.granularity": 16})
   assert refused == [] and [key for key, _, _ in accepted] == ["find.granularity", "find.lr_max"]
+
+
+def test_a_trained_workdir_keeps_its_files_byte_for_byte(tiny_digits, tmp_path):
+  from loops import run
+  import hashlib
+  workdir = str(tmp_path / "run")
+  run.train_and_evaluate(tiny_digits, workdir)
+
+  def files():
+    found = {}
+    for root, _, names in os.walk(workdir):
+      for name in names:
+        path = os.path.join(root, name)
+        with open(path, "rb") as f:
+          found[os.path.relpath(path, workdir)] = (hashlib.sha256(f.read()).hexdigest(), os.stat(path).st_mtime_ns)
+    return found
+
+  before = files()
+  assert any(name.startswith("checkpoints/ckpt-20") for name in before)
+  finders.find("lr", set_keys(tiny_digits, {"find.lr_steps": 12}), workdir)
+  after = files()
+  assert {name: value for name, value in after.items() if not name.startswith("lr_find/")} == before
+  assert "lr_find/lr_find.json" in after
