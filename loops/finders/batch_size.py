@@ -119,6 +119,7 @@ def find_batch_size(config, workdir):
   replicas = strategy_lib.build(config, task).num_replicas_in_sync
   train_size = data.load(config.data).train_size
   maximum = min(f.max_per_replica_batch, train_size // replicas)  # at least one step per epoch
+  maximum -= maximum % f.granularity
   if maximum < f.granularity:
     raise ConfigError(f"find.granularity={f.granularity} x {replicas} replicas exceeds the {train_size} train "
                       "examples; lower find.granularity")
@@ -170,7 +171,8 @@ def _print(result, maximum):
     raise ConfigError(f"no batch fits: even {result['trials'][-1]['per_replica_batch']} per replica failed "
                       f"({result['trials'][-1]['note']}); lower find.granularity or raise find.memory_budget_gb")
   limit = (f"first failure at {result['first_failure']}" if result["first_failure"]
-           else f"the search's maximum ({maximum}) fitted")
+           else f"the search's maximum fitted: {maximum}, by find.max_per_replica_batch or one epoch of the "
+                "train split")
   print(f"largest per-replica batch that fits: {result['largest_per_replica_batch']} ({limit}; "
         f"{result['replicas']} replica(s)); results in {posixpath.join(result['output'], 'batch_size_find.json')}")
   print(f"  --config.train.global_batch_size={result['global_batch_size']}")
