@@ -107,6 +107,9 @@ def test_suggestion_is_the_steepest_descent_before_the_minimum():
   assert lr_range.suggest([1e-3, 1e-2], [2.0, 3.0]) == (None, 1e-3)  # nothing falls: no suggestion
 
 
+LR_RUN = dict(lr_min=1e-3, lr_max=10.0, lr_steps=80, smoothing=0.9, diverge_factor=1.5)
+
+
 def digits_for_lr(strategy="one_device", replicas=0, **find):
   c = load_config("digits_cnn")
   c.strategy, c.cpu_replicas = strategy, replicas
@@ -121,8 +124,7 @@ def lr_runs(tmp_path_factory):
   runs = {}
   for strategy, replicas in (("one_device", 0), ("mirrored", 2)):
     workdir = str(tmp_path_factory.mktemp(strategy))
-    config = digits_for_lr(strategy, replicas, lr_min=1e-3, lr_max=10.0, lr_steps=80, smoothing=0.9,
-                          diverge_factor=1.5)
+    config = digits_for_lr(strategy, replicas, **LR_RUN)
     runs[strategy] = workdir, finders.find("lr", config, workdir)
   return runs
 
@@ -162,6 +164,28 @@ def test_range_test_is_the_same_on_two_replicas(lr_runs):
   assert two["lr_scaling"] == 1.0
   steps = min(one["steps"], two["steps"], 60)  # past divergence the chaos amplifies float differences
   np.testing.assert_allclose(two["losses"][:steps], one["losses"][:steps], rtol=2e-3)
+
+
+def test_range_test_on_two_workers_matches_one_device_and_only_the_chief_writes(lr_runs, tmp_path):
+  import subprocess
+  import sys
+  from tests.conftest import REPO
+  flags = [f"--config.find.{key}={value}" for key, value in LR_RUN.items()]
+  command = [sys.executable, "-m", "launch.local", "--workers=2", "--", sys.executable, "main.py",
+             "--config=configs/digits_cnn.py", f"--workdir={tmp_path}", "--find=lr",
+             "--config.strategy=multi_worker_mirrored", *flags]
+  env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+  done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
+  assert done.returncode == 0, done.stdout[-3000:]
+  assert done.stdout.count("--config.optimizer.learning_rate=") == 1  # printed by the chief alone
+  out = tmp_path / "lr_find"
+  assert len([name for name in os.listdir(out) if name.startswith("events.out.tfevents")]) == 1
+  with open(out / "lr_find.json") as f:
+    two_workers = json.load(f)
+  one = lr_runs["one_device"][1]
+  steps = min(one["steps"], two_workers["steps"], 60)
+  np.testing.assert_allclose(two_workers["losses"][:steps], one["losses"][:steps], rtol=2e-3)
+  assert abs(two_workers["steps"] - one["steps"]) <= 3  # the same divergence, give or take float noise
 
 
 def test_range_test_prints_the_flag_with_lr_scaling(tmp_path, capsys):
