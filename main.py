@@ -54,6 +54,7 @@ from ml_collections import config_flags
 
 from configs import base as base_config
 from errors import ConfigError, WorkerLostError
+from loops import finders
 from loops import run
 from loops.persist import preemption
 
@@ -61,6 +62,9 @@ _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for checkpoints, TensorBoard events and results.")
 _DEBUG = flags.DEFINE_bool("debug", False, "Show full tracebacks instead of one-line errors.")
 _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Check the config, data, cluster and model, print the plan, exit.")
+_FIND = flags.DEFINE_enum("find", None, ["lr", "batch_size"], "Instead of training: the LR range test or the "
+                          "largest per-replica batch that fits (find.* keys; output in workdir/lr_find or "
+                          "workdir/batch_size_find; never a checkpoint).")
 flags.mark_flags_as_required(["config", "workdir"])
 
 # Errors a user can act on; anything else is a bug and keeps its traceback.
@@ -71,13 +75,18 @@ USER_ERRORS = (ConfigError, LookupError, FileNotFoundError, PermissionError, Flo
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if _FIND.value and _DRY_RUN.value:
+    sys.exit("error: --find runs trial steps of its own; it cannot be combined with --dry_run (drop one of them)")
   warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
   if QUIET:
     logging.get_absl_handler().addFilter(TensorFlowInfoFilter())
     python_logging.getLogger("tensorflow").setLevel(python_logging.WARNING)  # tf_logging's own handler
   preemption.PROCESS_ENDS_AFTER_RUN = True
   try:
-    run.train_and_evaluate(_CONFIG.value, _WORKDIR.value, dry_run=_DRY_RUN.value)
+    if _FIND.value:
+      finders.find(_FIND.value, _CONFIG.value, _WORKDIR.value)
+    else:
+      run.train_and_evaluate(_CONFIG.value, _WORKDIR.value, dry_run=_DRY_RUN.value)
   except KeyboardInterrupt:  # Ctrl-C before training started (once it runs, the preemption watcher saves and exits)
     if _DEBUG.value:
       raise

@@ -19,6 +19,7 @@ def get_config(arg=None):
   _init(c)
   _eval_and_checkpoints(c)
   _monitoring(c)
+  _finders(c)
   c.lock()  # a config file that sets a key defined nowhere here (a misspelling) fails, as on the command line
   c.model.kwargs.unlock()  # the model's and the loss's own arguments: any key
   c.loss.kwargs.unlock()
@@ -267,6 +268,27 @@ def _monitoring(c):
   # At the end write workdir/export/model.keras (the final model) and workdir/export/saved_model (serving_default:
   # raw images in, the eval's preprocessing inside, probabilities and classes out; WORKSPACE "Serving the export").
   c.export = True
+
+
+def _finders(c):
+  """`python main.py ... --find=lr|batch_size` (loops/finders/): a fresh model, no checkpoints; the output goes to
+  workdir/lr_find or workdir/batch_size_find. Read by the finders only: a run ignores them."""
+  c.find = ml_collections.ConfigDict()
+  # LR range test: the learning rate rises exponentially from lr_min to lr_max over lr_steps steps (one step per
+  # train call); it stops early once the smoothed loss exceeds diverge_factor x its lowest value (or is not finite).
+  c.find.lr_min = 1e-6
+  c.find.lr_max = 1.0
+  c.find.lr_steps = 200
+  c.find.smoothing = 0.95  # beta of the loss's exponential moving average (bias-corrected)
+  c.find.diverge_factor = 4.0
+  # Batch-size finder: per-replica sizes granularity, 2x, 4x, ... then a binary search in multiples of
+  # granularity, up to max_per_replica_batch (and one epoch of the train split). A size fits when a few train
+  # steps do not run out of device memory (GPU) or, on CPU, add at most memory_budget_gb to the process's
+  # resident memory (required on a machine without GPU).
+  c.find.granularity = 8
+  c.find.max_per_replica_batch = 4096
+  c.find.memory_budget_gb = config_dict.placeholder(float)
+  c.find.timed_steps = 10  # train steps timed per size (after one untimed call that compiles)
 
 
 def use_cifar10(c, synthetic):

@@ -1,0 +1,14 @@
+"""The finders behind `python main.py --config=... --workdir=... --find=lr|batch_size`: runs built exactly as
+training builds them (loops/build.py), on a fresh model, that write no checkpoint (loops/finders/trial.py)."""
+
+
+def find(what, config, workdir):
+  """Runs the LR range test (what="lr") or the batch-size finder ("batch_size"); returns its result dict."""
+  from loops import check
+  from loops.finders import trial
+  check.check_finder(config, what, trial.has_gpu())
+  if what == "lr":
+    from loops.finders import lr_range
+    return lr_range.find_lr(config, workdir)
+  from loops.finders import batch_size
+  return batch_size.find_batch_size(config, workdir)

@@ -1,0 +1,63 @@
+"""A throw-away run: the config's strategy, data, loss, model and optimizer built as training builds them
+(check -> devices -> task -> build -> execution), with a fresh model, one step per call, no eval, no checkpoint
+object ever saved, and nothing written to the workdir."""
+
+import posixpath
+
+import tensorflow as tf
+
+from errors import ConfigError
+from loops import build as build_lib
+from loops import check as check_lib
+from loops.distribute import cluster
+from loops.distribute import execution as execution_lib
+from loops.distribute import strategy as strategy_lib
+
+
+def has_gpu():
+  return bool(tf.config.list_physical_devices("GPU"))
+
+
+def throwaway_config(config, steps, global_batch_size=None):
+  """A copy of config for `steps` train steps: constant lr without warmup or weight averaging (the finder sets
+  its own learning rate), no eval or checkpoint cadence; global_batch_size replaces the batch when given."""
+  c = config.copy_and_resolve_references()
+  with c.unlocked():
+    c.train.steps, c.train.epochs, c.train.steps_per_loop = steps, None, 1
+    if global_batch_size is not None:
+      c.train.global_batch_size, c.train.per_replica_batch_size = global_batch_size, None
+    c.optimizer.schedule, c.optimizer.warmup_epochs, c.optimizer.ema_decay = "constant", 0.0, 0.0
+    c.eval.every_steps = c.checkpoint.every_steps = 0
+  return c
+
+
+def task_of(config):
+  """This process's cluster.Task, checked against the strategy (after the devices are configured)."""
+  check_lib.check(config)
+  strategy_lib.configure_devices(config)
+  task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base)
+  check_lib.check_task(config, task)
+  return task
+
+
+def start(config, task):
+  """(parts, execution) of a fresh run of `config` (the model is newly initialised: nothing is restored)."""
+  parts = build_lib.build(config, task)
+  return parts, execution_lib.make(parts, config)
+
+
+def output_dir(workdir, name):
+  """workdir/name, the finder's own directory; refused when it holds checkpoints (the finders never write or
+  overwrite one)."""
+  out = posixpath.join(workdir, name)
+  if tf.io.gfile.exists(posixpath.join(out, "checkpoints")) or tf.io.gfile.exists(posixpath.join(out, "checkpoint")):
+    raise ConfigError(f"{out} holds checkpoints: it is a training workdir, not a finder's output; remove it or "
+                      "choose another --workdir")
+  return out
+
+
+def clear_events(out):
+  """Removes the TensorBoard event files of an earlier search in the finder's own directory (a rerun's curve
+  would be drawn over the old one)."""
+  for path in tf.io.gfile.glob(posixpath.join(out, "events.out.tfevents.*")):
+    tf.io.gfile.remove(path)
