@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -51,15 +52,20 @@ def trial_files(sweep_dir, name):
 def runs(tmp_path_factory):
   """The sweep three times in one directory: first (trial 3 stops itself at step 10 with a checkpoint), the same
   command again, then with a third learning rate of -1 (two failing trials)."""
-  sweep_dir = str(tmp_path_factory.mktemp("sweep"))
+  sweep_dir, seconds = str(tmp_path_factory.mktemp("sweep")), []
   marker = os.path.join(sweep_dir, "..", "stop-marker")
   open(marker, "w").close()
   env = {"SWEEP_TEST_STOP_TRIAL": STOPPED, "SWEEP_TEST_STOP_MARKER": marker}
+  started = time.monotonic()
   first = sweep(sweep_dir, *GRID, "--parallel", "2", *EXTRA, env=env)
   after_first = {"table": table(sweep_dir), "files": {n: trial_files(sweep_dir, n) for n in NAMES}}
+  seconds.append(time.monotonic() - started)
   second = sweep(sweep_dir, *GRID, "--parallel", "2", *EXTRA, env=env)
-  after_second = {"table": table(sweep_dir), "files": {n: trial_files(sweep_dir, n) for n in NAMES}}
+  after_second = {"table": table(sweep_dir), "files": {n: trial_files(sweep_dir, n) for n in NAMES},
+                  "markdown": open(os.path.join(sweep_dir, "report.md")).read()}
+  seconds.append(time.monotonic() - started - seconds[0])
   third = sweep(sweep_dir, "--grid", "optimizer.learning_rate=0.05,0.1,-1", *GRID[2:], "--parallel", "2", *EXTRA)
+  print("sweep seconds (first, second, third):", seconds, time.monotonic() - started - sum(seconds))
   return {"dir": sweep_dir, "runs": (first, second, third), "after_first": after_first,
           "after_second": after_second, "after_third": table(sweep_dir)}
 
@@ -78,7 +84,7 @@ def test_grid_runs_every_trial_in_its_own_workdir_pinned_to_its_cores(runs):
     with open(os.path.join(sweep_dir, name, "affinity.json")) as f:
       cores = json.load(f)
     with open(os.path.join(sweep_dir, name, "sweep.json")) as f:
-      attempt = json.load(f)["attempts"][0]
+      attempt = json.load(f)["attempts"][-1]  # the latest start wrote affinity.json
     assert cores == attempt["cores"] and len(cores) == max(1, len(os.sched_getaffinity(0)) // 2)
     assert "=== sweep " in open(os.path.join(sweep_dir, name, "sweep.log")).read()
   # the first two trials ran at the same time on different cores
@@ -118,7 +124,7 @@ def test_report_has_every_trial_sorted_by_the_best_metric(runs):
     assert row["status"] == "complete" and row["step"] == "30" and row["best_step"] == "30"
     assert float(row["wall_seconds"]) > 0
     assert row["optimizer.learning_rate"] in ("0.05", "0.1") and row["train.global_batch_size"] in ("32", "64")
-  markdown = open(os.path.join(runs["dir"], "report.md")).read().splitlines()
+  markdown = runs["after_second"]["markdown"].splitlines()
   assert markdown[0].startswith("| trial | optimizer.learning_rate | train.global_batch_size | best eval/accuracy")
   assert [line.split(" | ")[0].lstrip("| ") for line in markdown[2:]] == [row["trial"] for row in rows]
 
