@@ -120,7 +120,8 @@ def main(argv=None, out=sys.stdout):
       report(args.sweep_dir, sweep["trials"], out)
       return 0
     sweep, grid = plan(args)
-    if not _checked_before(sweep, sweep_report.read_json(trials_path)):
+    previous = sweep_report.read_json(trials_path)
+    if not _checked_before(sweep, previous):
       dry_run(sweep["config"], sweep["trials"][0], sweep["extra_args"])
   except sweep_grid.SweepError as e:
     print(f"error: {e}", file=sys.stderr)
@@ -131,7 +132,12 @@ def main(argv=None, out=sys.stdout):
   sweep_hparams.write_experiment(args.sweep_dir, grid, dict.fromkeys([metric, "eval/accuracy", "eval/loss"]))
   if args.slurm:
     return _slurm(args, sweep, trials_path, out)
-  code = sweep_local.run(sweep["config"], sweep["trials"], sweep["extra_args"], args.parallel, out)
+  changed = bool(previous) and any(previous.get(k) != sweep[k] for k in ("config", "extra_args"))
+  if changed:
+    out.write("[sweep] the config or the flags after -- differ from the recorded sweep's: every trial starts again "
+              "(a complete one trains on if its length grew, else evaluates again)\n")
+  code = sweep_local.run(sweep["config"], sweep["trials"], sweep["extra_args"], args.parallel, out,
+                         rerun_complete=changed)
   report(args.sweep_dir, sweep["trials"], out)
   return code
 

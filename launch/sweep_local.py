@@ -139,10 +139,11 @@ def _now():
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def run(config, trials, extra_args, parallel, out=sys.stdout, poll_seconds=0.5):
+def run(config, trials, extra_args, parallel, out=sys.stdout, poll_seconds=0.5, rerun_complete=False):
   """Runs the trials not yet complete, `parallel` at a time; returns 0 (all complete), 1 (some failed), or 143
-  (some unfinished: preempted, or the sweep stopped by SIGTERM/Ctrl-C; rerun to resume them)."""
-  todo = [t for t in trials if not sweep_report.is_complete(t["workdir"])]
+  (some unfinished: preempted, or the sweep stopped by SIGTERM/Ctrl-C; rerun to resume them). rerun_complete:
+  start complete trials too (main.py trains on when their length grew, else evaluates again)."""
+  todo = [t for t in trials if rerun_complete or not sweep_report.is_complete(t["workdir"])]
   out.write(f"[sweep] {len(trials)} trials, {len(trials) - len(todo)} complete (skipped), {len(todo)} to run, "
             f"{parallel} at a time\n")
   cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []

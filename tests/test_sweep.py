@@ -142,6 +142,10 @@ def test_a_failing_trial_is_listed_with_its_error_line_and_the_others_go_on(runs
     assert row["error"] == "error: optimizer.learning_rate must be > 0, got -1.0"
     assert row["best eval/accuracy"] == ""
   assert [row["status"] for row in rows[:4]] == ["complete"] * 4 and rows[4:] == failed  # failed ones last
+  again = sweep(runs["dir"], "--report")  # the table again, nothing run
+  assert again.returncode == 0 and "[sweep] start" not in again.stdout
+  assert again.stdout.splitlines()[2].startswith(f"| {rows[0]['trial']} |") and len(again.stdout.splitlines()) == 9
+  assert table(runs["dir"]) == rows
 
 
 def test_tensorboard_hparams_shows_every_trial_under_the_swept_keys(runs):
