@@ -126,20 +126,25 @@ def main(argv=None, out=sys.stdout):
   except sweep_grid.SweepError as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
-  os.makedirs(args.sweep_dir, exist_ok=True)
-  sweep_report.write_json(trials_path, sweep)
-  metric, _ = sweep_report.metric_of(args.sweep_dir, sweep["trials"])
-  sweep_hparams.write_experiment(args.sweep_dir, grid, dict.fromkeys([metric, "eval/accuracy", "eval/loss"]))
-  if args.slurm:
-    return _slurm(args, sweep, trials_path, out)
-  changed = bool(previous) and any(previous.get(k) != sweep[k] for k in ("config", "extra_args"))
-  if changed:
+  sweep["rerun_complete"] = bool(previous) and any(previous.get(k) != sweep[k] for k in ("config", "extra_args"))
+  if sweep["rerun_complete"]:
     out.write("[sweep] the config or the flags after -- differ from the recorded sweep's: every trial starts again "
               "(a complete one trains on if its length grew, else evaluates again)\n")
+  os.makedirs(args.sweep_dir, exist_ok=True)
+  sweep_report.write_json(trials_path, sweep)
+  _write_experiment(args.sweep_dir, sweep, grid)
+  if args.slurm:
+    return _slurm(args, sweep, trials_path, out)
   code = sweep_local.run(sweep["config"], sweep["trials"], sweep["extra_args"], args.parallel, out,
-                         rerun_complete=changed)
+                         rerun_complete=sweep["rerun_complete"])
+  _write_experiment(args.sweep_dir, sweep, grid)  # again: checkpoint.best_metric is known from the trials now
   report(args.sweep_dir, sweep["trials"], out)
   return code
+
+
+def _write_experiment(sweep_dir, sweep, grid):
+  metric, _ = sweep_report.metric_of(sweep_dir, sweep["trials"])
+  sweep_hparams.write_experiment(sweep_dir, grid, dict.fromkeys([metric, "eval/accuracy", "eval/loss"]))
 
 
 def _slurm(args, sweep, trials_path, out):

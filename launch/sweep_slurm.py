@@ -3,7 +3,8 @@
 Each array task runs its trial's main.py through launch/slurm/run_and_requeue.sh (time limit -> checkpoint ->
 `scontrol requeue` of that array task -> resume on the same workdir), with its own cluster.slurm_port_base:
 20000 + ((SLURM_ARRAY_JOB_ID + task id) % 199) * 64, so up to 199 tasks of an array sharing a node never share a
-port. A task whose trial is already complete exits 0 at once.
+port. A task whose trial is already complete exits 0 at once (unless the sweep's config or flags changed since the
+recorded sweep: trials.json's rerun_complete).
 
   python -m launch.sweep_slurm DIR/trials.json TASK_ID   prints the task's shell assignments (used by the script)
 """
@@ -77,12 +78,13 @@ def selection(trials_path, task_id, array_job_id):
     count = len(sweep["trials"]) if sweep else 0
     raise SystemExit(f"error: array task {task_id} has no trial in {trials_path} ({count} trials: 0-{count - 1})")
   trial = sweep["trials"][task_id]
+  skip = not sweep.get("rerun_complete") and sweep_report.is_complete(trial["workdir"])
   args = [f"--config={sweep['config']}"]
   args += [f"--config.{key}={value}" for key, value in trial["overrides"].items()]
   args += [*sweep_local.TRIAL_FLAGS, *sweep["extra_args"]]
   return "\n".join([f"TRIAL_NAME={shlex.quote(trial['name'])}", f"TRIAL_WORKDIR={shlex.quote(trial['workdir'])}",
                     f"TRIAL_ARGS=({' '.join(shlex.quote(a) for a in args)})",
-                    f"TRIAL_COMPLETE={int(sweep_report.is_complete(trial['workdir']))}",
+                    f"TRIAL_COMPLETE={int(skip)}",
                     f"PORT_BASE={port_base(array_job_id, task_id)}"]) + "\n"
 
 
