@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 
+from launch import local
 from launch import sweep_report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -85,7 +86,7 @@ class Attempt:
   """One running trial process: its log, its record in sweep.json."""
 
   def __init__(self, trial, command, slot, out):
-    self.trial, self.slot = trial, slot
+    self.trial, self.slot, self.command = trial, slot, command
     workdir = trial["workdir"]
     os.makedirs(workdir, exist_ok=True)
     self.log_path = os.path.join(workdir, "sweep.log")
@@ -112,11 +113,14 @@ class Attempt:
     out.flush()
 
   def finish(self, out):
-    """Records the ended attempt; returns its exit code."""
+    """Records the ended attempt; returns its exit code (143 for the command's preemption code)."""
     code = self.proc.returncode
+    if code == local.preempted_code(self.command):
+      code = sweep_report.PREEMPTED
     record = sweep_report.read_json(self.record_path)
     last = record["attempts"][-1]
-    last["exit_code"], last["seconds"] = code, round(time.monotonic() - self.started, 1)
+    last["exit_code"], last["seconds"] = self.proc.returncode, round(time.monotonic() - self.started, 1)
+    last["preempted"] = code == sweep_report.PREEMPTED
     if code not in (0, sweep_report.PREEMPTED):
       last["error"] = error_line(self.log_path, self.offset, code)
     sweep_report.write_json(self.record_path, record)

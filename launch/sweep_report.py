@@ -12,8 +12,10 @@ import json
 import os
 import re
 
-ATTEMPTS = "sweep.json"  # DIR/<trial>/sweep.json: {"attempts": [{"started", "seconds", "exit_code", "error", "pid"}]}
-PREEMPTED = 143
+# DIR/<trial>/sweep.json: {"attempts": [{"started", "pid", "command", "cores", "gpus", "exit_code", "seconds",
+# "preempted" (exited with the run's preemption.exit_code: a checkpoint saved), "error" (a failure's line)}]}
+ATTEMPTS = "sweep.json"
+PREEMPTED = 143  # what the sweep returns for "unfinished: rerun to resume"
 
 
 def read_json(path):
@@ -68,7 +70,7 @@ def trial_status(workdir):
     status = "complete"
   elif last and last.get("exit_code") is None and _alive(last.get("pid")):
     status = "running"
-  elif last.get("exit_code") not in (None, 0, PREEMPTED):
+  elif last.get("exit_code") not in (None, 0) and not last.get("preempted"):
     status, error = "failed", last.get("error", "")
   else:
     status = "unfinished"

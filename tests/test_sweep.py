@@ -99,6 +99,9 @@ def test_the_stopped_trial_is_unfinished_and_the_report_says_so(runs):
   assert all(rows[n]["status"] == "complete" and rows[n]["step"] == "30" for n in NAMES[:3])
   summary, _, starts = runs["after_first"]["files"][STOPPED]
   assert summary is None and len(starts) == 1
+  attempt = json.load(open(os.path.join(runs["dir"], STOPPED, "sweep.json")))["attempts"][0]
+  assert attempt["exit_code"] == 143 and attempt["preempted"] and "error" not in attempt
+  assert f"{STOPPED}: stopped with a checkpoint saved; rerun the sweep to resume" in runs["runs"][0].stdout
 
 
 def test_rerun_skips_complete_trials_and_resumes_the_unfinished_one(runs):
