@@ -251,6 +251,9 @@ def _monitoring(c):
   c.summary.progress_bar = "auto"  # Keras Progbar on the chief: auto (when stdout is a terminal) | on | off
   # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls), chief only.
   c.summary.profile_steps = ()
+  # The HParams tab's experiment (every config key as an HParam) in the workdir. A sweep (launch/sweep.py) sets
+  # False: its trials write only their sessions and the sweep writes one experiment of the swept keys at its dir.
+  c.summary.hparams_experiment = True
 
   # Stop when early_stopping.metric ("" = off; eval/loss or eval/<metric>) has not improved by more than
   # min_delta for `patience` evals in a row; then the final eval, checkpoint and summary.json ("stopped_early").

@@ -124,11 +124,13 @@ class Writer(NullWriter):
       tf.summary.text(tag, markdown)
 
   def hparams(self, config, metric_tags):
-    """The HParams tab: every config value as an hparam, the eval scalars as its metrics."""
+    """The HParams tab: every config value as an hparam, the eval scalars as its metrics (the experiment unless
+    summary.hparams_experiment is off: a sweep's trial, whose experiment the sweep writes at its directory)."""
     values = flatten(config)
     with self._events.as_default(step=0):
-      hparams_api.hparams_config(hparams=[hparams_api.HParam(name) for name in values],
-                                 metrics=[hparams_api.Metric(tag) for tag in metric_tags])
+      if config.summary.hparams_experiment:
+        hparams_api.hparams_config(hparams=[hparams_api.HParam(name) for name in values],
+                                   metrics=[hparams_api.Metric(tag) for tag in metric_tags])
       hparams_api.hparams(values)
 
   def image_grid(self, step, tag, make_batch, max_images=16):

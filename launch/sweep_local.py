@@ -1,0 +1,203 @@
+"""Runs a sweep's trials on this machine, K at a time, each an ordinary `main.py` process in its own workdir,
+pinned to its share of the CPU cores (and its own GPUs when there are GPUs).
+
+A trial's stdout and stderr are appended to DIR/<trial>/sweep.log; each attempt (start, pid, exit code, seconds,
+the `error: ...` line) is recorded in DIR/<trial>/sweep.json. A failed trial does not stop the others. SIGTERM or
+Ctrl-C to the sweep forwards SIGTERM to the running trials: they save a checkpoint and exit (143); rerunning the
+sweep resumes them.
+"""
+
+import datetime
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from launch import local
+from launch import sweep_report
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+STOP_GRACE_SECONDS = 120
+# Every trial: its HParams session only; the sweep writes the one experiment (the swept keys) at its directory.
+TRIAL_FLAGS = ("--config.summary.hparams_experiment=False",)
+
+
+def visible_gpus():
+  """GPU ids this process may use: CUDA_VISIBLE_DEVICES when set, else `nvidia-smi -L`, else none."""
+  listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+  if listed is not None:
+    return [g.strip() for g in listed.split(",") if g.strip() and g.strip() != "-1"]
+  try:
+    out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=20, check=False).stdout
+  except (OSError, subprocess.SubprocessError):
+    return []
+  return [str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU "))]
+
+
+def slots(parallel, cores, gpus):
+  """[{'cores': [...], 'gpus': [...]}], one per concurrent trial: contiguous shares of the cores (shared round-robin
+  when there are fewer cores than slots), and GPUs dealt the same way."""
+  def share(items, i):
+    if not items:
+      return []
+    if parallel >= len(items):
+      return [items[i % len(items)]]
+    size, extra = divmod(len(items), parallel)
+    start = i * size + min(i, extra)
+    return items[start:start + size + (i < extra)]
+  return [{"cores": share(cores, i), "gpus": share(gpus, i)} for i in range(parallel)]
+
+
+def resource_flags(slot, taken):
+  """The thread flags for a slot's share (TensorFlow's pools, and the input pipeline's with GPUs); a key the user
+  set (`taken`) is left alone."""
+  n = max(1, len(slot["cores"]))
+  flags = {"intra_op_threads": n, "inter_op_threads": n}
+  if slot["gpus"]:
+    flags["data.pipeline_threads"] = n
+  return [f"--config.{key}={value}" for key, value in flags.items() if key not in taken]
+
+
+def trial_command(config, trial, extra_args):
+  """The trial's main.py command line."""
+  overrides = [f"--config.{key}={value}" for key, value in trial["overrides"].items()]
+  return [sys.executable, os.path.join(REPO, "main.py"), f"--config={config}", f"--workdir={trial['workdir']}",
+          *overrides, *TRIAL_FLAGS, *extra_args]
+
+
+def error_line(log_path, offset, code):
+  """The attempt's `error: ...` line (main.py's one-line error) from its log, else what the exit code says."""
+  try:
+    with open(log_path, errors="replace") as f:
+      f.seek(offset)
+      lines = [line.strip() for line in f if line.startswith("error: ")]
+  except OSError:
+    lines = []
+  if lines:
+    return lines[-1]
+  if code < 0:
+    return f"killed by signal {-code} ({signal.Signals(-code).name if -code in signal.valid_signals() else '?'})"
+  return f"exit code {code} (see {log_path})"
+
+
+class Attempt:
+  """One running trial process: its log, its record in sweep.json."""
+
+  def __init__(self, trial, command, slot, out):
+    self.trial, self.slot, self.command = trial, slot, command
+    workdir = trial["workdir"]
+    os.makedirs(workdir, exist_ok=True)
+    self.log_path = os.path.join(workdir, "sweep.log")
+    self.record_path = os.path.join(workdir, sweep_report.ATTEMPTS)
+    log = open(self.log_path, "ab")  # pylint: disable=consider-using-with
+    self.offset = log.seek(0, os.SEEK_END)
+    log.write(f"=== sweep {_now()}: {' '.join(command)}\n".encode())
+    log.flush()
+    env = dict(os.environ)
+    if slot["gpus"]:
+      env["CUDA_VISIBLE_DEVICES"] = ",".join(slot["gpus"])
+    cores = slot["cores"]
+    self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
+        command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+    log.close()
+    self.started = time.monotonic()
+    record = sweep_report.read_json(self.record_path) or {"attempts": []}
+    record["attempts"].append({"started": _now(), "pid": self.proc.pid, "exit_code": None, "seconds": None,
+                               "command": command, "cores": cores, "gpus": slot["gpus"]})
+    sweep_report.write_json(self.record_path, record)
+    where = f"cores {','.join(map(str, cores))}" + (f", GPUs {','.join(slot['gpus'])}" if slot["gpus"] else "")
+    out.write(f"[sweep] start {trial['name']} ({where}; pid {self.proc.pid}; log {self.log_path})\n")
+    out.flush()
+
+  def finish(self, out):
+    """Records the ended attempt; returns its exit code (143 for the command's preemption code)."""
+    code = self.proc.returncode
+    if code == local.preempted_code(self.command):
+      code = sweep_report.PREEMPTED
+    record = sweep_report.read_json(self.record_path)
+    last = record["attempts"][-1]
+    last["exit_code"], last["seconds"] = self.proc.returncode, round(time.monotonic() - self.started, 1)
+    last["preempted"] = code == sweep_report.PREEMPTED
+    if code not in (0, sweep_report.PREEMPTED):
+      last["error"] = error_line(self.log_path, self.offset, code)
+    sweep_report.write_json(self.record_path, record)
+    what = {0: "complete" if sweep_report.is_complete(self.trial["workdir"]) else "ended unfinished",
+            sweep_report.PREEMPTED: "stopped with a checkpoint saved; rerun the sweep to resume"}
+    verdict = what.get(code, f"failed: {last.get('error')}")
+    out.write(f"[sweep] {self.trial['name']}: {verdict} ({last['seconds']} s)\n")
+    out.flush()
+    return code
+
+  def stop(self):
+    if self.proc.poll() is None:
+      try:
+        os.killpg(self.proc.pid, signal.SIGTERM)
+      except ProcessLookupError:
+        pass
+
+
+def _now():
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def run(config, trials, extra_args, parallel, out=sys.stdout, poll_seconds=0.5, rerun_complete=False):
+  """Runs the trials not yet complete, `parallel` at a time; returns 0 (all complete), 1 (some failed), or 143
+  (some unfinished: preempted, or the sweep stopped by SIGTERM/Ctrl-C; rerun to resume them). rerun_complete:
+  start complete trials too (main.py trains on when their length grew, else evaluates again)."""
+  todo = [t for t in trials if rerun_complete or not sweep_report.is_complete(t["workdir"])]
+  out.write(f"[sweep] {len(trials)} trials, {len(trials) - len(todo)} complete (skipped), {len(todo)} to run, "
+            f"{parallel} at a time\n")
+  cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+  free = slots(parallel, cores, visible_gpus())
+  taken = {arg.split("=", 1)[0].removeprefix("--config.") for arg in extra_args}
+  running, codes = [], []
+  previous = _on_sigterm(_raise_interrupt)
+  try:
+    while todo or running:
+      while todo and free:
+        slot = free.pop(0)
+        trial = todo.pop(0)
+        command = trial_command(config, trial, resource_flags(slot, taken | set(trial["overrides"])) + extra_args)
+        running.append(Attempt(trial, command, slot, out))
+      time.sleep(poll_seconds)
+      for attempt in [a for a in running if a.proc.poll() is not None]:
+        running.remove(attempt)
+        codes.append(attempt.finish(out))
+        free.append(attempt.slot)
+  except KeyboardInterrupt:
+    _stop_all(running, out)
+    return sweep_report.PREEMPTED
+  finally:
+    _on_sigterm(previous)
+  if any(code not in (0, sweep_report.PREEMPTED) for code in codes):
+    return 1
+  return 0 if all(sweep_report.is_complete(t["workdir"]) for t in trials) else sweep_report.PREEMPTED
+
+
+def _on_sigterm(handler):
+  """Sets the SIGTERM handler (the main thread only; elsewhere the caller's stays); returns the previous one."""
+  if threading.current_thread() is not threading.main_thread():
+    return handler
+  return signal.signal(signal.SIGTERM, handler)
+
+
+def _raise_interrupt(signum, frame):
+  raise KeyboardInterrupt
+
+
+def _stop_all(running, out):
+  """SIGTERM to every running trial, then waits (STOP_GRACE_SECONDS) for their checkpoints."""
+  out.write(f"[sweep] stopping: SIGTERM to {len(running)} running trial(s); they save a checkpoint\n")
+  for attempt in running:
+    attempt.stop()
+  deadline = time.monotonic() + STOP_GRACE_SECONDS
+  for attempt in running:
+    try:
+      attempt.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+      os.killpg(attempt.proc.pid, signal.SIGKILL)
+      attempt.proc.wait()
+    attempt.finish(out)
