@@ -1,5 +1,6 @@
-"""Checkpoint series under workdir/checkpoints: explicit restore (never partial, damaged checkpoints skipped), save,
-and where each task's saves go (the chief's into the workdir, the others' into private scratch directories)."""
+"""Checkpoint series under workdir/checkpoints: explicit restore (never partial, damaged checkpoints skipped), save
+(blocking or asynchronous), and where each task's saves go (the chief's into the workdir, the others' into private
+scratch directories)."""
 
 import os
 import shutil
@@ -13,6 +14,20 @@ from errors import ConfigError, first_line
 from loops.persist import workdir_lock
 
 SCRATCH_PREFIX = "ckpt-nonchief-"
+# Strategies under which checkpoint.async_save takes effect (verified in tests/test_async_save.py and by hand with
+# 2-worker MWMS); elsewhere saves stay blocking: see WORKSPACE.md "Asynchronous saves".
+ASYNC_STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored")
+
+
+def async_save_enabled(config):
+  """Whether this run's periodic saves are asynchronous: checkpoint.async_save and a strategy it is used with."""
+  if not config.checkpoint.async_save:
+    return False
+  if config.strategy not in ASYNC_STRATEGIES:
+    logging.info("checkpoint.async_save: not used with strategy=%s (blocking saves; used with %s)", config.strategy,
+                 ", ".join(ASYNC_STRATEGIES))
+    return False
+  return True
 
 
 class Checkpoints:
@@ -20,9 +35,13 @@ class Checkpoints:
 
   Non-chief tasks write to a private temporary directory (scratch_directory, one checkpoint kept: nobody reads it)
   that `close()` removes.
+
+  With `async_save`, `save(step)` copies the variables to host memory and returns; TensorFlow's writer thread
+  writes the files, then names the checkpoint in the index (so the index only ever names complete checkpoints).
+  `save(step, wait=True)`, `latest()`, `restore_latest()` and `close()` first wait for pending writes.
   """
 
-  def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, subdir="checkpoints"):
+  def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, subdir="checkpoints", async_save=False):
     self.directory = os.path.join(workdir, subdir)
     # The one chief-vs-worker decision of saving: the chief writes the series, the others a throw-away copy.
     self._writes_series = is_chief
@@ -32,6 +51,9 @@ class Checkpoints:
     self._manager = self._make_manager()
     self._manager_handed_out = False  # once another object holds the manager, it is never replaced
     self.last_saved_step = None
+    self.async_save = async_save
+    if async_save:
+      keras_variables_reuse_their_host_copy()
 
   def _make_manager(self):
     return tf.train.CheckpointManager(self._checkpoint, self._temporary or self.directory, max_to_keep=self._keep,
@@ -46,6 +68,7 @@ class Checkpoints:
     preemption handler, it is kept, and the files are moved at the next start). A readable checkpoint that does
     not match the model is refused.
     """
+    self.wait()
     candidates = index_paths(self.directory)
     if not candidates:
       return None
@@ -82,18 +105,68 @@ class Checkpoints:
     return self._manager
 
   def latest(self):
+    """The latest complete checkpoint (after pending writes), or None."""
+    self.wait()
     return tf.train.latest_checkpoint(self.directory)
 
-  def save(self, step):
-    path = self._manager.save(checkpoint_number=step)
+  def save(self, step, wait=False):
+    """Saves at `step`: asynchronously when enabled, unless `wait` (then complete on return, after any pending
+    write). Returns the path (None on non-chief tasks)."""
+    if wait:
+      self.wait()
+    options = None if wait else self.save_options()
+    path = self._manager.save(checkpoint_number=step, options=options)
     self.last_saved_step = step
-    if self._writes_series:
+    if not self._writes_series:
+      return None
+    if options is None:
       logging.info("saved checkpoint %s", path)
-    return path if self._writes_series else None
+    return path
+
+  def save_options(self):
+    """New CheckpointOptions for an asynchronous save (its writer thread logs "saved checkpoint"), or None.
+
+    New each time: CheckpointManager.save appends its index update to the options' callback list.
+    """
+    if not self.async_save:
+      return None
+    log = (lambda path: logging.info("saved checkpoint %s", path)) if self._writes_series else (lambda: None)
+    return tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True, experimental_write_callbacks=[log])
+
+  def wait(self):
+    """Blocks until every pending asynchronous write is on disk and in the index; raises its error if one failed."""
+    if not self.async_save:
+      return
+    self._checkpoint.sync()
+    writer = getattr(self._checkpoint, "_async_checkpointer_impl", None)  # no public way to see a write's error
+    if writer is not None:
+      writer._check_async_thread_error()  # pylint: disable=protected-access
 
   def close(self):
-    if self._temporary:
-      shutil.rmtree(self._temporary, ignore_errors=True)
+    """Waits for pending writes (the process never exits with one half done), then removes the scratch directory."""
+    try:
+      self.wait()
+    finally:
+      if self._temporary:
+        shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+def keras_variables_reuse_their_host_copy():
+  """Makes Keras 3 variables usable with TensorFlow's asynchronous checkpointing (idempotent).
+
+  Keras 3.15's tensorflow Variable._copy_trackable_to_cpu wraps the host copy in a new tf.Variable on every call;
+  TensorFlow calls it inside a tf.function from the second asynchronous save on, which fails ("tf.function only
+  supports singleton tf.Variables created on the first call"). The Keras variable is saved as the tf.Variable it
+  wraps (same tensors, same names), so it maps to that variable's host copy, made once and updated each save.
+  """
+  from keras.src.backend.tensorflow import core
+
+  def copy_trackable_to_cpu(self, object_map):
+    self.value._copy_trackable_to_cpu(object_map)  # pylint: disable=protected-access
+    if self not in object_map:
+      object_map[self] = object_map[self.value]
+
+  core.Variable._copy_trackable_to_cpu = copy_trackable_to_cpu  # pylint: disable=protected-access
 
 
 def restore(checkpoint, path):
