@@ -87,3 +87,76 @@ def test_async_saves_write_the_same_checkpoints_and_best_checkpoint_as_blocking_
   best = tf.train.latest_checkpoint(f"{asynchronous}/best")
   assert best and os.path.basename(best) == os.path.basename(tf.train.latest_checkpoint(f"{blocking}/best"))
   assert_same_tensors(best, tf.train.latest_checkpoint(f"{blocking}/best"))
+
+
+def start_slow(tmp_path, seconds, workdir, *extra):
+  """main.py ARGS under slow_async_writes.py (each asynchronous write held `seconds` before the index names it);
+  returns (process, marker path)."""
+  marker = tmp_path / f"marker-{time.monotonic_ns()}"
+  marker.touch()
+  command = [PY, SLOW, str(seconds), str(marker), "main.py", *ARGS, *extra, f"--workdir={workdir}"]
+  proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          start_new_session=True)
+  return proc, marker
+
+
+def wait_for_marker(proc, marker, line, timeout=180):
+  deadline = time.monotonic() + timeout
+  while line not in marker.read_text().splitlines():
+    assert proc.poll() is None, f"exited with {proc.returncode} before '{line}': {proc.stdout.read()[-3000:]}"
+    assert time.monotonic() < deadline, f"no '{line}' in {marker.read_text()}"
+    time.sleep(0.02)
+
+
+def indexed(workdir):
+  """The checkpoints the index of workdir/checkpoints lists (latest last), after asserting each is readable."""
+  state = tf.train.get_checkpoint_state(os.path.join(workdir, "checkpoints"))
+  paths = list(state.all_model_checkpoint_paths)
+  assert state.model_checkpoint_path == paths[-1]
+  for path in paths:
+    assert checkpoints_lib.unreadable(path) is None, path
+  return [int(p.rsplit("-", 1)[1]) for p in paths]
+
+
+def test_sigterm_during_a_slow_asynchronous_write_waits_for_it_then_saves_the_current_step(tmp_path):
+  workdir = tmp_path / "w"
+  proc, marker = start_slow(tmp_path, 3, workdir, "--config.train.steps=400", "--config.eval.every_steps=0")
+  try:
+    wait_for_marker(proc, marker, f"writing {workdir}/checkpoints/ckpt-20")
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+  finally:
+    if proc.poll() is None:
+      os.killpg(proc.pid, signal.SIGKILL)
+  assert proc.returncode == 143, output[-3000:]
+  assert "preempted (SIGTERM): checkpoint saved; exiting with code 143" in output
+  assert f"written {workdir}/checkpoints/ckpt-20" in marker.read_text()  # the pending write finished first
+  steps = indexed(workdir)
+  assert 20 in steps and steps[-1] > 20 and steps[-1] % 5 == 0, steps  # the preemption step is the latest
+
+
+def test_kill_9_during_asynchronous_writes_keeps_the_previous_checkpoint_and_the_rerun_finishes(tmp_path, both_runs):
+  workdir = tmp_path / "w"
+  ckpt = f"{workdir}/checkpoints/ckpt-"
+  # life 1: killed with ckpt-20's files on disk but not yet in the index; life 2: killed as ckpt-20's write starts
+  for moment in (f"written {ckpt}20", f"writing {ckpt}20"):
+    proc, marker = start_slow(tmp_path, 60, workdir)
+    try:
+      wait_for_marker(proc, marker, moment)
+    finally:
+      os.killpg(proc.pid, signal.SIGKILL)
+      output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert indexed(workdir) == [10], (moment, output[-2000:])
+  assert os.path.exists(f"{ckpt}20.index")  # life 1's unindexed files were there: the index never named them
+  # life 3: resumes from ckpt-10; its last periodic write (ckpt-30) is held 2 s, so the final save has to wait
+  proc, marker = start_slow(tmp_path, 2, workdir)
+  output, _ = proc.communicate(timeout=300)
+  assert proc.returncode == 0, output[-3000:]
+  assert f"restored {ckpt}10" in output
+  assert f"written {ckpt}30" in marker.read_text()
+  assert indexed(workdir) == [20, 30, 40]
+  assert checkpoints_lib.unreadable(tf.train.latest_checkpoint(f"{workdir}/best")) is None
+  blocking = both_runs["blocking"][0]
+  for step in (20, 30, 40):  # the interrupted run ends where the uninterrupted one did
+    assert_same_tensors(f"{ckpt}{step}", f"{blocking}/checkpoints/ckpt-{step}")
