@@ -160,3 +160,24 @@ def test_kill_9_during_asynchronous_writes_keeps_the_previous_checkpoint_and_the
   blocking = both_runs["blocking"][0]
   for step in (20, 30, 40):  # the interrupted run ends where the uninterrupted one did
     assert_same_tensors(f"{ckpt}{step}", f"{blocking}/checkpoints/ckpt-{step}")
+
+
+@pytest.mark.parametrize("strategy, async_save, used", [("one_device", True, True), ("mirrored", True, True),
+                                                        ("multi_worker_mirrored", True, True),
+                                                        ("parameter_server", True, False), ("tpu", True, False),
+                                                        ("central_storage", True, False), ("mirrored", False, False)])
+def test_async_saves_are_used_only_with_the_strategies_they_are_verified_on(strategy, async_save, used):
+  c = tiny_config(async_save)
+  c.strategy = strategy
+  assert checkpoints_lib.async_save_enabled(c) is used
+
+
+def test_the_benchmark_measures_both_modes_on_a_small_model(tmp_path):
+  from benchmarks import async_save as bench
+  checkpoint, step, params = bench.build_checkpoint("digits_cnn", 8, 10)
+  warm_up, seconds = bench.measure(checkpoint, step, 2, str(tmp_path))
+  assert params > 1000 and len(warm_up["async"]) == 2 and len(warm_up["blocking"]) == 1
+  assert {mode: len(values) for mode, values in seconds.items()} == {"blocking": 2, "async": 2, "background": 2}
+  for mode in ("blocking", "async"):  # both series wrote their checkpoints, the last of each complete and indexed
+    latest = tf.train.latest_checkpoint(str(tmp_path / mode / "checkpoints"))
+    assert latest.endswith("ckpt-3") and checkpoints_lib.unreadable(latest) is None
