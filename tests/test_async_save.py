@@ -2,6 +2,7 @@
 and preemption saves are complete when the process exits; kill -9 during an asynchronous write leaves the previous
 checkpoint restorable and the rerun resumes and finishes (tests/fixtures/slow_async_writes.py holds writes open)."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -54,7 +55,6 @@ def assert_same_tensors(path, reference):
 def both_runs(tmp_path_factory):
   """The same deterministic digits run with blocking and with asynchronous saves: {mode: (workdir, {step: name of
   the thread that logged "saved checkpoint .../ckpt-STEP"})}."""
-  import logging
   runs = {}
   for mode in ("blocking", "async"):
     workdir = str(tmp_path_factory.mktemp(mode))
@@ -71,7 +71,8 @@ def both_runs(tmp_path_factory):
       logger.removeHandler(handler)
       logger.setLevel(old_level)
     saved = [(r.getMessage(), r.threadName) for r in records if r.getMessage().startswith("saved checkpoint")]
-    runs[mode] = workdir, {int(message.rsplit("-", 1)[1]): thread for message, thread in saved if "/checkpoints/" in message}
+    runs[mode] = workdir, {int(message.rsplit("-", 1)[1]): thread for message, thread in saved
+                           if "/checkpoints/" in message}
   return runs
 
 
@@ -89,12 +90,12 @@ def test_async_saves_write_the_same_checkpoints_and_best_checkpoint_as_blocking_
   assert_same_tensors(best, tf.train.latest_checkpoint(f"{blocking}/best"))
 
 
-def start_slow(tmp_path, seconds, workdir, *extra):
-  """main.py ARGS under slow_async_writes.py (each asynchronous write held `seconds` before the index names it);
-  returns (process, marker path)."""
+def start_slow(tmp_path, seconds, from_step, workdir, *extra):
+  """main.py ARGS under slow_async_writes.py (each asynchronous write from checkpoint `from_step` on held `seconds`
+  before the index names it); returns (process, marker path)."""
   marker = tmp_path / f"marker-{time.monotonic_ns()}"
   marker.touch()
-  command = [PY, SLOW, str(seconds), str(marker), "main.py", *ARGS, *extra, f"--workdir={workdir}"]
+  command = [PY, SLOW, str(seconds), str(from_step), str(marker), "main.py", *ARGS, *extra, f"--workdir={workdir}"]
   proc = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                           start_new_session=True)
   return proc, marker
@@ -120,7 +121,7 @@ def indexed(workdir):
 
 def test_sigterm_during_a_slow_asynchronous_write_waits_for_it_then_saves_the_current_step(tmp_path):
   workdir = tmp_path / "w"
-  proc, marker = start_slow(tmp_path, 3, workdir, "--config.train.steps=400", "--config.eval.every_steps=0")
+  proc, marker = start_slow(tmp_path, 3, 20, workdir, "--config.train.steps=400", "--config.eval.every_steps=0")
   try:
     wait_for_marker(proc, marker, f"writing {workdir}/checkpoints/ckpt-20")
     proc.send_signal(signal.SIGTERM)
@@ -140,7 +141,7 @@ def test_kill_9_during_asynchronous_writes_keeps_the_previous_checkpoint_and_the
   ckpt = f"{workdir}/checkpoints/ckpt-"
   # life 1: killed with ckpt-20's files on disk but not yet in the index; life 2: killed as ckpt-20's write starts
   for moment in (f"written {ckpt}20", f"writing {ckpt}20"):
-    proc, marker = start_slow(tmp_path, 60, workdir)
+    proc, marker = start_slow(tmp_path, 60, 20, workdir)
     try:
       wait_for_marker(proc, marker, moment)
     finally:
@@ -150,7 +151,7 @@ def test_kill_9_during_asynchronous_writes_keeps_the_previous_checkpoint_and_the
     assert indexed(workdir) == [10], (moment, output[-2000:])
   assert os.path.exists(f"{ckpt}20.index")  # life 1's unindexed files were there: the index never named them
   # life 3: resumes from ckpt-10; its last periodic write (ckpt-30) is held 2 s, so the final save has to wait
-  proc, marker = start_slow(tmp_path, 2, workdir)
+  proc, marker = start_slow(tmp_path, 2, 30, workdir)
   output, _ = proc.communicate(timeout=300)
   assert proc.returncode == 0, output[-3000:]
   assert f"restored {ckpt}10" in output

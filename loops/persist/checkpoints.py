@@ -112,9 +112,11 @@ class Checkpoints:
   def save(self, step, wait=False):
     """Saves at `step`: asynchronously when enabled, unless `wait` (then complete on return, after any pending
     write). Returns the path (None on non-chief tasks)."""
-    if wait:
-      self.wait()
     options = None if wait else self.save_options()
+    if wait or options:
+      self.wait()  # (TensorFlow's writer would wait for the previous write too: this costs nothing more)
+    if options:
+      self._align_async_save_counter()
     path = self._manager.save(checkpoint_number=step, options=options)
     self.last_saved_step = step
     if not self._writes_series:
@@ -124,14 +126,20 @@ class Checkpoints:
     return path
 
   def save_options(self):
-    """New CheckpointOptions for an asynchronous save (its writer thread logs "saved checkpoint"), or None.
-
-    New each time: CheckpointManager.save appends its index update to the options' callback list.
-    """
+    """CheckpointOptions for an asynchronous save, or None. Its writer logs "saved checkpoint" once the index
+    names the checkpoint (the line means what it says in both modes)."""
     if not self.async_save:
       return None
     log = (lambda path: logging.info("saved checkpoint %s", path)) if self._writes_series else (lambda: None)
-    return tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True, experimental_write_callbacks=[log])
+    return tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True,
+                                      experimental_write_callbacks=_LastStaysLast([log]))
+
+  def _align_async_save_counter(self):
+    """TensorFlow's writer saves through a tf.train.Checkpoint of its own, whose save_counter nothing increments;
+    it is set to the number the manager is about to give this save, so asynchronous checkpoints hold the same
+    save_counter as blocking ones (resumed runs end bit-identical). Called after wait(): the writer is idle."""
+    writer = self._checkpoint._async_checkpointer()  # pylint: disable=protected-access  (made on first use)
+    writer.checkpointer().save_counter.assign(self._checkpoint.save_counter + 1)
 
   def wait(self):
     """Blocks until every pending asynchronous write is on disk and in the index; raises its error if one failed."""
@@ -149,6 +157,17 @@ class Checkpoints:
     finally:
       if self._temporary:
         shutil.rmtree(self._temporary, ignore_errors=True)
+
+
+class _LastStaysLast(list):
+  """A write-callback list whose last callback stays last: CheckpointManager.save appends its index update,
+  which goes before it. (TensorFlow copies the options, and their list with `copy.copy`.)"""
+
+  def append(self, item):
+    self.insert(max(len(self) - 1, 0), item)
+
+  def __copy__(self):
+    return type(self)(self)
 
 
 def keras_variables_reuse_their_host_copy():
