@@ -33,6 +33,7 @@ from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
 from loops.model import metrics as metrics_lib
 from loops.model import optimizers
+from loops.persist import async_saves
 from loops.persist import checkpoints as checkpoints_lib
 from loops.persist import workdir_lock
 from loops.persist import writers
@@ -98,7 +99,7 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
 def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume):
   task = parts.task
   checkpoints = checkpoints_lib.Checkpoints(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep,
-                                            task.is_chief, async_save=checkpoints_lib.async_save_enabled(config))
+                                            task.is_chief, async_save=async_saves.async_save_enabled(config))
   cleanup.callback(checkpoints.close)
   checkpoints.restore_latest()  # refuses a checkpoint of another model before anything in the workdir is touched
   writer = writers.for_task(workdir, task.is_chief)

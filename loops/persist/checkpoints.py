@@ -11,23 +11,9 @@ from absl import logging
 import tensorflow as tf
 
 from errors import ConfigError, first_line
-from loops.persist import workdir_lock
+from loops.persist import async_saves, workdir_lock
 
 SCRATCH_PREFIX = "ckpt-nonchief-"
-# Strategies under which checkpoint.async_save takes effect (verified in tests/test_async_save.py and by hand with
-# 2-worker MWMS); elsewhere saves stay blocking: see WORKSPACE.md "Asynchronous saves".
-ASYNC_STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored")
-
-
-def async_save_enabled(config):
-  """Whether this run's periodic saves are asynchronous: checkpoint.async_save and a strategy it is used with."""
-  if not config.checkpoint.async_save:
-    return False
-  if config.strategy not in ASYNC_STRATEGIES:
-    logging.info("checkpoint.async_save: not used with strategy=%s (blocking saves; used with %s)", config.strategy,
-                 ", ".join(ASYNC_STRATEGIES))
-    return False
-  return True
 
 
 class Checkpoints:
@@ -53,7 +39,7 @@ class Checkpoints:
     self.last_saved_step = None
     self.async_save = async_save
     if async_save:
-      keras_variables_reuse_their_host_copy()
+      async_saves.keras_variables_reuse_their_host_copy()
 
   def _make_manager(self):
     return tf.train.CheckpointManager(self._checkpoint, self._temporary or self.directory, max_to_keep=self._keep,
@@ -132,7 +118,7 @@ class Checkpoints:
       return None
     log = (lambda path: logging.info("saved checkpoint %s", path)) if self._writes_series else (lambda: None)
     return tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True,
-                                      experimental_write_callbacks=_LastStaysLast([log]))
+                                      experimental_write_callbacks=async_saves.LastStaysLast([log]))
 
   def _align_async_save_counter(self):
     """TensorFlow's writer saves through a tf.train.Checkpoint of its own, whose save_counter nothing increments;
@@ -157,35 +143,6 @@ class Checkpoints:
     finally:
       if self._temporary:
         shutil.rmtree(self._temporary, ignore_errors=True)
-
-
-class _LastStaysLast(list):
-  """A write-callback list whose last callback stays last: CheckpointManager.save appends its index update,
-  which goes before it. (TensorFlow copies the options, and their list with `copy.copy`.)"""
-
-  def append(self, item):
-    self.insert(max(len(self) - 1, 0), item)
-
-  def __copy__(self):
-    return type(self)(self)
-
-
-def keras_variables_reuse_their_host_copy():
-  """Makes Keras 3 variables usable with TensorFlow's asynchronous checkpointing (idempotent).
-
-  Keras 3.15's tensorflow Variable._copy_trackable_to_cpu wraps the host copy in a new tf.Variable on every call;
-  TensorFlow calls it inside a tf.function from the second asynchronous save on, which fails ("tf.function only
-  supports singleton tf.Variables created on the first call"). The Keras variable is saved as the tf.Variable it
-  wraps (same tensors, same names), so it maps to that variable's host copy, made once and updated each save.
-  """
-  from keras.src.backend.tensorflow import core
-
-  def copy_trackable_to_cpu(self, object_map):
-    self.value._copy_trackable_to_cpu(object_map)  # pylint: disable=protected-access
-    if self not in object_map:
-      object_map[self] = object_map[self.value]
-
-  core.Variable._copy_trackable_to_cpu = copy_trackable_to_cpu  # pylint: disable=protected-access
 
 
 def restore(checkpoint, path):
