@@ -219,6 +219,10 @@ def _eval_and_checkpoints(c):
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 1000  # 0 = only at the end (any number of steps, as eval.every_steps).
   c.checkpoint.keep = 3
+  # Periodic saves hand the write to a background thread (TensorFlow's asynchronous checkpointing): the loop only
+  # waits for a copy of the variables in host memory. The final, best and preemption saves always wait. Used with
+  # one_device, mirrored, multi_worker_mirrored; other strategies save blocking (WORKSPACE.md "Asynchronous saves").
+  c.checkpoint.async_save = True
   # Keep the best checkpoint by this eval result in workdir/best ("" = off): eval/loss or eval/<an eval.metrics name>.
   c.checkpoint.best_metric = "eval/accuracy"
   c.checkpoint.best_mode = "max"  # max | min

@@ -34,6 +34,7 @@ from loops.distribute import strategy as strategy_lib
 from loops.model import metrics as metrics_lib
 from loops.model import model as model_lib
 from loops.model import optimizers
+from loops.persist import async_saves
 from loops.persist import checkpoints as checkpoints_lib
 from loops.persist import init_checkpoint
 from loops.persist import workdir_lock
@@ -101,7 +102,7 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
 def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume):
   task = parts.task
   checkpoints = checkpoints_lib.Checkpoints(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep,
-                                            task.is_chief)
+                                            task.is_chief, async_save=async_saves.async_save_enabled(config))
   cleanup.callback(checkpoints.close)
   restored = checkpoints.restore_latest()  # refuses a checkpoint of another model before the workdir is touched
   init_table, init_counts = _warm_start(config, parts, restored)  # a refusal also stops before anything is written

@@ -11,6 +11,7 @@ from loops.core.loop import Trigger
 
 class Checkpointing(Callback):
   """Every checkpoint.every_steps and at the end; every task takes part (non-chief tasks into scratch dirs).
+  Periodic saves are asynchronous when the Checkpoints are; the final one waits until it is on disk.
 
   A run that stopped early keeps its length in the checkpoint (`stopped_total_steps`): rerunning it does not
   train further unless the length was raised.
@@ -49,7 +50,7 @@ class Checkpointing(Callback):
       self.stopped_total_steps.assign(state.total_steps)
       needed = True
     if needed:
-      self.checkpoints.save(state.step)
+      self.checkpoints.save(state.step, wait=True)  # complete (after any pending write) before the run ends
     state.summary["checkpoint"] = self.checkpoints.latest()
 
 

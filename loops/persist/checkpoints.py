@@ -1,5 +1,6 @@
-"""Checkpoint series under workdir/checkpoints: explicit restore (never partial, damaged checkpoints skipped), save,
-and where each task's saves go (the chief's into the workdir, the others' into private scratch directories)."""
+"""Checkpoint series under workdir/checkpoints: explicit restore (never partial, damaged checkpoints skipped), save
+(blocking or asynchronous), and where each task's saves go (the chief's into the workdir, the others' into private
+scratch directories)."""
 
 import os
 import shutil
@@ -10,7 +11,7 @@ from absl import logging
 import tensorflow as tf
 
 from errors import ConfigError, first_line
-from loops.persist import workdir_lock
+from loops.persist import async_saves, workdir_lock
 
 SCRATCH_PREFIX = "ckpt-nonchief-"
 
@@ -20,9 +21,13 @@ class Checkpoints:
 
   Non-chief tasks write to a private temporary directory (scratch_directory, one checkpoint kept: nobody reads it)
   that `close()` removes.
+
+  With `async_save`, `save(step)` copies the variables to host memory and returns; TensorFlow's writer thread
+  writes the files, then names the checkpoint in the index (so the index only ever names complete checkpoints).
+  `save(step, wait=True)`, `latest()`, `restore_latest()` and `close()` first wait for pending writes.
   """
 
-  def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, subdir="checkpoints"):
+  def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, subdir="checkpoints", async_save=False):
     self.directory = os.path.join(workdir, subdir)
     # The one chief-vs-worker decision of saving: the chief writes the series, the others a throw-away copy.
     self._writes_series = is_chief
@@ -32,6 +37,9 @@ class Checkpoints:
     self._manager = self._make_manager()
     self._manager_handed_out = False  # once another object holds the manager, it is never replaced
     self.last_saved_step = None
+    self.async_save = async_save
+    if async_save:
+      async_saves.keras_variables_reuse_their_host_copy()
 
   def _make_manager(self):
     return tf.train.CheckpointManager(self._checkpoint, self._temporary or self.directory, max_to_keep=self._keep,
@@ -46,6 +54,7 @@ class Checkpoints:
     preemption handler, it is kept, and the files are moved at the next start). A readable checkpoint that does
     not match the model is refused.
     """
+    self.wait()
     candidates = index_paths(self.directory)
     if not candidates:
       return None
@@ -82,18 +91,58 @@ class Checkpoints:
     return self._manager
 
   def latest(self):
+    """The latest complete checkpoint (after pending writes), or None."""
+    self.wait()
     return tf.train.latest_checkpoint(self.directory)
 
-  def save(self, step):
-    path = self._manager.save(checkpoint_number=step)
+  def save(self, step, wait=False):
+    """Saves at `step`: asynchronously when enabled, unless `wait` (then complete on return, after any pending
+    write). Returns the path (None on non-chief tasks)."""
+    options = None if wait else self.save_options()
+    if wait or options:
+      self.wait()  # (TensorFlow's writer would wait for the previous write too: this costs nothing more)
+    if options:
+      self._align_async_save_counter()
+    path = self._manager.save(checkpoint_number=step, options=options)
     self.last_saved_step = step
-    if self._writes_series:
+    if not self._writes_series:
+      return None
+    if options is None:
       logging.info("saved checkpoint %s", path)
-    return path if self._writes_series else None
+    return path
+
+  def save_options(self):
+    """CheckpointOptions for an asynchronous save, or None. Its writer logs "saved checkpoint" once the index
+    names the checkpoint (the line means what it says in both modes)."""
+    if not self.async_save:
+      return None
+    log = (lambda path: logging.info("saved checkpoint %s", path)) if self._writes_series else (lambda: None)
+    return tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True,
+                                      experimental_write_callbacks=async_saves.LastStaysLast([log]))
+
+  def _align_async_save_counter(self):
+    """TensorFlow's writer saves through a tf.train.Checkpoint of its own, whose save_counter nothing increments;
+    it is set to the number the manager is about to give this save, so asynchronous checkpoints hold the same
+    save_counter as blocking ones (resumed runs end bit-identical). Called after wait(): the writer is idle."""
+    writer = self._checkpoint._async_checkpointer()  # pylint: disable=protected-access  (made on first use)
+    writer.checkpointer().save_counter.assign(self._checkpoint.save_counter + 1)
+
+  def wait(self):
+    """Blocks until every pending asynchronous write is on disk and in the index; raises its error if one failed."""
+    if not self.async_save:
+      return
+    self._checkpoint.sync()
+    writer = getattr(self._checkpoint, "_async_checkpointer_impl", None)  # no public way to see a write's error
+    if writer is not None:
+      writer._check_async_thread_error()  # pylint: disable=protected-access
 
   def close(self):
-    if self._temporary:
-      shutil.rmtree(self._temporary, ignore_errors=True)
+    """Waits for pending writes (the process never exits with one half done), then removes the scratch directory."""
+    try:
+      self.wait()
+    finally:
+      if self._temporary:
+        shutil.rmtree(self._temporary, ignore_errors=True)
 
 
 def restore(checkpoint, path):

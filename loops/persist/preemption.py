@@ -105,9 +105,10 @@ class PreemptionWatcher:
     self._before_exit = before_exit
     if self._handler is not None and (self._multi_worker or not self._flag.is_set()):
       # several workers agree on the step through the handler (it polls the flag about once a second)
-      self._handler.save_checkpoint_if_preempted(checkpoint_number=step)
+      # with asynchronous options TensorFlow waits for pending writes, then saves this one blocking
+      self._handler.save_checkpoint_if_preempted(checkpoint_number=step, options=self._checkpoints.save_options())
     elif self._flag.is_set():
-      self._checkpoints.save(step)
+      self._checkpoints.save(step, wait=True)
       self._exit()
 
   def _exit(self):
@@ -115,6 +116,7 @@ class PreemptionWatcher:
       code, cause = INTERRUPTED_EXIT_CODE, "interrupted (Ctrl-C)"
     else:
       code, cause = self._exit_code, f"preempted ({self._received or 'by a peer or the platform'})"
+    self._checkpoints.wait()  # no asynchronous write is left pending at exit
     logging.warning("%s: checkpoint saved; exiting with code %d; rerun the same command to resume from %s", cause,
                     code, self._checkpoints.latest())
     if self._before_exit:
