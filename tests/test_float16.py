@@ -17,18 +17,19 @@ def overflows_at_step(labels, logits, step, at_step=3):
   return loss * tf.where(tf.equal(step, at_step), 1e30, 1.0)
 
 
-def float16_digits(**keys):
+def float16_digits(precision="float16", **keys):
   c = load_config("digits_cnn")
-  c.mixed_precision = "float16"
+  c.mixed_precision = precision
   c.optimizer.name, c.optimizer.learning_rate = "adam", 0.003
   c.train.epochs, c.train.steps, c.train.steps_per_loop = None, 100, 50
   c.eval.every_steps = c.checkpoint.every_steps = 0
   return set_keys(c, keys)
 
 
-def test_float16_trains_digits(tmp_path):
-  summary = run.train_and_evaluate(float16_digits(), str(tmp_path))
-  assert summary["eval/accuracy"] >= 0.95  # measured 0.972 after 100 steps
+@pytest.mark.parametrize("precision", ["float16", "bfloat16"])
+def test_mixed_precision_trains_digits(precision, tmp_path):
+  summary = run.train_and_evaluate(float16_digits(precision), str(tmp_path))
+  assert summary["eval/accuracy"] >= 0.95  # measured after 100 steps: float16 0.972
   import keras
   assert keras.mixed_precision.dtype_policy().name == "float32"  # the global policy was restored
 

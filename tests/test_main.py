@@ -71,11 +71,13 @@ def test_every_shipped_config_runs_a_few_steps_on_synthetic_data(name, tmp_path)
   c.eval.every_steps, c.checkpoint.every_steps = 0, 0
   if c.strategy == "mirrored":
     c.cpu_replicas = 2
-  if name == "resnet152_mirrored":  # tracing its 2-replica graph takes ~2 min; resnet50_mirrored covers mirrored
-    c.strategy, c.cpu_replicas = "one_device", 0
   c.train.global_batch_size = 2 if "resnet" in name and "mirrored" in name else 8
   if "resnet" in name and "mirrored" in name:
     c.data.synthetic.eval_examples = 4
+  if name == "resnet152_mirrored":  # tracing its 2-replica graph takes minutes; resnet50_mirrored trains the same
+    report = run.train_and_evaluate(c, str(tmp_path), dry_run=True)  # code: this one is built and checked only
+    assert report["model"] == "resnet152v2" and report["parameters"] > 50_000_000 and not os.listdir(tmp_path)
+    return
   summary = run.train_and_evaluate(c, str(tmp_path))
   assert summary["step"] == 2 and 0.0 <= summary["eval/accuracy"] <= 1.0
 

@@ -144,14 +144,6 @@ def test_gradient_accumulation_equals_one_larger_batch(tiny_digits, tmp_path):
     run.train_and_evaluate(tiny_digits, str(tmp_path / "k3"))
 
 
-def test_bfloat16_trains_digits(tmp_path):
-  c = load_config("digits_cnn")
-  c.mixed_precision = "bfloat16"
-  summary = run.train_and_evaluate(c, str(tmp_path))
-  assert summary["eval/accuracy"] >= 0.93
-  assert keras.mixed_precision.dtype_policy().name == "float32"  # the global policy was restored
-
-
 @pytest.mark.parametrize("mixed_precision, jit", [("bfloat16", False), (None, True), ("bfloat16", True)])
 def test_mixed_precision_and_xla_run_under_mirrored(mixed_precision, jit, tiny_digits, tmp_path):
   tiny_digits.strategy, tiny_digits.cpu_replicas = "mirrored", 2

@@ -261,18 +261,18 @@ def test_a_tfds_split_streams_from_its_own_shard_files_each_pipeline_decoding_it
 
 
 def test_prepared_digits_streamed_from_disk_train_to_the_accuracy_of_the_original(digits_records, tmp_path):
-  """Means over seeds 0-2 (one run's accuracy moves +-0.8 pp with the seed here; measured 2026-11-24: original
-  0.9769, prepared raw 0.9731, prepared JPEG q95 0.9741)."""
+  """One run each (one run's accuracy moves +-0.8 pp with the order here, so two runs differ by 1.1 pp at one sigma:
+  the bound is 3 pp; a preprocessing or label mistake costs far more. Means over seeds 0-2 measured 2026-11-24:
+  original 0.9769, prepared raw 0.9731, prepared JPEG q95 0.9741)."""
   def accuracy(seed, **data_settings):
     c = load_config("digits_cnn")
     c.seed, c.export, c.summary.progress_bar = seed, False, "off"
     c.data.update(data_settings)
     return run.train_and_evaluate(c, str(tmp_path / f"{seed}-{len(data_settings)}"))["eval/accuracy"]
 
-  original = np.mean([accuracy(seed) for seed in (0, 1, 2)])
-  prepared = np.mean([accuracy(seed, name="tfrecord", data_dir=digits_records[0], in_memory=False)
-                      for seed in (0, 1, 2)])
-  assert original >= 0.95 and abs(prepared - original) <= 0.005, (prepared, original)
+  original = accuracy(0)
+  prepared = accuracy(0, name="tfrecord", data_dir=digits_records[0], in_memory=False)
+  assert original >= 0.95 and prepared >= 0.95 and abs(prepared - original) <= 0.03, (prepared, original)
 
 
 @pytest.mark.parametrize("in_memory", [True, False])
