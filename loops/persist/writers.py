@@ -66,17 +66,21 @@ class NullWriter:
   def info(self, message, *args):
     pass
 
+  def warning(self, message, *args):
+    pass
+
+  def start_trace(self, name):
+    """A profiler trace into workdir/name: every task traces (each into its own folder)."""
+    tf.profiler.experimental.start(posixpath.join(self.workdir, name))
+
+  def stop_trace(self):
+    tf.profiler.experimental.stop()
+
   def write_json(self, name, value):
     """Writes workdir/name atomically; returns its path (None when nothing is written)."""
 
   def save_model(self, model, name):
     """Saves `model` as workdir/name (a .keras file); returns its path (None when nothing is written)."""
-
-  def start_trace(self, name):
-    pass
-
-  def stop_trace(self):
-    pass
 
   def flush(self):
     pass
@@ -149,6 +153,9 @@ class Writer(NullWriter):
   def info(self, message, *args):
     logging.info(message, *args)
 
+  def warning(self, message, *args):
+    logging.warning(message, *args)
+
   def write_json(self, name, value):
     path = posixpath.join(self.workdir, name)
     tf.io.gfile.makedirs(posixpath.dirname(path))
@@ -162,12 +169,6 @@ class Writer(NullWriter):
     tf.io.gfile.makedirs(posixpath.dirname(path))
     model.save(path)
     return path
-
-  def start_trace(self, name):
-    tf.profiler.experimental.start(posixpath.join(self.workdir, name))
-
-  def stop_trace(self):
-    tf.profiler.experimental.stop()
 
   def flush(self):
     if self._summary_writer is not None:
