@@ -135,7 +135,9 @@ class SyncExecution(_Execution):
     self._multi_worker = strategy_lib.is_multi_worker(strategy)
     with metrics_scope(strategy):
       self.train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
-    clock = steps.WorkerClock(strategy, p.task.worker_index, p.task.num_workers) if self._multi_worker else None
+    # TensorFlow refuses its clock op under op determinism: no worker times with deterministic=True.
+    timed = self._multi_worker and not config.deterministic
+    clock = steps.WorkerClock(strategy, p.task.worker_index, p.task.num_workers) if timed else None
     train_step = steps.make_train_step(p.model, p.optimizer, p.loss_fn, self.train_metrics, p.plan.global_batch_size,
                                        p.step_counter, p.plan.grad_accum_steps, config.jit_compile, clock)
     self._train_step, self._resident_fn = train_step, None
