@@ -253,11 +253,16 @@ def _monitoring(c):
   c.summary = ml_collections.ConfigDict()
   c.summary.histogram_every_steps = 0  # weight and gradient-norm histograms every N steps (0 = off)
   c.summary.progress_bar = "auto"  # Keras Progbar on the chief: auto (when stdout is a terminal) | on | off
-  # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls), chief only.
+  # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls); every task
+  # traces: the chief into workdir/profile, worker i of a multi-worker job into workdir/profile/worker-i.
   c.summary.profile_steps = ()
   # The HParams tab's experiment (every config key as an HParam) in the workdir. A sweep (launch/sweep.py) sets
   # False: its trials write only their sessions and the sweep writes one experiment of the swept keys at its dir.
   c.summary.hparams_experiment = True
+  # Multi-worker: a worker whose busy time per train call is more than straggler_fraction above the median
+  # worker's for straggler_calls calls in a row is named in one warning (0 = never warn).
+  c.summary.straggler_fraction = 0.2
+  c.summary.straggler_calls = 3
 
   # Stop when early_stopping.metric ("" = off; eval/loss or eval/<metric>) has not improved by more than
   # min_delta for `patience` evals in a row; then the final eval, checkpoint and summary.json ("stopped_early").

@@ -260,6 +260,11 @@ def _check_cadence(config):
   profile = tuple(config.summary.profile_steps)
   if profile and (len(profile) != 2 or not 0 <= profile[0] < profile[1]):
     raise ConfigError(f"summary.profile_steps must be (first, last) with 0 <= first < last, or (), got {profile}")
+  fraction = config.summary.straggler_fraction
+  if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not fraction >= 0:
+    raise ConfigError(f"summary.straggler_fraction must be 0 (off) or a fraction >= 0 (0.2 = 20 % slower than the "
+                      f"median worker), got {fraction!r}")
+  _at_least("summary.straggler_calls", config.summary.straggler_calls, 1)
   stopping = config.early_stopping
   _one_of("early_stopping.mode", stopping.mode, MODES)
   _at_least("early_stopping.patience", stopping.patience, 1)

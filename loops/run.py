@@ -29,6 +29,7 @@ from loops.core import loop as loop_lib
 from loops.core.nan_guard import NanGuard
 from loops.distribute import cluster
 from loops.distribute import execution as execution_lib
+from loops.distribute import memory
 from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
 from loops.model import metrics as metrics_lib
@@ -148,6 +149,11 @@ def _warm_start(config, parts, restored):
   return init_checkpoint.warm_start(config.init, parts.model, parts.optimizer, parts.strategy, twin)
 
 
+def _profile_folder(task):
+  """Where this task's profiler traces go: workdir/profile (the chief), workdir/profile/worker-i (the others)."""
+  return "profile" if task.is_chief else f"profile/{task.type}-{task.index}"
+
+
 def _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guard, wall_started, cleanup):
   """(observers, saving phase): the built-ins that run before and after the user's callbacks."""
   best = callbacks_lib.BestCheckpoint(workdir, parts.checkpoint, parts.step_counter,
@@ -158,9 +164,11 @@ def _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guar
   cleanup.callback(preemption.close)
   observers = [
       nan_guard,
-      callbacks_lib.ProfileTrace(config.summary.profile_steps, parts.plan.steps_per_loop),
+      callbacks_lib.ProfileTrace(config.summary.profile_steps, parts.plan.steps_per_loop, _profile_folder(parts.task)),
       callbacks_lib.Overview(config, metrics_lib.tags(parts.eval_metrics), lambda: _first_inputs(config, parts)),
       callbacks_lib.TrainLog(parts.optimizer, parts.plan.global_batch_size, config.summary.progress_bar),
+      callbacks_lib.WorkerMonitor(config.summary.straggler_fraction, config.summary.straggler_calls,
+                                  memory.usage_mb),
       callbacks_lib.Histograms(config.summary.histogram_every_steps, parts.model, execution),
       callbacks_lib.EvalLog(),
       best,

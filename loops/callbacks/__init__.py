@@ -15,12 +15,14 @@ from loops.callbacks.overview import Overview
 from loops.callbacks.profile_trace import ProfileTrace
 from loops.callbacks.run_summary import RunSummary
 from loops.callbacks.train_log import TrainLog
+from loops.callbacks.workers import WorkerMonitor
 from loops.core import plugins
 from loops.core.interfaces import HOOKS, Callback
 from loops.core.loop import Trigger
 
 __all__ = ["BestCheckpoint", "Callback", "Checkpointing", "EarlyStopping", "EvalLog", "Export", "HOOKS",
-           "Histograms", "Overview", "ProfileTrace", "RunSummary", "TrainLog", "Trigger", "assemble", "load_user"]
+           "Histograms", "Overview", "ProfileTrace", "RunSummary", "TrainLog", "Trigger", "WorkerMonitor", "assemble",
+           "load_user"]
 
 
 def assemble(built_in_first, user, built_in_last):

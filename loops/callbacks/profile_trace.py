@@ -1,4 +1,5 @@
-"""ProfileTrace: a profiler trace of summary.profile_steps = (first, last), rounded out to whole train calls."""
+"""ProfileTrace: a profiler trace of summary.profile_steps = (first, last), rounded out to whole train calls, by
+every task into its own folder (the writer's start_trace traces on every task)."""
 
 from loops.core.interfaces import Callback
 
@@ -6,8 +7,9 @@ from loops.core.interfaces import Callback
 class ProfileTrace(Callback):
   """Starts the profiler before the call that reaches `first` and stops it after the call that reaches `last`."""
 
-  def __init__(self, profile_steps, steps_per_loop):
+  def __init__(self, profile_steps, steps_per_loop, folder="profile"):
     self.range, self.steps_per_loop, self.tracing = tuple(profile_steps), steps_per_loop, False
+    self.folder = folder
 
   def on_train_begin(self, state):
     self.on_call_end(state)
@@ -15,13 +17,14 @@ class ProfileTrace(Callback):
   def on_call_end(self, state):  # before the next call
     if self.range and not self.tracing and self.range[0] <= state.step + self.steps_per_loop \
         and state.step < self.range[1]:
-      state.writer.start_trace("profile")
+      state.writer.start_trace(self.folder)
       self.tracing = True
 
   def after_train_call(self, state):
     if self.tracing and state.step >= self.range[1]:
       self.on_train_end(state)
-      state.writer.info("profiler trace of steps %d..%d in %s/profile", *self.range, state.workdir)
+      state.writer.info("profiler trace of steps %d..%d in %s/profile (other workers: profile/worker-i)",
+                        *self.range, state.workdir)
 
   def on_train_end(self, state):
     if self.tracing:

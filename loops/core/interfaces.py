@@ -20,10 +20,12 @@ class TrainOutput:
     step: the global step the call reached.
     results: its `train/...` scalars (means over the call's steps, over every replica and worker).
     finite: whether its loss was finite.
+    worker_seconds: each worker's busy seconds in the call, in task order (multi-worker training; else empty).
   """
   step: int
   results: Mapping[str, float]
   finite: bool
+  worker_seconds: tuple = ()
 
 
 @runtime_checkable

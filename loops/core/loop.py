@@ -51,12 +51,12 @@ class State:
   `writer` (TensorBoard scalars, chief only) and `summary` (extra summary.json values). The loop changes the
   values through `update`, the one method that does."""
 
-  FIELDS = ("step", "call_start_step", "train", "eval", "eval_step", "call_seconds", "stop_reason")
+  FIELDS = ("step", "call_start_step", "train", "eval", "eval_step", "call_seconds", "stop_reason", "worker_seconds")
 
   def __init__(self, *, step: int, total_steps: int, steps_per_epoch: int, is_chief: bool, workdir: str,
                writer: Any, config: Any = None):
     self._values = {"step": step, "call_start_step": step, "train": {}, "eval": {}, "eval_step": None,
-                    "call_seconds": 0.0, "stop_reason": None}
+                    "call_seconds": 0.0, "stop_reason": None, "worker_seconds": ()}
     self._start_step, self._total_steps, self._steps_per_epoch = step, total_steps, steps_per_epoch
     self._is_chief, self._workdir, self._writer, self._config = is_chief, workdir, writer, config
     self.summary = {}
@@ -85,6 +85,8 @@ class State:
   writer = property(lambda self: self._writer)
   config = property(lambda self: self._config)
   stop_reason = property(lambda self: self._values["stop_reason"], doc="Why the run stops early, or None.")
+  worker_seconds = property(lambda self: self._values["worker_seconds"],
+                            doc="Each worker's busy seconds in the last call (multi-worker training; else ()).")
 
   def request_stop(self, reason: str) -> None:
     """Stops the run at the end of the current call (the first reason given is kept).
@@ -154,7 +156,7 @@ class Loop:
     started = self.clock()
     output = self.execution.train(num_steps)
     state.update(call_seconds=self.clock() - started, call_start_step=state.step, step=output.step,
-                 train=dict(output.results))
+                 train=dict(output.results), worker_seconds=tuple(output.worker_seconds))
     if not output.finite:
       state.update(step=self.nan_guard.recover(state))
       return False

@@ -20,6 +20,7 @@ import data
 from data import resident as resident_lib
 from data import service as data_service
 from errors import ConfigError, WorkerLostError, first_line
+from loops.core import stragglers
 from loops.core.interfaces import TrainOutput
 from loops.distribute import parameter_server
 from loops.distribute import steps
@@ -109,11 +110,15 @@ class _Execution:
     for metric in metrics.values():
       metric.reset_state()
 
-  def _train_output(self, loss, results):
-    """results: {name: value} of the train metrics over the call, every replica and worker."""
+  def _train_output(self, loss, results, worker_seconds=()):
+    """results: {name: value} of the train metrics over the call, every replica and worker; worker_seconds:
+    each worker's busy seconds in the call (multi-worker), summarised as train/slowest_worker_seconds and
+    train/worker_time_spread (slowest / median - 1)."""
     results = {f"train/{name}": value for name, value in results.items()}
+    if worker_seconds:
+      results.update(stragglers.time_scalars(worker_seconds))
     finite = math.isfinite(loss) and math.isfinite(results["train/loss"])
-    return TrainOutput(step=self.step, results=results, finite=finite)
+    return TrainOutput(step=self.step, results=results, finite=finite, worker_seconds=tuple(worker_seconds))
 
   def _train_dataset(self, batch_size, start_step, **kwargs):
     p = self.parts
@@ -130,10 +135,13 @@ class SyncExecution(_Execution):
     self._multi_worker = strategy_lib.is_multi_worker(strategy)
     with metrics_scope(strategy):
       self.train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
+    # TensorFlow refuses its clock op under op determinism: no worker times with deterministic=True.
+    timed = self._multi_worker and not config.deterministic
+    clock = steps.WorkerClock(strategy, p.task.worker_index, p.task.num_workers) if timed else None
     train_step = steps.make_train_step(p.model, p.optimizer, p.loss_fn, self.train_metrics, p.plan.global_batch_size,
-                                       p.step_counter, p.plan.grad_accum_steps, config.jit_compile)
+                                       p.step_counter, p.plan.grad_accum_steps, config.jit_compile, clock)
     self._train_step, self._resident_fn = train_step, None
-    self._read_out = steps.CallReadOut(strategy, self.train_metrics)
+    self._read_out = steps.CallReadOut(strategy, self.train_metrics, clock)
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter, self._read_out)
     eval_step = steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics, p.step_counter)
     self._eval_fn = steps.make_eval_fn(strategy, eval_step)
@@ -149,7 +157,8 @@ class SyncExecution(_Execution):
       read_out = self._resident_fn(tf.constant(num_steps, tf.int32))
     else:
       read_out = self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))
-    return self._train_output(*self._read_out.results(read_out.numpy()))
+    values = read_out.numpy()
+    return self._train_output(*self._read_out.results(values), self._read_out.worker_seconds(values))
 
   def _start_train_input(self):
     """The train split on the devices (data/resident.py decides) or the host pipeline's distributed iterator."""

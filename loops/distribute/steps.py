@@ -22,7 +22,7 @@ def forward(model, images, training):
 
 
 def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_counter, grad_accum_steps=1,
-                    jit_compile=False):
+                    jit_compile=False, clock=None):
   """Per-replica train step: returns this replica's share of the global-batch loss.
 
   metrics: Keras metrics updated in place, or None to return {"loss", "loss_sum", "correct", "count"} instead
@@ -30,6 +30,7 @@ def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_
   grad_accum_steps = k: the replica's batch is split into k micro-batches whose gradients are summed before
   one update; every micro-loss is divided by the GLOBAL batch, so the update equals the whole batch's.
   A LossScaleOptimizer (float16) gets its loss scaled here and unscales the gradients itself.
+  clock: a WorkerClock that adds the step's busy time (from `started`, or the step's start, to its gradients).
   """
   scales_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
   variables = model.trainable_variables
@@ -61,8 +62,12 @@ def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_
   if jit_compile:
     compute = tf.function(compute, jit_compile=True)
 
-  def step_fn(images, labels):
+  def step_fn(images, labels, started=None):
+    if clock is not None and started is None:
+      started = tf.timestamp()
     gradients, loss, per_example, logits = compute(images, labels)
+    if clock is not None:
+      clock.record(started, gradients)
     optimizer.apply_gradients(zip(gradients, variables))
     labels = losses.hard_labels(labels)
     if metrics is None:
@@ -77,13 +82,39 @@ def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_
   return step_fn
 
 
+class WorkerClock:
+  """Each worker's busy seconds in a train call: per step, from its start (before the batch is fetched) to its
+  gradients being computed, summed over the call: the time a worker does not spend waiting for its peers in the
+  gradient all-reduce, so a straggler stands out (its peers' busy time stays low while they wait for it). The
+  sums ride in the call's one read-out all-reduce, each worker in its own slot. Host clock: on GPUs a step's
+  kernels run asynchronously, so there it is the time to enqueue them plus the waits for input."""
+
+  def __init__(self, strategy, worker_index, num_workers):
+    self.worker_index, self.num_workers = worker_index, num_workers
+    self.local_replicas = strategy.num_replicas_in_sync // num_workers
+    with strategy.scope():
+      self.busy = tf.Variable(0.0, trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
+                              aggregation=tf.VariableAggregation.SUM)
+
+  def record(self, started, gradients):
+    """Replica context: adds now - started once the gradients exist."""
+    ready = [g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients if g is not None]
+    with tf.control_dependencies(ready):
+      self.busy.assign_add(tf.cast(tf.timestamp() - started, tf.float32))
+
+  def slots(self):
+    """Replica context: this replica's share of its worker's busy seconds, in the worker's slot."""
+    return tf.one_hot(self.worker_index, self.num_workers) * (self.busy / self.local_replicas)
+
+
 class CallReadOut:
   """What a train call returns, in ONE all-reduce at its last step: the step's global loss and, for each train
-  metric (a keras.metrics.Mean: total / count), its replica-local sums, which the call zeroes when it starts.
+  metric (a keras.metrics.Mean: total / count), its replica-local sums, which the call zeroes when it starts;
+  with a WorkerClock, each worker's busy seconds in the call.
   Reading and resetting the metrics from the host between calls costs a blocking collective per metric variable
   and eager assigns: 34-45 ms per call between 2 workers here, measured (benchmarks/README.md)."""
 
-  def __init__(self, strategy, metrics=None):
+  def __init__(self, strategy, metrics=None, clock=None):
     metrics = metrics or {}
     for name, metric in metrics.items():
       if not isinstance(metric, keras.metrics.Mean):
@@ -93,13 +124,18 @@ class CallReadOut:
     # A copy per replica (mirrored, multi-worker, TPU) is summed by the all-reduce; a single copy (one device,
     # central storage) already holds every replica's sum and is read as it is.
     self.per_replica = any(isinstance(v.value, tf.distribute.DistributedValues) for v in self.sums)
+    self.clock = clock
+    if clock is not None and not self.per_replica:
+      raise ValueError("a WorkerClock needs train metrics with a copy per replica")
 
   def initial(self):
-    return tf.zeros([1 + len(self.sums)] if self.sums else [])
+    width = self.clock.num_workers if self.clock else 0
+    return tf.zeros([1 + len(self.sums) + width] if self.sums else [])
 
   def start(self):
     """Cross-replica context, at the call's start: the sums are zeroed (each replica its own copy)."""
-    zero = lambda: [v.assign(tf.zeros(v.shape, v.dtype)) for v in self.sums]
+    zeroed = self.sums + ([self.clock.busy] if self.clock else [])
+    zero = lambda: [v.assign(tf.zeros(v.shape, v.dtype)) for v in zeroed]
     if self.per_replica:
       self.strategy.run(zero)
     else:
@@ -108,7 +144,9 @@ class CallReadOut:
   def __call__(self, per_replica_loss):
     """Cross-replica context: the global loss (a scalar), or [loss, total_1, count_1, ...] over all replicas."""
     reduce = lambda value: self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
-    as_vector = lambda loss: tf.stack([tf.cast(loss, tf.float32)] + [tf.cast(v, tf.float32) for v in self.sums])
+    as_vector = lambda loss: tf.concat([tf.stack([tf.cast(loss, tf.float32)] +
+                                                 [tf.cast(v, tf.float32) for v in self.sums])] +
+                                       ([self.clock.slots()] if self.clock else []), 0)
     if not self.sums:
       return reduce(per_replica_loss)
     if self.per_replica:
@@ -117,9 +155,15 @@ class CallReadOut:
 
   def results(self, values):
     """Host side: (loss, {name: total / count}) from a call's read-out (0 where nothing was counted)."""
-    values = np.asarray(values, np.float64).reshape(-1)
+    values = np.asarray(values, np.float64).reshape(-1)[:1 + len(self.sums)]
     totals, counts = values[1::2], values[2::2]
     return float(values[0]), {name: float(t / c) if c else 0.0 for name, t, c in zip(self.names, totals, counts)}
+
+  def worker_seconds(self, values):
+    """Host side: each worker's busy seconds in the call (WorkerClock), or () without a clock."""
+    if self.clock is None:
+      return ()
+    return tuple(float(v) for v in np.asarray(values, np.float64).reshape(-1)[1 + len(self.sums):])
 
 
 def make_train_fn(strategy, step_fn, step_counter, read_out=None):
@@ -127,12 +171,16 @@ def make_train_fn(strategy, step_fn, step_counter, read_out=None):
   num_steps steps in one call."""
   read_out = read_out or CallReadOut(strategy)
 
+  timed = read_out.clock is not None
+
   @tf.function
   def train_fn(iterator, num_steps):
     result = read_out.initial()
     read_out.start()
     for i in tf.range(num_steps):
-      per_replica_loss = strategy.run(step_fn, args=next(iterator))
+      started = tf.timestamp() if timed else None  # before the batch: a worker's input waits count as its own
+      batch = next(iterator)
+      per_replica_loss = strategy.run(step_fn, args=batch, kwargs={"started": started} if timed else None)
       step_counter.assign_add(1)
       if i == num_steps - 1:  # one cross-replica reduction per call, not per step (a collective per step costs)
         result = read_out(per_replica_loss)

@@ -66,6 +66,16 @@ class NullWriter:
   def info(self, message, *args):
     pass
 
+  def warning(self, message, *args):
+    pass
+
+  def start_trace(self, name):
+    """A profiler trace into workdir/name: every task traces (each into its own folder)."""
+    tf.profiler.experimental.start(posixpath.join(self.workdir, name))
+
+  def stop_trace(self):
+    tf.profiler.experimental.stop()
+
   def write_json(self, name, value):
     """Writes workdir/name atomically; returns its path (None when nothing is written)."""
 
@@ -75,12 +85,6 @@ class NullWriter:
   def save_saved_model(self, write, name):
     """write(path) writes a SavedModel directory at workdir/name (called only by a writer that writes); returns
     its path (None when nothing is written)."""
-
-  def start_trace(self, name):
-    pass
-
-  def stop_trace(self):
-    pass
 
   def flush(self):
     pass
@@ -155,6 +159,9 @@ class Writer(NullWriter):
   def info(self, message, *args):
     logging.info(message, *args)
 
+  def warning(self, message, *args):
+    logging.warning(message, *args)
+
   def write_json(self, name, value):
     path = posixpath.join(self.workdir, name)
     tf.io.gfile.makedirs(posixpath.dirname(path))
@@ -174,12 +181,6 @@ class Writer(NullWriter):
     tf.io.gfile.makedirs(posixpath.dirname(path))
     write(path)
     return path
-
-  def start_trace(self, name):
-    tf.profiler.experimental.start(posixpath.join(self.workdir, name))
-
-  def stop_trace(self):
-    tf.profiler.experimental.stop()
 
   def flush(self):
     if self._summary_writer is not None:

@@ -1,0 +1,80 @@
+"""Every worker visible: per-worker busy time folded into the call's read-out, the straggler warning, memory in
+TensorBoard and summary.json, a profile per worker. Two local workers, worker 1 slowed on purpose."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from loops.core import stragglers
+from tests.test_train import scalars
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+FIXTURES = os.path.join(REPO, "tests", "fixtures", "user_losses")
+SLOW_SECONDS = 0.03
+STEPS, STEPS_PER_LOOP = 80, 10
+
+
+def test_time_scalars_name_the_slowest_worker_and_its_distance_from_the_median():
+  values = stragglers.time_scalars([1.0, 1.0, 1.5, 1.0])
+  assert values == {"train/slowest_worker_seconds": 1.5, "train/worker_time_spread": pytest.approx(0.5)}
+
+
+def test_straggler_watch_warns_once_per_streak_after_the_set_number_of_calls():
+  watch = stragglers.StragglerWatch(fraction=0.2, calls=3)
+  lines = [watch.observe([1.0, 1.0, 1.5]) for _ in range(5)]
+  assert lines[:2] == [None, None] and lines[3:] == [None, None]
+  assert lines[2].startswith("worker 2 is straggling: 50% slower than the median worker (1.500 s vs 1.000 s") \
+      and "for 3 calls in a row" in lines[2]
+  assert watch.observe([1.0, 1.0, 1.1]) is None  # within 20 %: the streak ends
+  assert [watch.observe([1.0, 1.0, 1.5]) for _ in range(3)][-1] is not None  # a new streak warns again
+  assert watch.observe([1.0, 1.3]) is None and watch.ever_warned == {2}
+  assert stragglers.StragglerWatch(0, 1).observe([1.0, 9.0]) is None  # 0 = off
+
+
+@pytest.fixture(scope="module")
+def slowed_run(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("slowed")
+  env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+  env.update(PYTHONPATH=FIXTURES, SLOW_WORKER_SECONDS=str(SLOW_SECONDS))
+  result = subprocess.run(
+      [sys.executable, "-m", "launch.local", "--workers=2", "--", sys.executable, "main.py",
+       "--config=configs/digits_cnn.py", "--config.strategy=multi_worker_mirrored", f"--workdir={workdir}",
+       f"--config.train.steps={STEPS}", f"--config.train.steps_per_loop={STEPS_PER_LOOP}",
+       "--config.loss.name=slow_worker:cross_entropy_slow_on_worker_1", "--config.summary.profile_steps=(40,50)",
+       "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0"],
+      cwd=REPO, capture_output=True, text=True, timeout=400, env=env)
+  assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+  return workdir, result.stdout + result.stderr, json.load(open(workdir / "summary.json")), scalars(str(workdir))[0]
+
+
+def test_each_workers_busy_time_reaches_the_chief_and_names_the_slowed_worker(slowed_run):
+  _, output, summary, events = slowed_run
+  fast, slow = summary["worker_busy_seconds_per_call"]
+  slept = SLOW_SECONDS * STEPS_PER_LOOP
+  assert slow >= slept and slow - fast >= 0.5 * slept, (fast, slow)  # its forward pass may overlap the sleep
+  assert summary["stragglers_warned"] == [1]
+  warnings = re.findall(r"worker 1 is straggling: (\d+)% slower than the median worker", output)
+  assert len(warnings) == 1 and int(warnings[0]) > 20, output[-3000:]
+  assert "worker 0 is straggling" not in output
+  slowest = [value for _, value in events["train/slowest_worker_seconds"]]
+  spread = [value for _, value in events["train/worker_time_spread"]]
+  assert len(slowest) == STEPS // STEPS_PER_LOOP and min(slowest) >= slept
+  assert min(spread) > 0.2  # slowest / median - 1, the median of two being their mean
+
+
+def test_memory_is_in_tensorboard_and_summary(slowed_run):
+  _, _, summary, events = slowed_run
+  rss = [value for _, value in events["memory/host_rss_mb"]]
+  peak = [value for _, value in events["memory/host_peak_rss_mb"]]
+  assert len(rss) == STEPS // STEPS_PER_LOOP and all(100 < r <= p + 1e-3 for r, p in zip(rss, peak))
+  assert summary["memory_mb"]["host_peak_rss_mb"] == pytest.approx(max(peak), abs=0.1)
+
+
+def test_every_worker_writes_its_own_profile(slowed_run):
+  workdir = slowed_run[0]
+  chief = list((workdir / "profile" / "plugins" / "profile").glob("*/*.xplane.pb"))
+  other = list((workdir / "profile" / "worker-1" / "plugins" / "profile").glob("*/*.xplane.pb"))
+  assert len(chief) == 1 and len(other) == 1 and other[0].stat().st_size > 1000
