@@ -42,6 +42,14 @@ def run_main(*args, env=None, unset=(), timeout=300):
                         capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture(autouse=True)
+def info_logging():
+  """Each test starts with absl at INFO (what tests reading caplog expect), whatever an earlier test in this
+  process left (main.main, the batch-size finder and others change the verbosity)."""
+  from absl import logging as absl_logging
+  absl_logging.set_verbosity(absl_logging.INFO)
+
+
 @pytest.fixture
 def tiny_digits():
   """digits_cnn config shortened to a few steps."""

@@ -51,7 +51,7 @@ class FakeCheckpoints:
   def latest(self):
     return f"ckpt-{self.saved[-1]}" if self.saved else None
 
-  def save(self, step):
+  def save(self, step, wait=False):
     self.saved.append(step)
     self.last_saved_step = step
 
@@ -199,7 +199,7 @@ def test_checkpoints_are_periodic_and_the_last_one_comes_after_the_final_eval():
   execution = FakeExecution()
   checkpoints = FakeCheckpoints(execution)
   order = []
-  checkpoints.save = lambda step: (order.append(("save", step)), setattr(checkpoints, "last_saved_step", step))
+  checkpoints.save = lambda step, wait=False: (order.append(("save", step)), setattr(checkpoints, "last_saved_step", step))
   execution.evaluate = lambda: (order.append(("eval", execution.step)), {"eval/loss": 1.0})[1]
   loop, _ = make_loop(execution, [callbacks_lib.Checkpointing(checkpoints, 40, FakeVariable(0))], total=100,
                       steps_per_loop=50, checkpoints=checkpoints)
