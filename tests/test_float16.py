@@ -8,6 +8,7 @@ import tensorflow as tf
 from loops import build as build_lib
 from loops import run
 from loops.distribute import execution as execution_lib
+from loops.model import model as model_lib
 from tests.conftest import load_config, set_keys
 
 
@@ -27,9 +28,26 @@ def float16_digits(precision="float16", **keys):
 
 
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
-def test_mixed_precision_trains_digits(precision, tmp_path):
+def test_mixed_precision_trains_digits(precision, tmp_path, caplog):
   summary = run.train_and_evaluate(float16_digits(precision), str(tmp_path))
   assert summary["eval/accuracy"] >= 0.95  # measured after 100 steps: float16 0.972
+  emulated = not tf.config.list_physical_devices("GPU") and model_lib.emulated_on_cpu(precision, model_lib.cpu_flags())
+  warnings = [r.getMessage() for r in caplog.records if "without GPU" in r.getMessage()]
+  assert len(warnings) == emulated, warnings
+  for warning in warnings:  # one line: this precision is emulated on this CPU, slower than float32
+    assert warning.startswith(f"mixed_precision='{precision}' on a machine without GPU whose CPU has none of ")
+    assert "slower than float32" in warning
+
+
+def test_a_precision_is_emulated_on_a_cpu_without_its_units(tmp_path):
+  cpuinfo = tmp_path / "cpuinfo"
+  cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 f16c\n\nprocessor\t: 1\nflags\t\t: fpu avx2 "
+                     "amx_bf16\n")
+  flags = model_lib.cpu_flags(str(cpuinfo))
+  assert {"avx2", "f16c", "amx_bf16"} <= flags
+  assert model_lib.emulated_on_cpu("float16", flags) and not model_lib.emulated_on_cpu("bfloat16", flags)
+  assert not model_lib.emulated_on_cpu(None, flags)
+  assert model_lib.emulated_on_cpu("bfloat16", model_lib.cpu_flags(str(tmp_path / "missing")))
   import keras
   assert keras.mixed_precision.dtype_policy().name == "float32"  # the global policy was restored
 

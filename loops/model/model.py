@@ -12,6 +12,27 @@ import models
 
 MIXED_PRECISION_POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 SETTING = "model.name"
+# CPU flags (Linux /proc/cpuinfo) of the units that run each precision natively (oneDNN uses them).
+NATIVE_CPU_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
+# Measured with main.py on digits_cnn, 2026-11-24, a 2-core AVX2 VM: float32 9 509, float16 2 978, bfloat16 1 069
+# images/s; 2026-11-22 on a VM with AVX512_BF16/AMX, bfloat16 ran digits 1.42x faster than float32 (benchmarks/README).
+CPU_MIXED_PRECISION_WARNING = (
+    "mixed_precision=%r on a machine without GPU whose CPU has none of %s: it is emulated, slower than float32 "
+    "(measured on an AVX2 machine, digits: float16 3x, bfloat16 9x slower); use it here to check a GPU config")
+
+
+def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
+  """The CPU's feature flags, or an empty set where the file is missing (not Linux)."""
+  try:
+    with open(cpuinfo_path) as cpuinfo:
+      return {flag for line in cpuinfo if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+  except OSError:
+    return set()
+
+
+def emulated_on_cpu(precision, flags):
+  """True when `precision` has no native unit among the CPU `flags` (then it runs slower than float32)."""
+  return bool(precision) and not set(NATIVE_CPU_FLAGS[precision]) & flags
 
 
 def model_function(name):
@@ -25,9 +46,9 @@ def build_model(config, input_shape, num_classes):
   """The model under config.mixed_precision's Keras dtype policy (restored afterwards: it is global); its
   BatchNormalization layers synchronized over all replicas when model.sync_batchnorm, the others run through the
   fused kernel when model.fused_batchnorm (loops/model/fused_batchnorm.py). Call in strategy.scope()."""
-  if config.mixed_precision == "float16" and not tf.config.list_physical_devices("GPU"):
-    logging.warning("mixed_precision='float16' on a machine without GPU is emulated and ~100x slower than "
-                    "float32 (measured: 47 vs 6 400 images/s on digits); use 'bfloat16' on CPUs")
+  if not tf.config.list_physical_devices("GPU") and emulated_on_cpu(config.mixed_precision, cpu_flags()):
+    logging.warning(CPU_MIXED_PRECISION_WARNING, config.mixed_precision,
+                    "/".join(NATIVE_CPU_FLAGS[config.mixed_precision]))
   previous = keras.mixed_precision.dtype_policy()
   if config.mixed_precision:
     keras.mixed_precision.set_dtype_policy(MIXED_PRECISION_POLICIES[config.mixed_precision])
