@@ -161,7 +161,7 @@ def test_a_user_error_is_passed_through_without_requeue(slurm, tmp_path):
 STAND_IN = f"""#!{PY}
 # python stand-in (no training): records its arguments; EXIT=N exits N, EXIT=sleep dies of any signal,
 # EXIT=save saves for 1 s on SIGTERM/SIGUSR1 and exits 143, like main.py; EXIT=kill9 dies of SIGKILL at once,
-# EXIT=kill9_on_term on SIGTERM (as after SLURM's KillWait).
+# EXIT=kill9_on_term on SIGTERM (as after SLURM's KillWait); EXIT=srun_says:1,143:143 prints srun's per-task lines.
 import os, signal, sys, time
 with open(os.environ["ARGS_LOG"], "a") as f:
   f.write(" ".join(sys.argv[1:]) + "\\n")
@@ -180,6 +180,11 @@ if mode == "kill9":
 if mode == "kill9_on_term":
   signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGKILL))
   print("step 10/100", flush=True)
+if mode.startswith("srun_says:"):  # what srun prints and returns: "srun_says:TASK_CODES:RETURN", e.g. "1,143:143"
+  codes, returned = mode.split(":")[1:]
+  for task, code in enumerate(codes.split(",")):
+    print(f"srun: error: localhost: task {{task}}: Exited with exit code {{code}}", file=sys.stderr, flush=True)
+  sys.exit(int(returned))
 if mode in ("save", "sleep", "kill9_on_term"):
   time.sleep(60)
 sys.exit(int(mode))
@@ -286,6 +291,22 @@ def test_a_task_killed_by_a_signal_is_a_lost_worker_requeued_a_bounded_number_of
             "most 3 (MAX_SIGNAL_REQUEUES); requeued job 81" in result.stdout)
   else:
     assert f"has been requeued {restarts} times (MAX_SIGNAL_REQUEUES={max_requeues or 3}): no more" in result.stdout
+
+
+@pytest.mark.parametrize("srun_says, job_exit, requeued", [
+    ("1,143:143", 1, False), ("143,2:143", 2, False), ("143,143:143", 0, True), ("0,143:143", 0, True),
+    ("143,137:137", 0, True)])
+def test_a_tasks_own_error_under_the_preemption_code_of_its_peer_is_not_requeued(
+    stand_in, tmp_path, srun_says, job_exit, requeued):
+  """srun returns the largest task code: a user error (1) under a peer's 143 is read from srun's own lines."""
+  env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {"SLURM_JOB_ID": "83"}, f"srun_says:{srun_says}")
+  result = run_job("multi_node_mwms.sbatch", env, timeout=30)
+  assert result.returncode == job_exit, result.stdout
+  assert scontrol_calls(tmp_path) == (["requeue 83"] if requeued else [])
+  if not requeued:
+    failed = srun_says.split(":")[0].split(",").index(str(job_exit))
+    assert (f"[slurm] task {failed} exited with code {job_exit} (not a preemption; the job's code was 143): no "
+            "requeue" in result.stdout)
 
 
 def test_a_signal_death_after_slurms_sigterm_is_not_requeued(stand_in, tmp_path):

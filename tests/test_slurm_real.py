@@ -5,7 +5,8 @@ jobs submitted with the real sbatch from a fresh copy of the repository, on CPU,
   two 2-task MultiWorkerMirrored jobs (an array) at once on one node train to the end, each on its own ports and
   workdir; a job survives a lost worker (kill -9: srun returns 137, requeue) and then SLURM's own SIGUSR1 (`scancel
   --batch --signal=USR1`: save, requeue), resumes each time and finishes once; scancel's SIGTERM: save, no requeue;
-  `sbatch --ntasks=2 --wrap "python main.py ..."`: one local process, not a 2-worker cluster.
+  `sbatch --ntasks=2 --wrap "python main.py ..."`: one local process, not a 2-worker cluster; one task's user error
+  under its peer's 143 (what srun returns) fails the job without a requeue.
 
 Every TensorFlow process costs ~9 s of CPU to start, so the jobs are few (12 starts, ~2-3 min on 2 busy cores).
 The module skips, naming the packages, where SLURM is not installed (and where it cannot run its daemons as root).
@@ -208,3 +209,31 @@ def test_a_batch_shell_with_two_tasks_trains_as_one_local_process(slurm):
   assert (record["JobState"], record["ExitCode"]) == ("COMPLETED", "0:0"), log[-3000:]
   result = summary(slurm, "runs/wrap")
   assert result["step"] == 20 and result["replicas"] == 1
+
+
+# Two bash tasks (no training) under the requeue wrapper: task 1 fails with a user error while task 0 exits with the
+# preemption code, as a worker that lost its peer does (tests/test_reliability.py); srun returns the larger, 143.
+USER_ERROR_UNDER_A_PEERS_143 = """#!/bin/bash
+#SBATCH --ntasks=2
+#SBATCH --requeue
+#SBATCH --output=slurm-%x-%j.out
+set -euo pipefail
+source launch/slurm/run_and_requeue.sh
+run_or_requeue srun --label bash -c 'if [ "$SLURM_PROCID" = 1 ]; then echo "error: a user bug" >&2; exit 1; fi
+                                     sleep 1; exit 143'
+echo "not reached"
+"""
+
+
+def test_one_tasks_user_error_under_its_peers_143_fails_the_job_without_a_requeue(slurm):
+  """srun's own per-task lines tell a user error (1) from the 143 of the peer that lost it: no requeue loop."""
+  with open(os.path.join(slurm.repo, "user_error.sbatch"), "w") as script:
+    script.write(USER_ERROR_UNDER_A_PEERS_143)
+  job = slurm.submit("--job-name=user-error", "user_error.sbatch")
+  [record] = slurm.wait_until_ended(job, timeout=60)
+  log = slurm.log("user-error", job)
+  assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("FAILED", "1:0", "0"), log
+  assert re.search(r"^srun: error: \S+: task 0: Exited with exit code 143$", log, re.M), log  # what srun returned
+  assert ("[slurm] task 1 exited with code 1 (not a preemption; the job's code was 143): no requeue, rerunning "
+          "would fail again; see that task's error above") in log
+  assert "1: error: a user bug" in log and "requeued" not in log and "not reached" not in log

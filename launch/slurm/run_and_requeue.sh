@@ -27,6 +27,11 @@
 #   anything else (1: a user  exits with that code, no requeue: rerunning would only fail again
 #   error, a crash)
 #
+# srun returns the largest of its tasks' codes, so one task's user error (1) under the 143 of a peer that lost it
+# comes back as 143: srun's own lines ("srun: error: HOST: task 1: Exited with exit code 1", copied from its stderr)
+# decide then. A task that exited with any code but 0, the preemption code or 128 + a signal makes the job exit
+# with that code, naming the task, and never requeue.
+#
 # After SIGTERM (below) no code requeues.
 #
 # The requeued job reruns the whole script with the same environment and job id, so the same --workdir: the training
@@ -99,7 +104,12 @@ run_or_requeue() {
   if (( _rq_warned )); then  # the warning came between two runs: no time for another one
     _rq_requeue_and_exit "$PREEMPTION_EXIT_CODE"
   fi
-  "$@" &
+  local stderr_copy
+  stderr_copy=$(mktemp "${TMPDIR:-/tmp}/run_or_requeue.XXXXXX")
+  # stderr passes through a copy (srun's per-task lines); tee ignores the job's signals so it outlives the save
+  exec {_rq_err}> >(trap '' TERM USR1 INT; exec tee -a "$stderr_copy" >&2)
+  local copier=$!
+  "$@" 2>&"$_rq_err" {_rq_err}>&- &
   _rq_pid=$!
   if (( _rq_warned )); then _rq_forward USR1 "arrived as the training started"; fi  # trapped since the check above
   if (( _rq_ending )); then _rq_forward TERM "arrived as the training started"; fi
@@ -112,6 +122,17 @@ run_or_requeue() {
   local code=0
   wait "$_rq_pid" 2>/dev/null || code=$?
   _rq_pid=""
+  exec {_rq_err}>&-
+  while kill -0 "$copier" 2>/dev/null; do { sleep 0.05; } 2>/dev/null || true; done  # tee has written it all
+  local failed tasks failed_code
+  failed=$(_rq_failed_task "$stderr_copy")
+  rm -f "$stderr_copy"
+  if [ -n "$failed" ] && (( code != 0 )); then
+    read -r tasks failed_code <<< "$failed"
+    echo "[slurm] task $tasks exited with code $failed_code (not a preemption; the job's code was $code): no" \
+         "requeue, rerunning would fail again; see that task's error above" >&2
+    exit "$failed_code"
+  fi
   # 128 + SIGUSR1: the signal reached the training before it set up its handler; it resumes from its last checkpoint.
   if (( code == PREEMPTION_EXIT_CODE || (_rq_warned && code == 128 + $(kill -l USR1)) )); then
     if (( _rq_ending )); then
@@ -138,4 +159,19 @@ most $MAX_SIGNAL_REQUEUES (MAX_SIGNAL_REQUEUES)"
   echo "[slurm] a task died of $name (exit code $1) and this job has been requeued $restarts times" \
        "(MAX_SIGNAL_REQUEUES=$MAX_SIGNAL_REQUEUES): no more requeues; see why it was killed (out of memory?)" >&2
   exit "$1"
+}
+
+# "TASKS CODE" of the first task srun reports as exited with a code that is neither 0, the preemption code nor a
+# death by signal (srun's line: "srun: error: HOST: task 1: Exited with exit code 1"; "tasks 0-1" when several); "".
+_rq_failed_task() {
+  local line tasks code
+  while IFS= read -r line; do
+    if [[ $line =~ ^srun:\ error:\ [^:]+:\ tasks?\ ([0-9,-]+):\ Exited\ with\ exit\ code\ ([0-9]+)$ ]]; then
+      tasks=${BASH_REMATCH[1]} code=${BASH_REMATCH[2]}
+      if (( code != 0 && code != PREEMPTION_EXIT_CODE && (code <= 128 || code >= 160) )); then
+        echo "$tasks $code"
+        return
+      fi
+    fi
+  done < "$1"
 }
