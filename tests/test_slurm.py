@@ -180,6 +180,10 @@ if mode == "kill9":
 if mode == "kill9_on_term":
   signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(os.getpid(), signal.SIGKILL))
   print("step 10/100", flush=True)
+if mode == "orphan":  # leaves a child behind that holds stderr open
+  import subprocess
+  subprocess.Popen(["sleep", "20"], stdout=subprocess.DEVNULL, start_new_session=True)
+  sys.exit(0)
 if mode.startswith("srun_says:"):  # what srun prints and returns: "srun_says:TASK_CODES:RETURN", e.g. "1,143:143"
   codes, returned = mode.split(":")[1:]
   for task, code in enumerate(codes.split(",")):
@@ -307,6 +311,16 @@ def test_a_tasks_own_error_under_the_preemption_code_of_its_peer_is_not_requeued
     failed = srun_says.split(":")[0].split(",").index(str(job_exit))
     assert (f"[slurm] task {failed} exited with code {job_exit} (not a preemption; the job's code was 143): no "
             "requeue" in result.stdout)
+
+
+def test_a_child_left_holding_stderr_does_not_keep_the_batch_script_waiting(stand_in, tmp_path):
+  env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {"SLURM_JOB_ID": "84"}, "orphan")
+  with open(tmp_path / "job.log", "w") as log:  # a file: a pipe would stay open while the child lives
+    started = time.monotonic()
+    code = subprocess.run(["bash", os.path.join(SLURM_DIR, "multi_node_mwms.sbatch")], cwd=REPO, env=env,
+                          stdout=log, stderr=subprocess.STDOUT, timeout=15).returncode
+  assert code == 0 and time.monotonic() - started < 12, (tmp_path / "job.log").read_text()
+  assert scontrol_calls(tmp_path) == []
 
 
 def test_a_signal_death_after_slurms_sigterm_is_not_requeued(stand_in, tmp_path):

@@ -123,7 +123,8 @@ run_or_requeue() {
   wait "$_rq_pid" 2>/dev/null || code=$?
   _rq_pid=""
   exec {_rq_err}>&-
-  while kill -0 "$copier" 2>/dev/null; do { sleep 0.05; } 2>/dev/null || true; done  # tee has written it all
+  local tries=0  # until tee has written it all (a leftover child holding stderr keeps tee open: 2 s at most)
+  while kill -0 "$copier" 2>/dev/null && (( tries++ < 40 )); do { sleep 0.05; } 2>/dev/null || true; done
   local failed tasks failed_code
   failed=$(_rq_failed_task "$stderr_copy")
   rm -f "$stderr_copy"
