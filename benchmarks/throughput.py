@@ -95,7 +95,8 @@ def main(argv):
       "global_batch_size": bench.plan.global_batch_size,
       "steps_per_loop": bench.steps_per_call,
       "versions": {"tensorflow": contenders_lib.tf.__version__, "keras": contenders_lib.keras.__version__,
-                   "python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cores"},
+                   "python": platform.python_version(), "machine": f"{platform.machine()}, {os.cpu_count()} cores",
+                   "cpu_half_precision_units": half_precision_units()},
       "date": time.strftime("%Y-%m-%d"),
   }
   report(results, config.model.name)
@@ -103,6 +104,13 @@ def main(argv):
     with open(_OUT.value, "w") as f:
       json.dump(results, f, indent=2)
   return 0
+
+
+def half_precision_units():
+  """The CPU's native bfloat16/float16 units (oneDNN uses them): without them mixed precision is emulated, slower."""
+  from loops.model import model as model_lib
+  native = {flag for flags in model_lib.NATIVE_CPU_FLAGS.values() for flag in flags}
+  return sorted(native & model_lib.cpu_flags())
 
 
 def report(results, model_name):

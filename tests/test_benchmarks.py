@@ -44,6 +44,9 @@ def check_throughput(out):
   assert results["ratio_vs_keras_fit"] == pytest.approx(rates["framework"] / rates["keras_fit"])
   assert 10 < results["gemm_peak_gflops"] < 1e5
   assert 0 < results["model_gflops_per_image"] < 1
+  units = results["versions"]["cpu_half_precision_units"]  # which CPU a figure came from (bfloat16: 0.19x to 1.4x)
+  assert set(units) <= {"avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16"}
+  assert ("avx512_bf16" in units) == ("avx512_bf16" in open("/proc/cpuinfo").read())
   return results
 
 
