@@ -99,6 +99,13 @@ def run_job(template, env, timeout=240):
                         stderr=subprocess.STDOUT, text=True, timeout=timeout)
 
 
+def run_job_logging_to(log, template, env, timeout=30):
+  """The job script with its output appended to the file `log`, as sbatch --open-mode=append does; its exit code."""
+  with open(log, "a") as output:
+    return subprocess.run(["bash", os.path.join(SLURM_DIR, template)], cwd=REPO, env=env, stdout=output,
+                          stderr=subprocess.STDOUT, timeout=timeout).returncode
+
+
 def start_and_signal(template, env, signal_batch_shell):
   """Starts the job script, waits for its first progress line, then signal_batch_shell(proc); returns (code, output)."""
   proc = subprocess.Popen(["bash", os.path.join(SLURM_DIR, template)], cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -304,21 +311,21 @@ def test_a_tasks_own_error_under_the_preemption_code_of_its_peer_is_not_requeued
     stand_in, tmp_path, srun_says, job_exit, requeued):
   """srun returns the largest task code: a user error (1) under a peer's 143 is read from srun's own lines."""
   env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {"SLURM_JOB_ID": "83"}, f"srun_says:{srun_says}")
-  result = run_job("multi_node_mwms.sbatch", env, timeout=30)
-  assert result.returncode == job_exit, result.stdout
+  log = tmp_path / "slurm-83.out"
+  log.write_text("srun: error: localhost: task 1: Exited with exit code 7\n")  # an earlier run's, in append mode
+  code = run_job_logging_to(log, "multi_node_mwms.sbatch", env)
+  assert code == job_exit, log.read_text()
   assert scontrol_calls(tmp_path) == (["requeue 83"] if requeued else [])
   if not requeued:
     failed = srun_says.split(":")[0].split(",").index(str(job_exit))
     assert (f"[slurm] task {failed} exited with code {job_exit} (not a preemption; the job's code was 143): no "
-            "requeue" in result.stdout)
+            "requeue" in log.read_text())
 
 
 def test_a_child_left_holding_stderr_does_not_keep_the_batch_script_waiting(stand_in, tmp_path):
   env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {"SLURM_JOB_ID": "84"}, "orphan")
-  with open(tmp_path / "job.log", "w") as log:  # a file: a pipe would stay open while the child lives
-    started = time.monotonic()
-    code = subprocess.run(["bash", os.path.join(SLURM_DIR, "multi_node_mwms.sbatch")], cwd=REPO, env=env,
-                          stdout=log, stderr=subprocess.STDOUT, timeout=15).returncode
+  started = time.monotonic()  # the log is a file: a pipe would stay open while the child lives
+  code = run_job_logging_to(tmp_path / "job.log", "multi_node_mwms.sbatch", env, timeout=15)
   assert code == 0 and time.monotonic() - started < 12, (tmp_path / "job.log").read_text()
   assert scontrol_calls(tmp_path) == []
 

@@ -28,9 +28,10 @@
 #   error, a crash)
 #
 # srun returns the largest of its tasks' codes, so one task's user error (1) under the 143 of a peer that lost it
-# comes back as 143: srun's own lines ("srun: error: HOST: task 1: Exited with exit code 1", copied from its stderr)
-# decide then. A task that exited with any code but 0, the preemption code or 128 + a signal makes the job exit
-# with that code, naming the task, and never requeue.
+# comes back as 143: srun's own lines in the job's log ("srun: error: HOST: task 1: Exited with exit code 1", read
+# from the file this shell's stderr writes to, from where this run began) decide then. A task that exited with any
+# code but 0, the preemption code or 128 + a signal makes the job exit with that code, naming the task, and never
+# requeue. (A log that is not a file, e.g. a terminal, is not read.)
 #
 # After SIGTERM (below) no code requeues.
 #
@@ -104,12 +105,11 @@ run_or_requeue() {
   if (( _rq_warned )); then  # the warning came between two runs: no time for another one
     _rq_requeue_and_exit "$PREEMPTION_EXIT_CODE"
   fi
-  local stderr_copy
-  stderr_copy=$(mktemp "${TMPDIR:-/tmp}/run_or_requeue.XXXXXX")
-  # stderr passes through a copy (srun's per-task lines); tee ignores the job's signals so it outlives the save
-  exec {_rq_err}> >(trap '' TERM USR1 INT; exec tee -a "$stderr_copy" >&2)
-  local copier=$!
-  "$@" 2>&"$_rq_err" {_rq_err}>&- &
+  # srun's per-task lines go to the job's log (this shell's stderr): where it is a file, read what this run adds
+  local log log_start=0
+  log=$(readlink "/proc/$$/fd/2" 2>/dev/null || true)
+  if [ -f "$log" ]; then log_start=$(stat -c %s "$log"); else log=""; fi
+  "$@" &
   _rq_pid=$!
   if (( _rq_warned )); then _rq_forward USR1 "arrived as the training started"; fi  # trapped since the check above
   if (( _rq_ending )); then _rq_forward TERM "arrived as the training started"; fi
@@ -122,12 +122,10 @@ run_or_requeue() {
   local code=0
   wait "$_rq_pid" 2>/dev/null || code=$?
   _rq_pid=""
-  exec {_rq_err}>&-
-  local tries=0  # until tee has written it all (a leftover child holding stderr keeps tee open: 2 s at most)
-  while kill -0 "$copier" 2>/dev/null && (( tries++ < 40 )); do { sleep 0.05; } 2>/dev/null || true; done
-  local failed tasks failed_code
-  failed=$(_rq_failed_task "$stderr_copy")
-  rm -f "$stderr_copy"
+  local failed="" tasks failed_code
+  if [ -n "$log" ]; then
+    failed=$(tail -c +$(( log_start + 1 )) "$log" | _rq_failed_task) || true  # it stops at the first: SIGPIPE
+  fi
   if [ -n "$failed" ] && (( code != 0 )); then
     read -r tasks failed_code <<< "$failed"
     echo "[slurm] task $tasks exited with code $failed_code (not a preemption; the job's code was $code): no" \
@@ -162,8 +160,9 @@ most $MAX_SIGNAL_REQUEUES (MAX_SIGNAL_REQUEUES)"
   exit "$1"
 }
 
-# "TASKS CODE" of the first task srun reports as exited with a code that is neither 0, the preemption code nor a
-# death by signal (srun's line: "srun: error: HOST: task 1: Exited with exit code 1"; "tasks 0-1" when several); "".
+# "TASKS CODE" of the first task srun reports (on stdin) as exited with a code that is neither 0, the preemption code
+# nor a death by signal (srun's line: "srun: error: HOST: task 1: Exited with exit code 1"; "tasks 0-1" when
+# several); nothing otherwise.
 _rq_failed_task() {
   local line tasks code
   while IFS= read -r line; do
@@ -174,5 +173,5 @@ _rq_failed_task() {
         return
       fi
     fi
-  done < "$1"
+  done < <(grep -a '^srun: error: ' || true)
 }
