@@ -187,11 +187,16 @@ COMMON = ["main.py", "--config=configs/digits_cnn.py", "--config.strategy=multi_
           "--config.deterministic=True"]  # both launches then compute bit for bit the same (measured)
 
 
-def train(command, workdir):
+def mpirun_env():
   env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",  # Open MPI as root
          "OMPI_MCA_rmaps_base_oversubscribe": "1",  # a CI machine with one core
          "OMPI_MCA_hwloc_base_binding_policy": "none"}  # as launch.local: not one core per rank (--bind-to none)
   env.pop("TF_CONFIG", None)
+  return env
+
+
+def train(command, workdir):
+  env = mpirun_env()
   result = subprocess.run(command + [PY] + COMMON + [f"--workdir={workdir}"], cwd=REPO, env=env, timeout=400,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   assert result.returncode == 0, result.stdout[-3000:]
@@ -217,3 +222,18 @@ def test_mpirun_two_ranks_train_as_launch_local_two_workers(tmp_path):
                                err_msg=key)
   assert by_mpirun["eval/accuracy"] > 0.8  # it learned: 60 steps reach ~0.93
   assert os.listdir(tmp_path / "mpirun" / ".cluster") == []  # the ranks' address files are gone
+
+
+@pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed (Debian: apt-get install openmpi-bin)")
+def test_the_lr_range_test_runs_under_mpirun_on_two_ranks(tmp_path):
+  """The finders build their cluster as a run does (the ranks exchange addresses through the workdir)."""
+  result = subprocess.run([MPIRUN, "-np", "2", PY, "main.py", "--config=configs/digits_cnn.py",
+                           "--config.strategy=multi_worker_mirrored", f"--workdir={tmp_path}", "--find=lr",
+                           "--config.find.lr_steps=40"], cwd=REPO, env=mpirun_env(), timeout=300, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
+  assert result.returncode == 0, result.stdout[-3000:]
+  assert re.search(r"Open MPI mpirun rank 1 of 2: cluster \[", result.stdout), result.stdout[-3000:]
+  with open(tmp_path / "lr_find" / "lr_find.json") as f:
+    found = json.load(f)
+  assert found["steps"] >= 10 and found["suggested_lr"] > 0
+  assert result.stdout.count("--config.optimizer.learning_rate=") == 1  # printed by the chief alone

@@ -114,7 +114,7 @@ def find_batch_size(config, workdir):
   """The search for config's run (checked by check.check_finder); writes workdir/batch_size_find; returns a dict."""
   f = config.find
   on_gpu = trial.has_gpu()
-  task = trial.task_of(config)
+  task = trial.task_of(config, workdir)
   out = trial.output_dir(workdir, OUT)
   replicas = strategy_lib.build(config, task).num_replicas_in_sync
   train_size = data.load(config.data).train_size

@@ -98,7 +98,7 @@ def find_lr(config, workdir):
   """The range test for config's run (checked by check.check_finder); writes workdir/lr_find; returns a dict."""
   f = config.find
   run_config = trial.throwaway_config(config, f.lr_steps)
-  task = trial.task_of(run_config)
+  task = trial.task_of(run_config, workdir)
   out = trial.output_dir(workdir, OUT)
   parts, execution = trial.start(run_config, task)
   ramp = ExponentialRamp(f.lr_min, f.lr_max, f.lr_steps)

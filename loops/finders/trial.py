@@ -11,6 +11,7 @@ from loops import build as build_lib
 from loops import check as check_lib
 from loops.distribute import cluster
 from loops.distribute import execution as execution_lib
+from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
 
 
@@ -31,12 +32,16 @@ def throwaway_config(config, steps, global_batch_size=None):
   return c
 
 
-def task_of(config):
-  """This process's cluster.Task, checked against the strategy (after the devices are configured)."""
+def task_of(config, workdir=None):
+  """This process's cluster.Task, checked against the strategy (after the devices are configured); `workdir` holds
+  the address exchange of ranks started by an MPI launcher, as in a run."""
   check_lib.check(config)
   strategy_lib.configure_devices(config)
-  task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base)
+  task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
+                                  workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds)
   check_lib.check_task(config, task)
+  if task.is_distributed:
+    startup.check_port_free(task)
   return task
 
 
