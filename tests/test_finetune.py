@@ -204,6 +204,25 @@ def test_optimizer_slots_are_taken_only_when_asked(source, optimizer_state):
   assert not logits_momentum.any()
 
 
+def test_adams_moments_are_taken_when_asked(tmp_path):
+  """Keras 3 keeps Adam's state in `_momentums` and `_velocities` (SGD's in `momentums`)."""
+  adam = {"optimizer.name": "adam", "optimizer.learning_rate": 0.003}
+  source = str(tmp_path / "adam")
+  run.train_and_evaluate(digits(10, **adam), source)
+  init = set_keys(load_config("digits_cnn"), {"init.checkpoint": source, "init.optimizer_state": True}).init
+  model = models.build("digits_cnn", (8, 8, 1), 10)
+  optimizer = keras.optimizers.Adam(0.003)
+  optimizer.build(model.trainable_variables)
+  _, counts = init_checkpoint.warm_start(init, model, optimizer, tf.distribute.get_strategy(), twin=None)
+  assert counts["init/optimizer_slots"] == 2 * 8  # a first and a second moment for each of the 8 variables
+  reader = tf.train.load_checkpoint(os.path.join(source, "checkpoints"))
+  for state in (optimizer._momentums, optimizer._velocities):  # pylint: disable=protected-access
+    assert all(np.abs(v.numpy()).max() > 0 for v in state)
+  saved = [reader.get_tensor(k) for k in reader.get_variable_to_shape_map() if k.startswith("optimizer/_variables/")]
+  momentum = optimizer._momentums[0].numpy()  # pylint: disable=protected-access
+  assert sum(a.shape == momentum.shape and np.array_equal(a, momentum) for a in saved) == 1
+
+
 def test_dry_run_reports_what_would_be_loaded_and_trained(source, tmp_path):
   report = run.train_and_evaluate(digits(5, **{"init.checkpoint": source}, **HEAD_FRESH_BODY_FROZEN),
                                   str(tmp_path / "dry"), dry_run=True)

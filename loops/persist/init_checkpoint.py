@@ -182,6 +182,11 @@ def _value_key(node):
   return next((a.checkpoint_key for a in node.attributes if a.name == "VARIABLE_VALUE"), None)
 
 
+# An optimizer's lists that are not per-variable state (Keras 3 names Adam's `_momentums`/`_velocities`, SGD's
+# `momentums`: the state lists are told by name from these, not by a leading underscore).
+NOT_SLOT_LISTS = ("_trainable_variables", "_variables")
+
+
 def _slots(graph, reader, optimizer_node, node_places):
   """{(slot list name, model place): array}: the optimizer's per-variable lists aligned with its
   `_trainable_variables` (momentums, velocities, ...)."""
@@ -192,7 +197,7 @@ def _slots(graph, reader, optimizer_node, node_places):
   slots = {}
   for name, node in children.items():
     items = graph.nodes[node].children
-    if name.startswith("_") or len(items) != len(owners):
+    if name in NOT_SLOT_LISTS or len(items) != len(owners):
       continue
     for owner, item in zip(owners, items):
       key = _value_key(graph.nodes[item.node_id])
@@ -285,7 +290,7 @@ def _load_slots(source, optimizer, model, loaded_places):
   taken, loaded = 0, set(loaded_places)
   for name, group in tf.train.TrackableView(optimizer).children(optimizer).items():
     items = list(tf.train.TrackableView(group).children(group).values())
-    if name.startswith("_") or len(items) != len(trainables):
+    if name in NOT_SLOT_LISTS or len(items) != len(trainables):
       continue
     for owner, slot in zip(trainables, items):
       value = source.slots.get((name, owner))
