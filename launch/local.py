@@ -166,15 +166,21 @@ def _watch(procs, lead, preempted, poll_seconds, grace_seconds):
   return failed, failures[failed]
 
 
+def signal_name(number):
+  """SIGTERM for 15; "" for a signal without a name (real-time signals)."""
+  try:
+    return signal.Signals(number).name
+  except ValueError:
+    return ""
+
+
 def _verdict(failed, code, preempted):
   """The launcher's one line on how the job ended."""
   if code == preempted:
     return f"[launch] task {failed} was preempted (exit code {code}, checkpoint saved); rerun to resume"
   if code < 0:
-    try:
-      name = f" ({signal.Signals(-code).name})"
-    except ValueError:  # a real-time signal has no name
-      name = ""
+    name = signal_name(-code)
+    name = f" ({name})" if name else ""
     return (f"[launch] task {failed} died of signal {-code}{name}: a lost worker; stopped the other tasks; exit code "
             f"{preempted}: rerun to resume from the last checkpoint")
   return f"[launch] task {failed} failed (exit code {code}); stopped the other tasks"

@@ -78,7 +78,7 @@ def error_line(log_path, offset, code):
   if lines:
     return lines[-1]
   if code < 0:
-    return f"killed by signal {-code} ({signal.Signals(-code).name if -code in signal.valid_signals() else '?'})"
+    return f"killed by signal {-code} ({local.signal_name(-code) or '?'})"
   return f"exit code {code} (see {log_path})"
 
 
@@ -194,10 +194,18 @@ def _stop_all(running, out):
   for attempt in running:
     attempt.stop()
   deadline = time.monotonic() + STOP_GRACE_SECONDS
-  for attempt in running:
-    try:
-      attempt.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-      os.killpg(attempt.proc.pid, signal.SIGKILL)
+  try:
+    for attempt in running:
+      try:
+        attempt.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        os.killpg(attempt.proc.pid, signal.SIGKILL)
+        attempt.proc.wait()
+  except KeyboardInterrupt:  # a second Ctrl-C (or SIGTERM): stop at once
+    out.write("[sweep] interrupted again: killing the trials still saving (they resume from their last checkpoint)\n")
+    for attempt in running:
+      if attempt.proc.poll() is None:
+        os.killpg(attempt.proc.pid, signal.SIGKILL)
       attempt.proc.wait()
+  for attempt in running:
     attempt.finish(out)
