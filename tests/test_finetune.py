@@ -5,6 +5,8 @@ from its workdir, a checkpoint prefix, its export (.keras) and a .weights.h5 fil
 import json
 import logging
 import os
+import re
+import shutil
 
 import keras
 import numpy as np
@@ -202,6 +204,20 @@ def test_optimizer_slots_are_taken_only_when_asked(source, optimizer_state):
   else:
     assert "init/optimizer_slots" not in counts and not conv1_momentum.any()
   assert not logits_momentum.any()
+
+
+def test_a_damaged_source_checkpoint_is_one_line(source, tmp_path):
+  prefix = tf.train.latest_checkpoint(os.path.join(source, "checkpoints"))
+  for path in tf.io.gfile.glob(prefix + ".*"):
+    shutil.copy(path, tmp_path)
+  [data] = tmp_path.glob("*.data-*")
+  with open(data, "r+b") as f:
+    f.truncate(os.path.getsize(data) // 2)
+  copy = str(tmp_path / os.path.basename(prefix))
+  with pytest.raises(ConfigError, match=rf"^init.checkpoint '{re.escape(copy)}' cannot be read \(\w+Error: .*\); "
+                                        r"give an intact checkpoint") as raised:
+    init_checkpoint.read(copy, twin=None)
+  assert "\n" not in str(raised.value)
 
 
 def test_adams_moments_are_taken_when_asked(tmp_path):

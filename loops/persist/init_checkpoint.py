@@ -146,6 +146,14 @@ def _from_weights_file(path, local, twin):
 
 
 def _from_checkpoint(prefix):
+  try:
+    return _read_checkpoint(prefix)
+  except (tf.errors.OpError, IndexError) as e:  # torn or truncated (as checkpoints.unreadable: TF raises both)
+    raise ConfigError(f"init.checkpoint '{prefix}' cannot be read ({type(e).__name__}: {first_line(e)}); give an "
+                      "intact checkpoint (a workdir's best/ or an earlier ckpt-N)") from None
+
+
+def _read_checkpoint(prefix):
   reader = tf.train.load_checkpoint(prefix)
   if not reader.has_tensor(OBJECT_GRAPH):
     raise ConfigError(f"init.checkpoint '{prefix}' has no object graph (a TF1 name-based checkpoint?); give "
