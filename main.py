@@ -55,6 +55,7 @@ from ml_collections import config_flags
 from configs import base as base_config
 from errors import ConfigError, WorkerLostError
 from loops import finders
+from loops import replica_check
 from loops import run
 from loops.persist import preemption
 
@@ -65,7 +66,10 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Check the config, data, cluster 
 _FIND = flags.DEFINE_enum("find", None, ["lr", "batch_size"], "Instead of training: the LR range test or the "
                           "largest per-replica batch that fits (find.* keys; output in workdir/lr_find or "
                           "workdir/batch_size_find; never a checkpoint).")
-flags.mark_flags_as_required(["config", "workdir"])
+_CHECK = flags.DEFINE_enum("check", None, ["replicas"], "Instead of training: run a few steps on 1 and on 2 replicas "
+                           "from the same weights and compare every variable (loops/replica_check.py); exit 0 when "
+                           "they agree, 1 when not. Needs no --workdir; writes nothing.")
+flags.mark_flags_as_required(["config"])
 
 # Errors a user can act on; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ConfigError, LookupError, FileNotFoundError, PermissionError, FloatingPointError, ValueError,
@@ -75,6 +79,10 @@ USER_ERRORS = (ConfigError, LookupError, FileNotFoundError, PermissionError, Flo
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
+  if _CHECK.value and (_FIND.value or _DRY_RUN.value):
+    sys.exit("error: --check runs steps of its own; it cannot be combined with --find or --dry_run")
+  if not _CHECK.value and not _WORKDIR.value:
+    sys.exit("error: --workdir is required (where checkpoints, TensorBoard events and results go)")
   if _FIND.value and _DRY_RUN.value:
     sys.exit("error: --find runs trial steps of its own; it cannot be combined with --dry_run (drop one of them)")
   warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
@@ -83,6 +91,8 @@ def main(argv):
     python_logging.getLogger("tensorflow").setLevel(python_logging.WARNING)  # tf_logging's own handler
   preemption.PROCESS_ENDS_AFTER_RUN = True
   try:
+    if _CHECK.value:
+      sys.exit(0 if replica_check.run(_CONFIG.value) else 1)
     if _FIND.value:
       finders.find(_FIND.value, _CONFIG.value, _WORKDIR.value)
     else:
@@ -115,7 +125,7 @@ def _exit_with_one_line(error):
 
 
 # Dicts handed to user functions as **kwargs: any key may be set from the command line.
-FREE_KEYS = re.compile(r"--config\.((?:model|loss)\.kwargs)\.(\w+)=(.*)$", re.S)
+FREE_KEYS = re.compile(r"--config\.((?:model|loss|task)\.kwargs)\.(\w+)=(.*)$", re.S)
 
 
 def parse_flags(argv):
@@ -195,7 +205,7 @@ def _unknown_key_in_file(argv, error):
   config_file = next((arg.split("=", 1)[1] for arg in argv if arg.startswith("--config=")), "the config file")
   hint = f" (did you mean '{close.group(1)}'?)" if close else ""
   return (f"{config_file} sets '{key.group(1)}', a key configs/base.py does not define{hint}; a config file may only "
-          "set existing keys (model.kwargs and loss.kwargs take any)")
+          "set existing keys (model.kwargs, loss.kwargs and task.kwargs take any)")
 
 
 FRAMEWORK = tuple(os.path.join(os.path.dirname(os.path.abspath(__file__)), name)

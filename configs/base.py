@@ -23,6 +23,7 @@ def get_config(arg=None):
   c.lock()  # a config file that sets a key defined nowhere here (a misspelling) fails, as on the command line
   c.model.kwargs.unlock()  # the model's and the loss's own arguments: any key
   c.loss.kwargs.unlock()
+  c.task.kwargs.unlock()
   return c
 
 
@@ -123,7 +124,12 @@ def _data(c):
 
 
 def _model_and_loss(c):
-  """The model and the loss."""
+  """The task, the model and the loss."""
+  c.task = ml_collections.ConfigDict()
+  # "classification" (the built-in: model.name, loss.name, eval.metrics) or "package.module:Name", a subclass of
+  # loops.task.Task (README "Your own task"; examples/tasks/).
+  c.task.name = "classification"
+  c.task.kwargs = ml_collections.ConfigDict()  # passed to the task class: Name(**kwargs)
   c.model = ml_collections.ConfigDict()
   c.model.name = "digits_cnn"  # a registry name (models/__init__.py) or "package.module:function"
   c.model.kwargs = ml_collections.ConfigDict()  # passed to the model function: fn(input_shape, num_classes, **kwargs)

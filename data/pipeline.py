@@ -19,7 +19,10 @@ _MAX_EPOCHS = 1 << 40  # the train stream is unbounded; the loop decides when to
 
 
 def output_shape(source, data_config):
-  """Image shape after preprocessing."""
+  """Image shape after preprocessing (a user's arrays: their features' shape, or None for a nest)."""
+  if source.image_shape is None:
+    features = source.train.element_spec[0]
+    return tuple(features.shape) if isinstance(features, tf.TensorSpec) else None
   height, width, channels = source.image_shape
   if data_config.image_size:
     height = width = int(data_config.image_size)
@@ -33,6 +36,8 @@ def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shar
   shard's rows are shard_index, shard_index + num_shards, ... (or `rows`, their places among `global_rows`) — so
   an example is flipped alike however the global batch is split over workers.
   """
+  if source.image_shape is None:  # a user's arrays (data/user_source.py): fed as they are
+    return lambda features, targets, key, rows=None: (features, targets)
   mean, std = data_config.mean, data_config.std
   flip = training and data_config.random_flip
   size = data_config.image_size
@@ -132,7 +137,8 @@ def _batches(source, batch_size, steps_per_epoch, seed, start_step, num_shards, 
   examples_per_shard = steps_per_epoch * batch_size
   start_epoch, skip_steps = divmod(int(start_step), int(steps_per_epoch))
   held = source.train_arrays if source.train_arrays is not None else source.train_records
-  examples, labels = (tf.constant(a) for a in held)
+  examples, labels = (tf.nest.map_structure(tf.constant, a) for a in held)
+  gather = lambda nest, i: tf.nest.map_structure(lambda t: tf.gather(t, i), nest)
 
   def one_epoch(epoch):
     epoch_seed = tf.constant(seed, tf.int64)
@@ -147,7 +153,7 @@ def _batches(source, batch_size, steps_per_epoch, seed, start_step, num_shards, 
   # Whole batches of indices, then one gather per batch: no per-example work for data held as images.
   ds = tf.data.Dataset.range(start_epoch, _MAX_EPOCHS).flat_map(one_epoch)
   if source.train_arrays is not None:
-    return ds.map(lambda key, i: (tf.gather(examples, i), tf.gather(labels, i), key),
+    return ds.map(lambda key, i: (gather(examples, i), gather(labels, i), key),
                   num_parallel_calls=tf.data.AUTOTUNE)
   ds = ds.map(lambda key, i: (tf.gather(examples, i), tf.gather(labels, i), tf.fill(tf.shape(i), key)))
   ds = ds.unbatch().map(lambda record, label, key: (source.decode(record), label, key),
@@ -180,8 +186,7 @@ def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0
   global_batch = batch_size * num_shards * local_replicas
   padded_size = math.ceil(source.eval_size / global_batch) * global_batch
   ds = source.eval.map(lambda image, label: (image, label, 1.0))
-  blank = tf.zeros([] if source.decode is not None else source.image_shape, source.eval.element_spec[0].dtype)
-  padding = tf.data.Dataset.from_tensors((blank, tf.constant(0, tf.int64), 0.0))
+  padding = tf.data.Dataset.from_tensors(_blank(source) + (0.0,))
   ds = ds.concatenate(padding.repeat(padded_size - source.eval_size)).shard(num_shards, shard_index)
   if source.decode is not None:  # each shard decodes its own records; padding records become zero images
     ds = ds.map(lambda record, label, weight: (_decode_real(source, record, weight), label, weight),
@@ -190,6 +195,14 @@ def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0
   ds = ds.map(lambda images, labels, weights: (preprocess(images), labels, weights),
               num_parallel_calls=tf.data.AUTOTUNE)
   return _finish(ds, data_config)
+
+
+def _blank(source):
+  """(features, targets) of an eval padding row: zeros of the eval split's spec (records: an empty record)."""
+  spec = source.eval.element_spec
+  if source.decode is not None:
+    return tf.zeros([], spec[0].dtype), tf.zeros(spec[1].shape, spec[1].dtype)
+  return tuple(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), part) for part in spec[:2])
 
 
 def _decode_real(source, record, weight):

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from data import tfrecord as tfrecord_lib
+from data import user_source
 from data.source import Source, from_arrays
 from errors import ConfigError, first_line, unknown_name
 
@@ -384,8 +385,10 @@ def resolve(name):
   and data/prepare.py call it)."""
   if name.startswith(TFDS_PREFIX):
     return tfds_source(name[len(TFDS_PREFIX):])
+  if user_source.is_user_function(name):
+    return user_source.resolve(name)
   if name not in SOURCES:
-    raise unknown_name("dataset", name, list(SOURCES) + [TFDS_PREFIX + "<tfds name>"])
+    raise unknown_name("dataset", name, list(SOURCES) + [TFDS_PREFIX + "<tfds name>", "package.module:function"])
   return SOURCES[name]
 
 

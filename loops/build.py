@@ -9,9 +9,11 @@ import dataclasses
 
 from absl import logging
 import keras
+import numpy as np
 import tensorflow as tf
 
 import data
+from errors import ConfigError
 from data import mixing
 from loops import check
 from loops import plan as plan_lib
@@ -24,6 +26,7 @@ from loops.model import losses
 from loops.model import metrics as metrics_lib
 from loops.model import model as model_lib
 from loops.model import optimizers
+from loops import task as task_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,13 +36,22 @@ class Parts:
   source: data.Source
   plan: plan_lib.Plan
   input_shape: tuple
-  model: keras.Model
-  optimizer: keras.optimizers.Optimizer
+  model: keras.Model  # the task's model named "model" (exported, warm-started, frozen by train.freeze)
+  optimizer: keras.optimizers.Optimizer  # its optimizer (or the first one)
   step_counter: tf.Variable
-  loss_fn: object  # fn(labels, logits, images=, outputs=, step=) -> per-example losses
-  eval_metrics: dict  # {name: keras metric}, "loss" first
+  training_task: task_lib.Task  # what is trained (loops/task)
+  models: dict  # {name: keras.Model}
+  optimizers: dict  # {model name: optimizer}, trainable models only
+  learning_rates: dict  # {model name: scaled base learning rate}
+  eval_means: dict  # {name: keras.metrics.Mean} of the task's per-example eval values, "loss" first
+  eval_metrics: dict  # {name: keras metric}: eval_means, then the task's own metrics
+  element_spec: tuple  # (features, targets) spec of one train example after preprocessing
   run_variables: "RunVariables"
   checkpoint: tf.train.Checkpoint
+
+  @property
+  def task_metrics(self):
+    return {name: m for name, m in self.eval_metrics.items() if name not in self.eval_means}
 
 
 class RunVariables(tf.Module):
@@ -79,38 +91,127 @@ def build(config, task, kept=None):
                          kept=kept)
   check.check_derived(config, plan, source)
   input_shape = data.output_shape(source, config.data)
-  loss_fn = losses.build(config.loss)
+  classification = config.task.name == task_lib.BUILT_IN
+  loss_fn = losses.build(config.loss) if classification else None
   logging.info("config:\n%s", config)
   logging.info("plan: %s; data '%s': %d train / %d eval examples, input %s, %d classes",
                plan, source.name, source.train_size, source.eval_size, input_shape, source.num_classes)
-  model, optimizer, step_counter = _build_trainables(config, strategy, plan, input_shape, source.num_classes)
-  check.check_model_outputs(loss_fn, model, input_shape, source.num_classes, soft_labels=mixing.mixes(config.data))
   with execution.metrics_scope(strategy):
-    made = metrics_lib.build(tuple(config.eval.metrics), source.num_classes)
+    made = metrics_lib.build(tuple(config.eval.metrics), source.num_classes) if classification else []
   check.check_metrics(made, tuple(config.eval.metrics))
-  eval_metrics = metrics_lib.by_name(made)
+  classification_metrics = {name: m for name, m in metrics_lib.by_name(made).items() if name != metrics_lib.LOSS}
+  training_task = task_lib.load(config, loss_fn, classification_metrics)
+  element_spec = _element_spec(source, input_shape)
+  learning_rates = {}
+  models, optimizers_by_model, step_counter = _build_trainables(config, strategy, plan, training_task, element_spec,
+                                                                source.num_classes, learning_rates)
+  model = models.get("model") or next(iter(models.values()))
+  if classification:
+    check.check_model_outputs(loss_fn, model, input_shape, source.num_classes,
+                              soft_labels=mixing.mixes(config.data))
+  eval_means, eval_metrics = _eval_metrics(strategy, training_task, models, element_spec, plan, made)
   check.check_metric_references(config, metrics_lib.tags(eval_metrics))
   run_variables = RunVariables()  # plain host values, the same on every task
-  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_counter, run=run_variables)
-  logging.info("model %s: %d parameters", config.model.name, model.count_params())
+  checkpoint = tf.train.Checkpoint(step=step_counter, run=run_variables,
+                                   **_checkpointed(models, optimizers_by_model))
+  logging.info("task %s: %s", config.task.name, ", ".join(
+      f"{name} {m.count_params()} parameters" for name, m in models.items()))
+  optimizer = optimizers_by_model.get("model") or next(iter(optimizers_by_model.values()), None)
   return Parts(task=task, strategy=strategy, source=source, plan=plan, input_shape=input_shape, model=model,
-               optimizer=optimizer, step_counter=step_counter, loss_fn=loss_fn, eval_metrics=eval_metrics,
-               run_variables=run_variables, checkpoint=checkpoint)
+               optimizer=optimizer, step_counter=step_counter, training_task=training_task, models=models,
+               optimizers=optimizers_by_model, learning_rates=learning_rates, eval_means=eval_means,
+               eval_metrics=eval_metrics, element_spec=element_spec, run_variables=run_variables,
+               checkpoint=checkpoint)
 
 
-def _build_trainables(config, strategy, plan, input_shape, num_classes):
-  """Model, optimizer (built before the first step: a Keras 3 multi-replica pitfall) and step counter."""
+def _element_spec(source, input_shape):
+  """(features, targets) spec of one train example as the step sees it: image sources give float32 images of
+  input_shape (after resizing) and their labels; other sources their own nest."""
+  features, targets = source.train.element_spec[:2]
+  if source.image_shape is None:
+    return features, targets
+  return tf.TensorSpec(input_shape, tf.float32), tf.TensorSpec(targets.shape, targets.dtype)
+
+
+def _checkpointed(models, optimizers_by_model):
+  """Checkpoint keys: `model`/`optimizer` for the model named "model" (every checkpoint before tasks), else
+  `model_<name>`/`optimizer_<name>`."""
+  key = lambda kind, name: kind if name == "model" else f"{kind}_{name}"
+  items = {key("model", name): m for name, m in models.items()}
+  items.update({key("optimizer", name): o for name, o in optimizers_by_model.items()})
+  return items
+
+
+def _eval_metrics(strategy, training_task, models, element_spec, plan, made):
+  """(means of the task's per-example eval values, every eval metric by name), created in the metrics' scope."""
+  with execution.metrics_scope(strategy):
+    if made:  # the built-in: "loss" and eval.metrics, as check_metrics accepted them
+      eval_metrics = metrics_lib.by_name(made)
+      return {metrics_lib.LOSS: eval_metrics[metrics_lib.LOSS]}, eval_metrics
+    task_metrics = training_task.build_metrics()
+    names = task_lib.eval_names(training_task, models, element_spec, plan.global_batch_size, task_metrics)
+    means = {name: keras.metrics.Mean(name=name) for name in names}
+  clash = sorted(set(means) & set(task_metrics))
+  if clash:
+    raise ConfigError(f"{type(training_task).__name__}: eval_step values and build_metrics share the names {clash}")
+  return means, {**means, **task_metrics}
+
+
+def trained_parameters(parts):
+  """Parameters the run trains (every optimizer's variables' sizes)."""
+  return sum(int(np.prod(v.shape)) for name in parts.optimizers for v in parts.models[name].trainable_variables)
+
+
+def _build_trainables(config, strategy, plan, training_task, element_spec, num_classes, learning_rates):
+  """The task's models (built on the element spec), their optimizers (built before the first step: a Keras 3
+  multi-replica pitfall) and the step counter, in the strategy's scope."""
+  made_rates = {}  # id(optimizer) -> its scaled base learning rate
   with strategy.scope():
-    model = model_lib.build_model(config, input_shape, num_classes)
-    if config.train.freeze:
-      frozen = freeze_lib.freeze(model, tuple(config.train.freeze), config.train.freeze_batchnorm_stats)
-      logging.info("train.freeze: %d layer(s) frozen, %d of %d parameters trained: %s", len(frozen),
-                   sum(int(v.numpy().size) for v in model.trainable_variables), model.count_params(),
-                   freeze_lib.compact(frozen))
-    schedule = optimizers.learning_rate_schedule(config.optimizer, plan.learning_rate, plan.total_steps,
-                                                 plan.steps_per_epoch)
-    optimizer = optimizers.build(config.optimizer, schedule, loss_scaling=config.mixed_precision == "float16")
-    optimizer.build(model.trainable_variables)
+    context = task_lib.BuildContext(
+        config, element_spec, num_classes,
+        make_model=lambda: model_lib.build_model(config, tuple(element_spec[0].shape), num_classes),
+        make_optimizer=lambda **overrides: _make_optimizer(config, plan, made_rates, overrides))
+    models = dict(training_task.build_models(context))
+    check.check_models(training_task, models)
+    for model in models.values():
+      _ensure_built(model, element_spec)
+    if config.train.freeze and "model" in models:
+      _freeze(config, models["model"])
+    optimizers_by_model = dict(training_task.build_optimizers(context, models))
+    for name, optimizer in optimizers_by_model.items():
+      learning_rates[name] = made_rates.get(id(optimizer), plan.learning_rate)
+    check.check_optimizers(training_task, models, optimizers_by_model)
+    for name, optimizer in optimizers_by_model.items():
+      optimizer.build(models[name].trainable_variables)
     step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-  return model, optimizer, step_counter
+  return models, optimizers_by_model, step_counter
+
+
+def _make_optimizer(config, plan, made_rates, overrides):
+  """An optimizer from config.optimizer with `overrides`; its scaled base learning rate is noted under its id."""
+  opt_config = config.optimizer.copy_and_resolve_references()
+  with opt_config.unlocked():
+    opt_config.update(overrides)
+  base = config.optimizer.learning_rate
+  peak = plan.learning_rate * (opt_config.learning_rate / base if base else 1.0)
+  schedule = optimizers.learning_rate_schedule(opt_config, peak, plan.total_steps, plan.steps_per_epoch)
+  optimizer = optimizers.build(opt_config, schedule, loss_scaling=config.mixed_precision == "float16")
+  made_rates[id(optimizer)] = peak
+  return optimizer
+
+
+def _ensure_built(model, element_spec):
+  """A subclassed model creates its variables at its first call: call it once on a zero example, so optimizers
+  are built over every variable (else Keras' `Unknown variable` at the first step)."""
+  if model.built and model.weights:
+    return
+  features = tf.nest.map_structure(lambda s: tf.zeros([1] + list(s.shape), s.dtype), element_spec[0])
+  model(features, training=False)
+
+
+def _freeze(config, model):
+  frozen = freeze_lib.freeze(model, tuple(config.train.freeze), config.train.freeze_batchnorm_stats)
+  logging.info("train.freeze: %d layer(s) frozen, %d of %d parameters trained: %s", len(frozen),
+               sum(int(v.numpy().size) for v in model.trainable_variables), model.count_params(),
+               freeze_lib.compact(frozen))

@@ -27,6 +27,7 @@ from loops.model import metrics as metrics_lib
 from loops.model import model as model_lib
 from loops.model import optimizers
 from loops.persist import preemption
+from loops.task import checks as task_checks
 
 MIXED_PRECISION = (None, "bfloat16", "float16")
 PROGRESS_BAR = ("auto", "on", "off")
@@ -51,10 +52,15 @@ def check(config):
   _check_init(config.init, config.train)
   _check_cadence(config)
   _check_outputs(config)
+  task_checks.check_task_settings(config)
   tags = _check_metric_names(tuple(config.eval.metrics))
-  if tags is not None:  # only known here when every metric is a registry name; else checked once built
+  if tags is not None and config.task.name == task_checks.BUILT_IN:  # only known here when every metric is a registry name; else checked once built
     check_metric_references(config, tags)
   _check_callbacks(config.callbacks)
+
+
+check_models = task_checks.check_models
+check_optimizers = task_checks.check_optimizers
 
 
 def check_metric_references(config, tags):
@@ -343,10 +349,22 @@ def check_derived(config, plan, source):
   if warmup > 0 and warmup >= plan.total_steps:
     raise ConfigError(f"optimizer.warmup_epochs={config.optimizer.warmup_epochs} gives {warmup} warmup steps; it "
                       f"must be shorter than the run ({plan.total_steps} steps)")
+  if source.image_shape is None:
+    _check_array_source(config.data, source)
+    return
   channels, mean = source.image_shape[-1], config.data.mean
   if mean is not None and len(mean) != channels:
     raise ConfigError(f"data.mean and data.std need {channels} values (one per channel of dataset "
                       f"'{source.name}'), got {len(mean)}")
+
+
+def _check_array_source(d, source):
+  """A user's arrays are fed as they are: the image settings would silently do nothing."""
+  for key, value in (("data.image_size", d.image_size), ("data.mean", d.mean), ("data.random_flip", d.random_flip),
+                     ("data.mixup_alpha", d.mixup_alpha), ("data.cutmix_alpha", d.cutmix_alpha)):
+    if value:
+      raise ConfigError(f"{key}={value!r} is an image setting; dataset '{source.name}' is a user's arrays, fed as "
+                        f"they are (preprocess them in your function, or unset {key})")
 
 
 def check_metrics(made, names):

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from data import records
 from data import resident as resident_lib
+from loops import build as build_lib
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
 from loops.model import fused_batchnorm
@@ -34,7 +35,7 @@ def dry_run(config, workdir, parts, user_callbacks):
       "dataset": source.name,
       "train_examples": source.train_size,
       "eval_examples": source.eval_size,
-      "input_shape": list(parts.input_shape),
+      "input_shape": list(parts.input_shape) if parts.input_shape else str(parts.element_spec[0]),
       "device_resident": _residency_line(parts, config),
       **({"streams": _streams_line(parts, config)} if source.train_files is not None else {}),
       "num_classes": source.num_classes,
@@ -42,6 +43,11 @@ def dry_run(config, workdir, parts, user_callbacks):
       "total_steps": plan.total_steps,
       "steps_per_loop": plan.steps_per_loop,
       "epochs": round(plan.epochs, 3),
+      "task": _task_line(config, parts),
+      "models": {name: f"{m.name}, {m.count_params()} parameters{'' if name in parts.optimizers else ', frozen'}"
+                 for name, m in parts.models.items()},
+      "optimizers": {name: f"{type(getattr(o, 'inner_optimizer', o)).__name__}, base learning rate "
+                           f"{parts.learning_rates[name]:g}" for name, o in parts.optimizers.items()},
       "model": config.model.name,
       "parameters": parts.model.count_params(),
       "fused_batchnorm_layers": fused_batchnorm.fused_layers(parts.model),
@@ -53,7 +59,7 @@ def dry_run(config, workdir, parts, user_callbacks):
       "checkpoints": posixpath.join(_absolute(workdir), "checkpoints"),
       "resumes_from": tf.train.latest_checkpoint(posixpath.join(workdir, "checkpoints")),
   }
-  report["trained_parameters"] = sum(math.prod(v.shape) for v in parts.model.trainable_variables)
+  report["trained_parameters"] = build_lib.trained_parameters(parts)
   if config.init.checkpoint:
     report["init"] = _init_line(config, parts, report["resumes_from"])
   print(f"config:\n{config}")
@@ -61,6 +67,12 @@ def dry_run(config, workdir, parts, user_callbacks):
   for key, value in report.items():
     print(f"  {key}: {value}")
   return report
+
+
+def _task_line(config, parts):
+  task = parts.training_task
+  level = "step level (its own train_step)" if task.writes_step else "loss level (per_example_loss)"
+  return f"{config.task.name}: {level}; train scalars {['loss', *task.train_metrics]}"
 
 
 def _init_line(config, parts, resumes_from):

@@ -16,6 +16,7 @@ import time
 from typing import Any, Iterable, Optional
 
 from absl import logging
+import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
 import data
@@ -124,7 +125,8 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
   observers, saving_phase = _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guard,
                                                 wall_started, cleanup)
   # after every restore (TensorFlow's preemption handler restores the latest checkpoint again when it is made)
-  optimizers.set_constant_learning_rate(parts.optimizer, parts.plan.learning_rate)
+  for name, optimizer in parts.optimizers.items():
+    optimizers.set_constant_learning_rate(optimizer, parts.learning_rates[name])
   loop = loop_lib.Loop(execution, callbacks_lib.assemble(observers, user_callbacks, saving_phase), state,
                        steps_per_loop=parts.plan.steps_per_loop, eval_every_steps=config.eval.every_steps,
                        nan_guard=nan_guard)
@@ -165,8 +167,10 @@ def _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guar
   observers = [
       nan_guard,
       callbacks_lib.ProfileTrace(config.summary.profile_steps, parts.plan.steps_per_loop, _profile_folder(parts.task)),
-      callbacks_lib.Overview(config, metrics_lib.tags(parts.eval_metrics), lambda: _first_inputs(config, parts)),
-      callbacks_lib.TrainLog(parts.optimizer, parts.plan.global_batch_size, config.summary.progress_bar),
+      callbacks_lib.Overview(config, metrics_lib.tags(parts.eval_metrics),
+                             (lambda: _first_inputs(config, parts)) if _image_features(parts) else None),
+      callbacks_lib.TrainLog(parts.optimizer, parts.plan.global_batch_size, config.summary.progress_bar,
+                             ("loss", *parts.training_task.train_metrics)),
       callbacks_lib.WorkerMonitor(config.summary.straggler_fraction, config.summary.straggler_calls,
                                   memory.usage_mb),
       callbacks_lib.Histograms(config.summary.histogram_every_steps, parts.model, execution),
@@ -181,11 +185,23 @@ def _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guar
       preemption,
       callbacks_lib.Checkpointing(checkpoints, config.checkpoint.every_steps,
                                   parts.run_variables.stopped_total_steps),
-      callbacks_lib.Export(parts.model, config.export, execution.averaged_weights,
-                           data.eval_images(parts.source, config.data), data.raw_image_spec(parts.source)),
+      _export(config, parts, execution),
       callbacks_lib.RunSummary(parts.plan, wall_started),
   ]
   return observers, saving_phase
+
+
+def _image_features(parts):
+  return parts.source.image_shape is not None and isinstance(parts.element_spec[0], tf.TensorSpec)
+
+
+def _export(config, parts, execution):
+  """The built-in classification serves raw images through the eval's preprocessing; a task serves its
+  features as its model takes them."""
+  if config.task.name == check_lib.task_checks.BUILT_IN:
+    return callbacks_lib.Export(parts.model, config.export, execution.averaged_weights,
+                                data.eval_images(parts.source, config.data), data.raw_image_spec(parts.source))
+  return callbacks_lib.Export(parts.model, config.export, execution.averaged_weights, None, parts.element_spec[0])
 
 
 def _first_inputs(config, parts):

@@ -46,6 +46,11 @@ RUNS = {  # two runs keep the module fast: the second covers two replicas and a 
 }
 
 
+# bfloat16 keeps ~3 significant digits: on CPUs with native bfloat16 (AVX512_BF16) the served graph and an eager
+# model round differently by up to 3e-4 (measured); float32 runs agree to 1e-5.
+TOLERANCE = {"ema": 1e-5, "mirrored_bfloat16": 1e-3}
+
+
 def framework_eval(config, workdir):
   """(raw uint8 eval batch, the model's softmax on the eval-preprocessed batch with the raw weights, with the
   moving averages): the final checkpoint restored into a model built as a run builds it."""
@@ -113,7 +118,7 @@ def test_served_probabilities_are_the_frameworks_eval_on_raw_images(exported, na
   assert raw.dtype == np.uint8 and raw.shape == (BATCH, 8, 8, 1)  # the source's images, before the 12x12 resize
   expected = averaged  # the eval's weights: the moving averages under EMA (the model's own otherwise)
   assert probabilities.dtype == np.float32 and probabilities.shape == (BATCH, 10)
-  np.testing.assert_allclose(probabilities, expected, atol=1e-5, rtol=0)
+  np.testing.assert_allclose(probabilities, expected, atol=TOLERANCE[name], rtol=0)
   np.testing.assert_array_equal(classes, np.argmax(probabilities, axis=-1))
   assert classes.dtype == np.int64
 
@@ -122,7 +127,7 @@ def test_served_probabilities_are_the_frameworks_eval_on_raw_images(exported, na
 def test_with_ema_the_export_serves_the_averages_not_the_raw_weights(exported, name):
   _, _, (_, own, averaged), probabilities, _ = exported[0][name]
   assert np.max(np.abs(own - averaged)) > 1e-3  # the two weight sets give different answers on this batch
-  assert np.max(np.abs(probabilities - averaged)) < 1e-5 < np.max(np.abs(probabilities - own))
+  assert np.max(np.abs(probabilities - averaged)) < TOLERANCE[name] < np.max(np.abs(probabilities - own))
 
 
 def test_saved_model_cli_lists_the_serving_signature(exported):

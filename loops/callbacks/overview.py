@@ -9,7 +9,8 @@ class Overview(Callback):
   Args:
     config: the resolved config.
     metric_tags: the eval result tags (the HParams tab's metrics).
-    first_batches: fn() -> (train batch, eval batch); called only by a writer that writes, at most once.
+    first_batches: fn() -> (train batch, eval batch); called only by a writer that writes, at most once;
+      None when the inputs are not images.
   """
 
   def __init__(self, config, metric_tags, first_batches):
@@ -20,8 +21,9 @@ class Overview(Callback):
       return
     state.writer.text(0, "config", "```\n" + str(self.config) + "\n```")
     state.writer.hparams(self.config, self.metric_tags)
-    state.writer.image_grid(0, "train/input_images", lambda: self._first_batches()[0])
-    state.writer.image_grid(0, "eval/input_images", lambda: self._first_batches()[1])
+    if self.first_batches is not None:  # image inputs only
+      state.writer.image_grid(0, "train/input_images", lambda: self._first_batches()[0])
+      state.writer.image_grid(0, "eval/input_images", lambda: self._first_batches()[1])
 
   def _first_batches(self):
     self._batches = self._batches or self.first_batches()

@@ -51,6 +51,11 @@ def input_pipelines(strategy, task):
   return task.num_workers if strategy_lib.is_multi_worker(strategy) else 1
 
 
+def train_metrics(training_task):
+  """{name: keras.metrics.Mean}: train/loss and the task's own train scalars (Task.train_metrics)."""
+  return {name: keras.metrics.Mean(name=name) for name in ("loss", *training_task.train_metrics)}
+
+
 def metrics_scope(strategy):
   """Where metrics live: in the strategy (a copy per replica, summed when read), or outside it: on the
   parameter-server coordinator, and under central storage, whose one aggregated copy TensorFlow updates wrongly
@@ -101,7 +106,13 @@ class _Execution:
 
   def averaged_weights(self):
     """Context: the model holds the optimizer's moving averages of its weights (optimizer.ema_decay), else as is."""
-    return optimizers.averaged_weights(self.parts.model, self.parts.optimizer)
+    own = self.parts.optimizers.get("model")  # the averages of the model's own optimizer (none for a frozen one)
+    return optimizers.averaged_weights(self.parts.model, own) if own else contextlib.nullcontext()
+
+  def _eval_step(self):
+    p = self.parts
+    return steps.make_eval_step(p.training_task, p.models, p.eval_means, p.task_metrics, p.plan.global_batch_size,
+                                p.step_counter)
 
   def _eval_results(self):
     return {f"eval/{name}": float(m.result().numpy()) for name, m in self.parts.eval_metrics.items()}
@@ -134,17 +145,17 @@ class SyncExecution(_Execution):
     strategy, p = parts.strategy, parts
     self._multi_worker = strategy_lib.is_multi_worker(strategy)
     with metrics_scope(strategy):
-      self.train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
+      self.train_metrics = train_metrics(p.training_task)
     # TensorFlow refuses its clock op under op determinism: no worker times with deterministic=True.
     timed = self._multi_worker and not config.deterministic
     clock = steps.WorkerClock(strategy, p.task.worker_index, p.task.num_workers) if timed else None
-    train_step = steps.make_train_step(p.model, p.optimizer, p.loss_fn, self.train_metrics, p.plan.global_batch_size,
-                                       p.step_counter, p.plan.grad_accum_steps, config.jit_compile, clock)
+    train_step = steps.make_task_train_step(p.training_task, p.models, p.optimizers, self.train_metrics,
+                                            p.plan.global_batch_size, p.step_counter, p.plan.grad_accum_steps,
+                                            config.jit_compile, clock)
     self._train_step, self._resident_fn = train_step, None
     self._read_out = steps.CallReadOut(strategy, self.train_metrics, clock)
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter, self._read_out)
-    eval_step = steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics, p.step_counter)
-    self._eval_fn = steps.make_eval_fn(strategy, eval_step)
+    self._eval_fn = steps.make_eval_fn(strategy, self._eval_step())
     self._eval_data = self._distribute(lambda batch, shards, index, local: data.eval_dataset(
         p.source, config.data, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
     self._sum_over_workers = steps.make_sum_over_workers(strategy, parts.task.num_workers)
@@ -206,10 +217,13 @@ class SyncExecution(_Execution):
     return reason or bytes(first).rstrip(b"\0").decode(errors="replace")
 
   def gradient_norms(self):
+    if self.parts.training_task.writes_step:
+      return None  # a step-level task has no one loss to differentiate
     if self._norms is None:
       p = self.parts
       probe = next(iter(data.eval_dataset(p.source, self.config.data, batch_size=min(64, p.plan.global_batch_size))))
-      fn = steps.make_gradient_norms(p.strategy, p.model, p.loss_fn, p.step_counter)
+      fn = steps.make_gradient_norms(p.strategy, p.training_task, p.models, p.plan.global_batch_size,
+                                     p.step_counter)
       self._norms = lambda: fn(*probe[:2])
     return self._norms()
 
@@ -246,9 +260,10 @@ class ParameterServerExecution(_Execution):
   def __init__(self, parts, config):
     super().__init__(parts, config)
     p = parts
-    self.train_metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.Mean()}
-    train_step = steps.make_train_step(p.model, p.optimizer, p.loss_fn, None, p.plan.global_batch_size,
-                                       p.step_counter, p.plan.grad_accum_steps, config.jit_compile)
+    self.train_metrics = train_metrics(p.training_task)
+    train_step = steps.make_task_train_step(p.training_task, p.models, p.optimizers, None,
+                                            p.plan.global_batch_size, p.step_counter, p.plan.grad_accum_steps,
+                                            config.jit_compile)
     self._coordinator = tf.distribute.coordinator.ClusterCoordinator(p.strategy)
     start_step = self.step
     self._iterator = iter(self._coordinator.create_per_worker_dataset(lambda: self._train_dataset(
@@ -260,13 +275,13 @@ class ParameterServerExecution(_Execution):
       p.step_counter.assign_add(1)
       return result
 
-    eval_step = steps.make_eval_step(p.model, p.loss_fn, p.eval_metrics, p.step_counter)
+    eval_step = self._eval_step()
     eval_data = data.eval_dataset(p.source, config.data, batch_size=p.plan.global_batch_size)
 
     @tf.function
     def run_eval():
-      for images, labels, weights in eval_data:
-        eval_step(images, labels, weights)
+      for features, targets, weights in eval_data:
+        eval_step(features, targets, weights)
 
     self._worker_step, self._run_eval = worker_step, run_eval
 
@@ -276,9 +291,9 @@ class ParameterServerExecution(_Execution):
     results = [r.fetch() for r in remote]
     self._reset(self.train_metrics)
     for result in results:
-      count = result["count"]
-      self.train_metrics["loss"].update_state(result["loss_sum"] / count, sample_weight=count)
-      self.train_metrics["accuracy"].update_state(result["correct"] / count, sample_weight=count)
+      steps.add_sums(self.train_metrics["loss"], result["loss_sum"], result["count"])
+      for name in self.parts.training_task.train_metrics:
+        steps.add_sums(self.train_metrics[name], *result[name])
     return self._train_output(float(results[-1]["loss"]),
                               {name: float(m.result().numpy()) for name, m in self.train_metrics.items()})
 

@@ -4,82 +4,126 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from errors import ConfigError
 from loops.model import losses
+from loops.task import classification
+from loops.task import context as context_lib
 
 
-def forward(model, images, training):
-  """(logits as float32, outputs): `outputs` is the model's dict, or {"logits": output} for a plain output."""
-  outputs = model(images, training=training)
-  if isinstance(outputs, dict):
-    if "logits" not in outputs:
-      raise ConfigError(f"model '{model.name}' returned a dict without 'logits' (keys: {sorted(outputs)}); "
-                        f"name the class scores 'logits'")
-    logits = outputs["logits"]
-  else:
-    logits, outputs = outputs, {"logits": outputs}
-  return tf.cast(logits, tf.float32), outputs
+forward = classification.forward
 
 
 def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_counter, grad_accum_steps=1,
                     jit_compile=False, clock=None):
-  """Per-replica train step: returns this replica's share of the global-batch loss.
+  """The built-in classification step for one model and optimizer (benchmarks and tests build it directly)."""
+  task = classification.ImageClassification(loss_fn)
+  return make_task_train_step(task, {"model": model}, {"model": optimizer}, metrics, global_batch_size,
+                              step_counter, grad_accum_steps, jit_compile, clock)
 
-  metrics: Keras metrics updated in place, or None to return {"loss", "loss_sum", "correct", "count"} instead
-  (for parameter servers, whose workers would race on shared metric variables).
-  grad_accum_steps = k: the replica's batch is split into k micro-batches whose gradients are summed before
-  one update; every micro-loss is divided by the GLOBAL batch, so the update equals the whole batch's.
-  A LossScaleOptimizer (float16) gets its loss scaled here and unscales the gradients itself.
+
+def make_task_train_step(task, models, optimizers, metrics, global_batch_size, step_counter, grad_accum_steps=1,
+                         jit_compile=False, clock=None):
+  """Per-replica train step of a task (loops/task): returns this replica's share of the global-batch loss.
+
+  metrics: {"loss", *task.train_metrics} keras.metrics.Mean updated in place, or None to return their sums instead
+  ({"loss", "loss_sum", "count", name: [sum, count]}: for parameter servers, whose workers would race on shared
+  metric variables).
+  Loss level: grad_accum_steps = k splits the replica's batch into k micro-batches whose gradients are summed
+  before one update; every micro-loss is divided by the GLOBAL batch, so the update equals the whole batch's.
+  A lone LossScaleOptimizer (float16) gets its loss scaled here and unscales the gradients itself.
+  Step level: the task's train_step does it all (loops/check.py refuses accumulation and float16 there).
   clock: a WorkerClock that adds the step's busy time (from `started`, or the step's start, to its gradients).
   """
-  scales_loss = isinstance(optimizer, keras.optimizers.LossScaleOptimizer)
-  variables = model.trainable_variables
+  new_context = lambda: context_lib.StepContext(global_batch_size, step_counter, training=True,
+                                                declared=task.train_metrics)
+  if task.writes_step:
+    def compute(batch):
+      ctx = new_context()
+      loss = task.train_step(batch, models, optimizers, ctx)
+      return loss, None, ctx.logged(), [loss]
+  else:
+    compute = _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_compile)
 
-  def gradients_of(images, labels, with_regularization):
-    with tf.GradientTape() as tape:
-      logits, outputs = forward(model, images, training=True)
-      per_example = loss_fn(labels, logits, images=images, outputs=outputs, step=step_counter)
-      loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch_size)
-      if with_regularization and model.losses:
-        loss += tf.nn.scale_regularization_loss(tf.add_n(model.losses))
-      scaled = optimizer.scale_loss(loss) if scales_loss else loss
-    return tape.gradient(scaled, variables), loss, per_example, logits
-
-  def compute(images, labels):
-    if grad_accum_steps == 1:
-      gradients, loss, per_example, logits = gradients_of(images, labels, True)
-    else:
-      gradients, loss, per_example, logits = None, 0.0, [], []
-      for i, (x, y) in enumerate(zip(tf.split(images, grad_accum_steps), tf.split(labels, grad_accum_steps))):
-        g, l, p, z = gradients_of(x, y, i == 0)
-        gradients = g if gradients is None else [a + b for a, b in zip(gradients, g)]
-        loss += l
-        per_example.append(p)
-        logits.append(z)
-      per_example, logits = tf.concat(per_example, 0), tf.concat(logits, 0)
-    return gradients, loss, per_example, logits
-
-  if jit_compile:
-    compute = tf.function(compute, jit_compile=True)
-
-  def step_fn(images, labels, started=None):
+  def step_fn(features, targets, started=None):
     if clock is not None and started is None:
       started = tf.timestamp()
-    gradients, loss, per_example, logits = compute(images, labels)
+    loss, per_example, logged, done = compute((features, targets))
     if clock is not None:
-      clock.record(started, gradients)
-    optimizer.apply_gradients(zip(gradients, variables))
-    labels = losses.hard_labels(labels)
-    if metrics is None:
-      correct = tf.equal(tf.argmax(logits, axis=-1), tf.cast(labels, tf.int64))
-      return {"loss": loss, "loss_sum": tf.reduce_sum(per_example),
-              "correct": tf.reduce_sum(tf.cast(correct, tf.float32)),
-              "count": tf.cast(tf.size(per_example), tf.float32)}
-    metrics["loss"].update_state(per_example)
-    metrics["accuracy"].update_state(labels, logits)
-    return loss
+      clock.record(started, done)
+    return _report(loss, per_example, logged, metrics)
 
   return step_fn
+
+
+def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_compile):
+  """compute(batch) -> (loss, per-example losses, logged sums, gradients) after applying every optimizer."""
+  trained = list(optimizers)
+  variables = [v for name in trained for v in models[name].trainable_variables]
+  sizes = [len(models[name].trainable_variables) for name in trained]
+  lone = optimizers[trained[0]] if len(trained) == 1 else None
+  scales_loss = isinstance(lone, keras.optimizers.LossScaleOptimizer)
+
+  def gradients_of(batch, with_regularization):
+    ctx = new_context()
+    with tf.GradientTape() as tape:
+      per_example = tf.cast(task.per_example_loss(batch, models, ctx), tf.float32)
+      losses.check_per_example(type(task).__name__ + ".per_example_loss", per_example, per_example)
+      loss = ctx.average(per_example)
+      if with_regularization:
+        for name in trained:
+          if models[name].losses:
+            loss += ctx.regularization(models[name])
+      scaled = lone.scale_loss(loss) if scales_loss else loss
+    return tape.gradient(scaled, variables), loss, per_example, ctx.logged()
+
+  def gradients(batch):
+    if grad_accum_steps == 1:
+      return gradients_of(batch, True)
+    parts = tf.nest.map_structure(lambda t: tf.split(t, grad_accum_steps), batch)
+    total, loss, per_example, logged = None, 0.0, [], {}
+    for i in range(grad_accum_steps):
+      micro = tf.nest.map_structure(lambda pieces: pieces[i], parts, is_leaf=lambda x: isinstance(x, list))
+      g, l, p, named = gradients_of(micro, i == 0)
+      total = g if total is None else [a + b for a, b in zip(total, g)]
+      loss += l
+      per_example.append(p)
+      for name, (s, c) in named.items():
+        before = logged.get(name, (0.0, 0.0))
+        logged[name] = (before[0] + s, before[1] + c)
+    return total, loss, tf.concat(per_example, 0), logged
+
+  if jit_compile:
+    gradients = tf.function(gradients, jit_compile=True)
+
+  def compute(batch):
+    grads, loss, per_example, logged = gradients(batch)
+    begin = 0
+    for name, size in zip(trained, sizes):
+      optimizers[name].apply_gradients(zip(grads[begin:begin + size], variables[begin:begin + size]))
+      begin += size
+    return loss, per_example, logged, grads
+
+  return compute
+
+
+def _report(loss, per_example, logged, metrics):
+  """Adds the step's loss and logged sums to the train metrics (or returns them: parameter servers)."""
+  if per_example is None:  # step level: the replica's share of the global loss; the read-out sums the shares
+    loss_sum, count = loss * tf.cast(tf.distribute.get_replica_context().num_replicas_in_sync, tf.float32), 1.0
+  else:
+    loss_sum, count = tf.reduce_sum(per_example), tf.cast(tf.size(per_example), tf.float32)
+  if metrics is None:
+    sums = {name: tf.stack([total, count]) for name, (total, count) in logged.items()}
+    return {"loss": loss, "loss_sum": loss_sum, "count": count, **sums}
+  add_sums(metrics["loss"], loss_sum, count)
+  for name, (total, n) in logged.items():
+    add_sums(metrics[name], total, n)
+  return loss
+
+
+def add_sums(mean, total, count):
+  """A keras.metrics.Mean's update from a (sum, count) pair (what update_state does with per-example values)."""
+  mean.total.assign_add(tf.cast(total, mean.total.dtype))
+  mean.count.assign_add(tf.cast(count, mean.count.dtype))
 
 
 class WorkerClock:
@@ -219,16 +263,15 @@ def make_resident_train_fn(strategy, step_fn, step_counter, resident, read_out=N
   return train_fn
 
 
-def make_eval_step(model, loss_fn, metrics, step_counter):
-  """Per-replica eval step over (images, labels, weights); weight-0 rows are padding. Metrics see the logits."""
+def make_eval_step(task, models, means, task_metrics, global_batch_size, step_counter):
+  """Per-replica eval step over (features, targets, weights); weight-0 rows are padding. The task's per-example
+  values go into `means` (weighted); it updates its own Keras metrics (task_metrics) itself."""
 
-  def step_fn(images, labels, weights):
-    logits, outputs = forward(model, images, training=False)
-    per_example = loss_fn(labels, logits, images=images, outputs=outputs, step=step_counter)
-    metrics["loss"].update_state(per_example, sample_weight=weights)
-    for name, metric in metrics.items():
-      if name != "loss":
-        metric.update_state(labels, logits, sample_weight=weights)
+  def step_fn(features, targets, weights):
+    ctx = context_lib.StepContext(global_batch_size, step_counter, training=False, metrics=task_metrics,
+                                  weights=weights)
+    for name, values in task.eval_step((features, targets), models, ctx).items():
+      means[name].update_state(tf.cast(values, tf.float32), sample_weight=weights)
 
   return step_fn
 
@@ -257,18 +300,20 @@ def make_sum_over_workers(strategy, num_workers):
   return sum_over_workers
 
 
-def make_gradient_norms(strategy, model, loss_fn, step_counter):
-  """fn(images, labels) -> per-variable gradient norms on a fixed probe batch (inference mode: BatchNorm
-  statistics untouched; no optimizer step). Runs on every replica without collectives; returns replica 0's."""
+def make_gradient_norms(strategy, task, models, global_batch_size, step_counter):
+  """fn(features, targets) -> per-variable gradient norms of the mean loss for the model named "model", on a
+  fixed probe batch (inference mode: BatchNorm statistics untouched; no optimizer step). Loss-level tasks only.
+  Runs on every replica without collectives; returns replica 0's."""
+  model = models["model"]
 
-  def norms(images, labels):
+  def norms(features, targets):
+    ctx = context_lib.StepContext(global_batch_size, step_counter, training=False)
     with tf.GradientTape() as tape:
-      logits, outputs = forward(model, images, training=False)
-      loss = tf.reduce_mean(loss_fn(labels, logits, images=images, outputs=outputs, step=step_counter))
+      loss = tf.reduce_mean(task.per_example_loss((features, targets), models, ctx))
     return tf.stack([tf.norm(g) for g in tape.gradient(loss, model.trainable_variables)])
 
   @tf.function
-  def run(images, labels):
-    return strategy.run(norms, args=(images, labels))
+  def run(features, targets):
+    return strategy.run(norms, args=(features, targets))
 
-  return lambda images, labels: strategy.experimental_local_results(run(images, labels))[0].numpy()
+  return lambda features, targets: strategy.experimental_local_results(run(features, targets))[0].numpy()

@@ -39,3 +39,29 @@ def serving_function(model, preprocess):
     return {"probabilities": tf.nn.softmax(logits), "classes": tf.argmax(logits, axis=-1, output_type=tf.int64)}
 
   return serve
+
+
+def write_task_saved_model(model, features_spec, path):
+  """A task's model as it is: serving_default(features) -> the model's outputs in inference mode (a dict as it
+  is; a single output as {"outputs": ...}). features_spec: one example's spec (a tensor or a flat dict)."""
+  batched = tf.nest.map_structure(lambda s: tf.TensorSpec([None] + list(s.shape), s.dtype, name=None), features_spec)
+
+  def serve(features):
+    outputs = model(features, training=False)
+    return outputs if isinstance(outputs, dict) else {"outputs": outputs}
+
+  archive = keras.export.ExportArchive()
+  archive.track(model)
+  archive.add_endpoint(SIGNATURE, serve, input_signature=[batched])
+  archive.write_out(path, verbose=False)
+  return path
+
+
+def keras_file_problem(model):
+  """Why `model` cannot be written as a .keras file (Keras needs its config), or None."""
+  try:
+    keras.saving.serialize_keras_object(model)
+    model.get_config()
+  except Exception as e:  # pylint: disable=broad-except  # NotImplementedError, TypeError: Keras' own words
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no get_config'}"
+  return None

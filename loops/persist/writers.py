@@ -82,6 +82,10 @@ class NullWriter:
   def save_model(self, model, name):
     """Saves `model` as workdir/name (a .keras file); returns its path (None when nothing is written)."""
 
+  def save_weights(self, model, name):
+    """Saves `model`'s weights as workdir/name (a .weights.h5 file); returns its path (None when nothing is
+    written)."""
+
   def save_saved_model(self, write, name):
     """write(path) writes a SavedModel directory at workdir/name (called only by a writer that writes); returns
     its path (None when nothing is written)."""
@@ -146,7 +150,7 @@ class Writer(NullWriter):
   def progress_bar(self, mode, total_steps, start_step):
     if mode == "off" or (mode == "auto" and not sys.stdout.isatty()):
       return None
-    bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss", "accuracy"], unit_name="step")
+    bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss"], unit_name="step")
     bar.update(start_step)
     return bar
 
@@ -174,6 +178,12 @@ class Writer(NullWriter):
     path = posixpath.join(self.workdir, name)
     tf.io.gfile.makedirs(posixpath.dirname(path))
     model.save(path)
+    return path
+
+  def save_weights(self, model, name):
+    path = posixpath.join(self.workdir, name)
+    tf.io.gfile.makedirs(posixpath.dirname(path))
+    model.save_weights(path)
     return path
 
   def save_saved_model(self, write, name):

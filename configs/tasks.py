@@ -1,0 +1,44 @@
+"""The example tasks of examples/tasks/ on data that is here: `--config=configs/tasks.py:<name>`.
+
+  python main.py --config=configs/tasks.py:regression --workdir=runs/regression
+
+Each example's own docstring gives its runtime and what it reaches. Names: regression, gan, sam, contrastive,
+segmentation, distillation (distillation needs a trained digits run: see examples/tasks/distillation.py).
+"""
+
+from configs import base
+
+EXAMPLES = {
+    # name: (task class, data function, best metric, best mode, steps)
+    "regression": ("examples.tasks.regression:DigitValue", "examples.tasks.regression:digit_values",
+                   "eval/mae", "min", 600),
+    "gan": ("examples.tasks.gan:DigitsGan", "examples.tasks.digits:classification", "eval/mean_gap", "min", 600),
+    "sam": ("examples.tasks.sam:SharpnessAware", "digits", "eval/accuracy", "max", 600),
+    "contrastive": ("examples.tasks.contrastive:NtXent", "examples.tasks.digits:classification",
+                    "eval/probe_accuracy", "max", 600),
+    "segmentation": ("examples.tasks.segmentation:Shapes", "examples.tasks.segmentation:shapes",
+                     "eval/mean_iou", "max", 400),
+    "distillation": ("examples.tasks.distillation:Distill", "digits", "eval/accuracy", "max", 600),
+}
+
+
+def get_config(arg=None):
+  name = arg
+  if name not in EXAMPLES:
+    raise ValueError(f"configs/tasks.py:<name> takes one of {', '.join(EXAMPLES)}, got {name!r}")
+  task, data_name, best, mode, steps = EXAMPLES[name]
+  c = base.get_config()
+  c.task.name = task
+  c.data.name = data_name
+  c.model.name = "digits_cnn"
+  c.train.global_batch_size = 64
+  c.train.steps = steps
+  c.train.steps_per_loop = 50
+  c.optimizer.name = "adam"
+  c.optimizer.learning_rate = 1e-3
+  c.optimizer.lr_scaling = "none"
+  c.eval.every_steps = steps // 2
+  c.eval.metrics = ()
+  c.checkpoint.best_metric = best
+  c.checkpoint.best_mode = mode
+  return c

@@ -1,0 +1,67 @@
+"""A user's arrays as a source: `data.name=package.module:function`.
+
+`function(split)` is called with "train" and "eval" and returns (features, targets): numpy arrays, or dicts of
+them (any dtype and shape), every array with the split's examples on its first axis. The framework then treats
+them like any in-memory source: a per-epoch order keyed on (seed, epoch), sharded before batching, skipped on
+resume, eval padded with zero rows of weight 0 — so resume is exact and any replica or worker count sees the same
+global batches. No image preprocessing is applied (data.image_size, mean/std, flips and mixing are refused).
+"""
+
+import importlib
+
+import numpy as np
+import tensorflow as tf
+
+from data.source import Source
+from errors import ConfigError
+
+
+def is_user_function(name):
+  return ":" in name and not name.startswith("tfds:")
+
+
+def resolve(name):
+  """The loader for data.name='package.module:function' (ConfigError when it cannot be imported)."""
+  module_name, _, attr = name.partition(":")
+  try:
+    module = importlib.import_module(module_name)
+  except ImportError as e:
+    raise ConfigError(f"cannot import module '{module_name}' for data.name='{name}': {e} "
+                      f"(is its folder on PYTHONPATH?)") from None
+  fn = getattr(module, attr, None)
+  if not callable(fn):
+    raise ConfigError(f"module '{module_name}' has no function '{attr}' (data.name='{name}')")
+  return lambda data_config: load(name, fn)
+
+
+def load(name, fn):
+  train, evaluation = (_split(name, fn, split) for split in ("train", "eval"))
+  for spec_train, spec_eval in zip(tf.nest.flatten(_spec(train)), tf.nest.flatten(_spec(evaluation))):
+    if spec_train != spec_eval:
+      raise ConfigError(f"data.name='{name}': the eval split's arrays {spec_eval} differ from the train split's "
+                        f"{spec_train} (beyond the number of examples)")
+  return Source(name=name, train=tf.data.Dataset.from_tensor_slices(train),
+                eval=tf.data.Dataset.from_tensor_slices(evaluation), train_size=_size(train),
+                eval_size=_size(evaluation), num_classes=0, image_shape=None, max_value=1.0, train_arrays=train)
+
+
+def _split(name, fn, split):
+  """(features, targets) of one split as numpy nests, checked: a pair, arrays, equal first axes."""
+  value = fn(split)
+  if not (isinstance(value, tuple) and len(value) == 2):
+    raise ConfigError(f"data.name='{name}': {name.split(':')[1]}('{split}') must return (features, targets), "
+                      f"got {type(value).__name__}")
+  arrays = tf.nest.map_structure(np.asarray, value)
+  lengths = {a.shape[0] if a.ndim else None for a in tf.nest.flatten(arrays)}
+  if len(lengths) != 1 or None in lengths:
+    raise ConfigError(f"data.name='{name}': every array of split '{split}' needs the examples on its first axis, "
+                      f"with the same count; got first axes {sorted(map(str, lengths))}")
+  return arrays
+
+
+def _size(arrays):
+  return int(tf.nest.flatten(arrays)[0].shape[0])
+
+
+def _spec(arrays):
+  return tf.nest.map_structure(lambda a: (a.dtype, a.shape[1:]), arrays)

@@ -1,0 +1,58 @@
+"""Tasks: what a run trains (loops/task/interface.py is the contract; classification.py the built-in)."""
+
+import numpy as np
+import tensorflow as tf
+
+from errors import ConfigError
+from loops.core import plugins
+from loops.task.context import StepContext
+from loops.task.interface import BuildContext, Task
+
+from loops.task.checks import BUILT_IN
+
+
+def load(config, loss_fn, metrics):
+  """The run's task: the built-in classification (loss_fn and metrics from the config), or task.name's class
+  built with task.kwargs. Checked by loops/check.py's check_task_name first."""
+  from loops.task import classification  # the built-in depends on loops/model; keep the contract importable alone
+  if config.task.name == BUILT_IN:
+    task = classification.ImageClassification(loss_fn, metrics)
+  else:
+    cls = plugins.load(config.task.name, "task.name")
+    if not (isinstance(cls, type) and issubclass(cls, Task)):
+      raise ConfigError(f"task.name '{config.task.name}' is not a subclass of loops.task.Task")
+    kwargs = dict(config.task.kwargs)
+    plugins.check_call(cls, (), kwargs, "task.kwargs", config.task.name)
+    task = cls(**kwargs)
+  task.config = config
+  return task
+
+
+def zero_batch(element_spec, batch):
+  """A (features, targets) batch of zeros shaped like `batch` examples of element_spec."""
+  return tf.nest.map_structure(lambda s: tf.zeros([batch] + list(s.shape), s.dtype), element_spec)
+
+
+def eval_names(task, models, element_spec, global_batch_size, metrics, batch=2):
+  """The names the task's eval_step returns, by running it once eagerly on a zero batch (before anything is
+  written); raises ConfigError unless it returns {name: per-example values [batch]}."""
+  ctx = StepContext(global_batch_size, tf.constant(0, tf.int64), training=False, metrics=metrics,
+                    weights=tf.zeros([batch]))
+  try:
+    values = task.eval_step(zero_batch(element_spec, batch), models, ctx)
+  except ConfigError:
+    raise
+  except Exception as e:  # a user's code: one line naming where
+    raise ConfigError(f"{type(task).__name__}.eval_step failed on a zero batch of {batch}: "
+                      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+  if not isinstance(values, dict) or not values:
+    raise ConfigError(f"{type(task).__name__}.eval_step must return {{name: per-example values}}, got "
+                      f"{type(values).__name__}")
+  for name, value in values.items():
+    shape = tuple(np.shape(value))
+    if shape != (batch,):
+      raise ConfigError(f"{type(task).__name__}.eval_step value '{name}' has shape {list(shape)}; expected one "
+                        f"value per example, shape [{batch}] (the framework takes the weighted mean)")
+  for metric in metrics.values():  # the probe must leave no trace in the task's metrics
+    metric.reset_state()
+  return list(values)

@@ -1,0 +1,60 @@
+"""The task's rules, checked before anything is written (loops/check.py calls them in its stages)."""
+
+import keras
+
+from errors import ConfigError
+from loops.core import plugins
+
+BUILT_IN = "classification"
+
+
+def check_task_settings(config):
+  """task.name names the built-in or a Task subclass whose constructor takes task.kwargs; a step-level task
+  refuses what only the loss level supplies."""
+  name = config.task.name
+  if name == BUILT_IN:
+    if dict(config.task.kwargs):
+      raise ConfigError(f"task.kwargs {dict(config.task.kwargs)} are for a task of your own; the built-in "
+                        f"'{BUILT_IN}' takes its settings from model.*, loss.* and eval.metrics")
+    return
+  if not plugins.is_import_path(name):
+    raise ConfigError(f"task.name '{name}' is neither '{BUILT_IN}' nor 'package.module:Name' (a subclass of "
+                      f"loops.task.Task)")
+  from loops.task.interface import Task  # pylint: disable=import-outside-toplevel
+  cls = plugins.load(name, "task.name")
+  if not (isinstance(cls, type) and issubclass(cls, Task)):
+    raise ConfigError(f"task.name '{name}' is {type(cls).__name__} {cls!r}, not a subclass of loops.task.Task")
+  plugins.check_call(cls, (), dict(config.task.kwargs), "task.kwargs", name)
+  if cls.train_step is not Task.train_step:
+    if config.train.grad_accum_steps > 1:
+      raise ConfigError(f"train.grad_accum_steps={config.train.grad_accum_steps} needs a loss-level task; "
+                        f"{name} writes its own train_step (accumulate inside it, or set 1)")
+    if config.mixed_precision == "float16":
+      raise ConfigError(f"mixed_precision='float16' needs a loss-level task (the framework scales the loss); "
+                        f"{name} writes its own train_step: use 'bfloat16' or 'float32'")
+  elif cls.per_example_loss is Task.per_example_loss:
+    raise ConfigError(f"task '{name}' defines neither per_example_loss (loss level) nor train_step (step level)")
+
+
+def check_models(task, models):
+  """build_models returned {name: keras.Model}, at least one."""
+  where = f"{type(task).__name__}.build_models"
+  if not isinstance(models, dict) or not models:
+    raise ConfigError(f"{where} must return a non-empty {{name: keras.Model}}, got {models!r:.80}")
+  for name, model in models.items():
+    if not isinstance(model, keras.Model):
+      raise ConfigError(f"{where}: '{name}' is {type(model).__name__}, not a keras.Model")
+
+
+def check_optimizers(task, models, optimizers):
+  """build_optimizers returned {model name: optimizer} for trainable models; a loss-level task has at least one."""
+  where = f"{type(task).__name__}.build_optimizers"
+  for name, optimizer in optimizers.items():
+    if name not in models:
+      raise ConfigError(f"{where}: '{name}' is not a model of the task (models: {sorted(models)})")
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+      raise ConfigError(f"{where}: '{name}' is {type(optimizer).__name__}, not a keras optimizer")
+    if not models[name].trainable_variables:
+      raise ConfigError(f"{where}: model '{name}' has no trainable variables (frozen?); give it no optimizer")
+  if not optimizers and not task.writes_step:
+    raise ConfigError(f"{where} returned no optimizer: nothing would be trained")

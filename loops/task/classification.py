@@ -1,0 +1,60 @@
+"""The built-in task (task.name="classification"): images -> logits, model.name / loss.name / eval.metrics.
+
+What ran before tasks existed, unchanged: the per-example loss from loss.name (with its images/outputs/step
+keywords), train/accuracy, eval/loss plus the eval.metrics Keras metrics updated on (labels, logits).
+"""
+
+import tensorflow as tf
+
+from errors import ConfigError
+from loops.model import losses
+from loops.task import interface
+
+
+def forward(model, images, training):
+  """(logits as float32, outputs): `outputs` is the model's dict, or {"logits": output} for a plain output."""
+  outputs = model(images, training=training)
+  if isinstance(outputs, dict):
+    if "logits" not in outputs:
+      raise ConfigError(f"model '{model.name}' returned a dict without 'logits' (keys: {sorted(outputs)}); "
+                        f"name the class scores 'logits'")
+    logits = outputs["logits"]
+  else:
+    logits, outputs = outputs, {"logits": outputs}
+  return tf.cast(logits, tf.float32), outputs
+
+
+def correct(labels, logits):
+  """1.0 where the largest logit is the (hard) label, per example."""
+  hard = tf.cast(losses.hard_labels(labels), tf.int64)
+  return tf.cast(tf.equal(tf.argmax(logits, axis=-1), hard), tf.float32)
+
+
+class ImageClassification(interface.Task):
+  """Loss level: loss.name on the model's logits; train/accuracy; eval.metrics see (labels, logits)."""
+
+  train_metrics = ("accuracy",)
+
+  def __init__(self, loss_fn, metrics=None):
+    self.loss_fn = loss_fn
+    self._metrics = metrics or {}
+
+  @classmethod
+  def from_loss(cls, loss_fn, metrics=None):
+    return cls(loss_fn, metrics)
+
+  def per_example_loss(self, batch, models, ctx):
+    images, labels = batch
+    logits, outputs = forward(models["model"], images, training=ctx.training)
+    ctx.log("accuracy", correct(labels, logits))
+    return self.loss_fn(labels, logits, images=images, outputs=outputs, step=ctx.step)
+
+  def eval_step(self, batch, models, ctx):
+    images, labels = batch
+    logits, outputs = forward(models["model"], images, training=False)
+    for metric in ctx.metrics.values():
+      metric.update_state(labels, logits, sample_weight=ctx.weights)
+    return {"loss": self.loss_fn(labels, logits, images=images, outputs=outputs, step=ctx.step)}
+
+  def build_metrics(self):
+    return dict(self._metrics)

@@ -1,0 +1,104 @@
+"""StepContext: what a task's step needs to be correct under distribution, one helper per classic mistake.
+
+A task's train and eval steps run once per replica, on that replica's share of the global batch. Every helper
+here exists because the obvious code is silently wrong on more than one replica (loops/task/replicas.py, i.e.
+`main.py --check=replicas`, catches it when a step does the obvious thing instead).
+"""
+
+import tensorflow as tf
+
+
+class StepContext:
+  """Passed to Task.per_example_loss / train_step / eval_step; valid inside the replica function only."""
+
+  def __init__(self, global_batch_size, step, training, declared=(), metrics=None, weights=None):
+    self.global_batch_size = global_batch_size
+    self.training = training
+    self._step = step
+    self._declared = tuple(declared)
+    self._logged = {}
+    self.metrics = metrics or {}  # eval: the task's Keras metrics (Task.build_metrics), by name
+    self.weights = weights  # eval: per-example weights of this batch (0 = padding rows), else None
+
+  @property
+  def step(self):
+    """The global step before this update (int64), the same on every replica and worker."""
+    return tf.convert_to_tensor(self._step)
+
+  @property
+  def replica_id(self):
+    """This replica's index in [0, num_replicas): for per-replica randomness, never for arithmetic."""
+    return tf.distribute.get_replica_context().replica_id_in_sync_group
+
+  @property
+  def num_replicas(self):
+    return tf.distribute.get_replica_context().num_replicas_in_sync
+
+  def average(self, per_example):
+    """This replica's share of the mean over the GLOBAL batch: sum(per_example) / global_batch_size.
+
+    Mistake prevented: `tf.reduce_mean(per_example)` divides by the LOCAL batch; the optimizer then sums the
+    replicas' gradients and the update is num_replicas times too large.
+    """
+    return tf.nn.compute_average_loss(tf.cast(per_example, tf.float32), global_batch_size=self.global_batch_size)
+
+  def regularization(self, model):
+    """The model's regularisation losses (kernel_regularizer, ...) as this replica's share.
+
+    Mistake prevented: adding `sum(model.losses)` on every replica counts it num_replicas times.
+    """
+    if not model.losses:
+      return tf.constant(0.0)
+    return tf.nn.scale_regularization_loss(tf.add_n([tf.cast(l, tf.float32) for l in model.losses]))
+
+  def all_gather(self, value):
+    """Every replica's rows of `value` concatenated on axis 0, in replica order (global batch order on one
+    worker); gradients flow back to each replica's own rows.
+
+    Mistake prevented: contrastive negatives, batch statistics or a global top-k taken from the replica's own
+    rows only: the loss then depends on how the global batch is split.
+    """
+    return tf.distribute.get_replica_context().all_gather(value, axis=0)
+
+  def global_rows(self, rows):
+    """Where this replica's `rows` examples sit in all_gather's result (and in the global batch of one worker):
+    replica_id * rows + [0, rows). The positives of a contrastive loss over gathered rows."""
+    return tf.cast(self.replica_id, tf.int32) * rows + tf.range(rows)
+
+  def sum_over_replicas(self, value):
+    """The sum of `value` over all replicas (a collective): e.g. a global count to normalise by."""
+    return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
+
+  def normal(self, rows, shape=(), salt=0):
+    """Standard normal draws for this replica's `rows` examples, keyed on (step, salt) and on each example's row
+    of the global batch: the global batch gets the same draws however it is split over replicas.
+
+    Mistake prevented: noise keyed on the replica (or a stateful generator per replica) makes 2 replicas train
+    on other draws than 1 does. Under several workers a position of the global batch holds another example than
+    on one worker (each worker reads rows i, i + n, ... of the global order): the same draws, paired with other
+    examples.
+    """
+    draws = tf.random.stateless_normal([self.global_batch_size, *shape],
+                                       seed=tf.stack([tf.cast(self.step, tf.int64), tf.cast(salt, tf.int64)]))
+    first = tf.cast(self.replica_id, tf.int32) * rows
+    return draws[first:first + rows]
+
+  def log(self, name, value):
+    """Adds `value` (a scalar, or per-example values) to train/<name>: its mean over the call's steps, every
+    replica and worker, reported with train/loss.
+
+    Mistake prevented: a per-scalar collective (Lightning's `sync_dist=True`) each step; these sums ride in
+    the call's one read-out all-reduce. Names must be declared in Task.train_metrics. Ignored in eval.
+    """
+    if not self.training:
+      return
+    if name not in self._declared:
+      raise ValueError(f"ctx.log('{name}', ...): declare it in the task's train_metrics "
+                       f"(declared: {list(self._declared)})")
+    value = tf.reshape(tf.cast(value, tf.float32), [-1])
+    total, count = self._logged.get(name, (0.0, 0.0))
+    self._logged[name] = (total + tf.reduce_sum(value), count + tf.cast(tf.size(value), tf.float32))
+
+  def logged(self):
+    """{name: (sum, count)} of this step's log() calls."""
+    return dict(self._logged)

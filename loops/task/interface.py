@@ -1,0 +1,93 @@
+"""The Task contract: a researcher's models, optimizers, loss or whole step, and eval, as one class.
+
+A task chooses one of two levels:
+  loss level (most research): `per_example_loss(batch, models, ctx)` returns one loss per example of this
+    replica's batch; the framework takes the gradient of all trained models, averages over the GLOBAL batch,
+    applies each optimizer (gradient accumulation and float16 loss scaling included).
+  step level: `train_step(batch, models, optimizers, ctx)` does everything (several models and optimizers,
+    several gradient computations, nested tapes) and returns this replica's share of the global loss
+    (`ctx.average(per_example)`), which is reported as train/loss.
+Both run once per replica inside the compiled call; `ctx` (loops/task/context.py) supplies what keeps the step
+correct on any number of replicas. `main.py --check=replicas` proves it for a given task.
+
+A batch is what the data source yields: (features, targets) for training; eval steps get the same pair and
+`ctx.weights` (0 for padding rows). Features and targets are any nest of tensors.
+"""
+
+import keras
+
+
+class Task:
+  """Base class for a user's task (`task.name=package.module:Name`); override what you need.
+
+  Attributes:
+    train_metrics: names the step reports with ctx.log(name, value) as train/<name>.
+    config: the run's config (set by the framework before any method is called); `self.kwargs` = task.kwargs.
+  """
+
+  train_metrics = ()
+  config = None
+
+  def build_models(self, ctx):
+    """{name: keras.Model}. The model named "model" is the one exported, warm-started and frozen by
+    train.freeze. A model with `trainable = False` gets no optimizer and is not counted as trained."""
+    return {"model": ctx.config_model()}
+
+  def build_optimizers(self, ctx, models):
+    """{model name: optimizer} for every trainable model: the configured optimizer, each its own copy.
+    `ctx.optimizer(learning_rate=...)` makes one with another base learning rate (scaled like the config's)."""
+    return {name: ctx.optimizer() for name, model in models.items() if model.trainable}
+
+  def per_example_loss(self, batch, models, ctx):
+    """Loss level: per-example losses, shape [replica batch]. Never reduce them yourself."""
+    raise NotImplementedError(f"{type(self).__name__} defines neither per_example_loss nor train_step")
+
+  def train_step(self, batch, models, optimizers, ctx):
+    """Step level: the whole update; returns this replica's share of the global loss (ctx.average(...))."""
+    raise NotImplementedError
+
+  def eval_step(self, batch, models, ctx):
+    """{name: per-example values [replica batch]}, each reported as eval/<name> (the weighted mean over the eval
+    set). Update the task's Keras metrics (build_metrics) here with ctx.metrics[name].update_state(...,
+    sample_weight=ctx.weights). Default: the loss."""
+    return {"loss": self.per_example_loss(batch, models, ctx)}
+
+  def build_metrics(self):
+    """{name: keras.metrics.Metric} reported as eval/<name>, updated in eval_step (created in the right scope)."""
+    return {}
+
+  @property
+  def writes_step(self):
+    """True when the task overrides train_step (step level)."""
+    return type(self).train_step is not Task.train_step
+
+
+class BuildContext:
+  """What build_models / build_optimizers get: the config, the batch's spec and the configured factories."""
+
+  def __init__(self, config, element_spec, num_classes, make_model, make_optimizer):
+    self.config = config
+    self.element_spec = element_spec  # (features spec, targets spec) of one example
+    self.num_classes = num_classes
+    self._make_model, self._make_optimizer = make_model, make_optimizer
+
+  @property
+  def features_spec(self):
+    return self.element_spec[0]
+
+  @property
+  def targets_spec(self):
+    return self.element_spec[1]
+
+  def config_model(self):
+    """The model the config names (model.name, model.kwargs) for these features and classes."""
+    return self._make_model()
+
+  def optimizer(self, **overrides):
+    """A new optimizer from the config's optimizer settings; overrides replace optimizer.* keys (a
+    learning_rate is scaled and scheduled like optimizer.learning_rate)."""
+    return self._make_optimizer(**overrides)
+
+  def load_model(self, path):
+    """A model saved as `.keras` (e.g. a finished run's export/model.keras): for a frozen teacher."""
+    return keras.models.load_model(path, compile=False)

@@ -1,0 +1,129 @@
+"""The task contract (loops/task): every example task trains to the number its docstring states, 1 and 2 replicas
+agree on it (the replica check), the classic cross-replica mistakes are caught, a task resumes bit-identically
+after SIGTERM and trains under 2-worker MWMS like on one device."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from errors import ConfigError
+from loops import replica_check
+from loops import run
+from tests.conftest import REPO, load_config, run_main
+
+PY = sys.executable
+# example: (metric, "min"/"max", what its docstring promises at least)
+STATED = {
+    "regression": ("eval/mae", "min", 0.6),
+    "sam": ("eval/accuracy", "max", 0.93),
+    "gan": ("eval/mean_gap", "min", 0.1),
+    "contrastive": ("eval/probe_accuracy", "max", 0.85),
+    "segmentation": ("eval/mean_iou", "max", 0.8),
+    "distillation": ("eval/accuracy", "max", 0.9),
+}
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+  """The digits quickstart's export: the distillation example's teacher."""
+  workdir = str(tmp_path_factory.mktemp("teacher"))
+  summary = run.train_and_evaluate(load_config("digits_cnn"), workdir)
+  assert summary["eval/accuracy"] > 0.95
+  return os.path.join(workdir, "export", "model.keras")
+
+
+def example_config(name, teacher_path=None):
+  config = load_config("tasks", name)
+  if name == "distillation":
+    config.task.kwargs.teacher = teacher_path
+  return config
+
+
+@pytest.mark.parametrize("name", sorted(STATED))
+def test_each_example_trains_to_its_stated_number(name, teacher, tmp_path):
+  metric, mode, bound = STATED[name]
+  summary = run.train_and_evaluate(example_config(name, teacher), str(tmp_path))
+  value = summary[metric]
+  assert (value <= bound) if mode == "min" else (value >= bound), (name, metric, value)
+  assert summary["best_metric"] == metric and summary["best_value"] == pytest.approx(
+      min(value, summary["best_value"]) if mode == "min" else max(value, summary["best_value"]))
+  exported = summary["export"]
+  assert exported and os.path.isdir(exported["saved_model"]), exported
+  loaded = tf.saved_model.load(exported["saved_model"])
+  assert "serving_default" in loaded.signatures
+
+
+@pytest.mark.parametrize("name", sorted(STATED) + ["classification"])
+def test_the_replica_check_passes_every_example_and_the_built_in(name, teacher):
+  config = load_config("digits_cnn") if name == "classification" else example_config(name, teacher)
+  lines = []
+  assert replica_check.run(config, out=lines.append), "\n".join(lines)
+  assert lines[-1].startswith("replicas: PASS: 1 and 2 replicas agree on all ")
+
+
+@pytest.mark.parametrize("wrong, overrides", [
+    ("LocallyCentred", {}),  # a batch statistic of the replica's rows
+    ("LocalNegatives", {}),  # contrastive negatives from the replica only
+    ("MeanOverLocalBatch", {"optimizer.name": "sgd", "optimizer.learning_rate": 0.01}),  # tf.reduce_mean
+])
+def test_the_replica_check_fails_a_step_that_reduces_over_the_replica_batch(wrong, overrides):
+  base = "contrastive" if wrong == "LocalNegatives" else "regression"
+  config = example_config(base)
+  config.task.name = f"tests.fixtures.wrong_tasks:{wrong}"
+  for key, value in overrides.items():
+    group, field = key.split(".")
+    config[group][field] = value
+  lines = []
+  assert not replica_check.run(config, out=lines.append), "\n".join(lines)
+  assert lines[-1].startswith("replicas: FAIL: ")
+  assert any(line.startswith("first variable beyond the tolerance 0.001: ") for line in lines)
+
+
+def test_check_replicas_from_the_command_line_exits_1_with_the_verdict_last():
+  result = run_main("--config=configs/tasks.py:regression", "--check=replicas",
+                    "--config.task.name=tests.fixtures.wrong_tasks:LocallyCentred")
+  assert result.returncode == 1, result.stderr[-2000:]
+  assert result.stdout.strip().splitlines()[-1].startswith("replicas: FAIL: "), result.stdout[-2000:]
+
+
+def test_a_task_run_split_by_sigterm_ends_bit_identical_to_a_straight_one(tmp_path):
+  from tests.test_reliability import assert_bit_identical, env, start_and_sigterm
+  args = [PY, "main.py", "--config=configs/tasks.py:gan", "--config.deterministic=True",
+          "--config.train.steps=300", "--config.train.steps_per_loop=5", "--config.eval.every_steps=0",
+          "--config.checkpoint.every_steps=100", "--config.checkpoint.best_metric=", "--config.export=False",
+          "--config.summary.progress_bar=off"]
+  straight = subprocess.run(args + [f"--workdir={tmp_path / 'ref'}"], cwd=REPO, env=env(), capture_output=True,
+                            text=True, timeout=300)
+  assert straight.returncode == 0, straight.stderr[-3000:]
+  split = args + [f"--workdir={tmp_path / 'w'}"]
+  code, output = start_and_sigterm(split, lambda proc, _: proc.pid, tmp_path, wait_for=r"step 1\d\d/300")
+  assert code == 143, output[-3000:]
+  resumed = subprocess.run(split, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert re.search(r"restored .*ckpt-1\d\d", resumed.stderr + resumed.stdout)
+  assert_bit_identical(tmp_path / "w", tmp_path / "ref")
+
+
+def test_a_task_under_two_worker_mwms_matches_one_device(tmp_path):
+  from tests.test_reliability import env
+  args = ["--config=configs/tasks.py:segmentation", "--config.deterministic=True", "--config.train.steps=40",
+          "--config.train.steps_per_loop=20", "--config.eval.every_steps=40", "--config.export=False",
+          "--config.summary.progress_bar=off"]
+  one = subprocess.run([PY, "main.py", *args, f"--workdir={tmp_path / 'one'}"], cwd=REPO, env=env(),
+                       capture_output=True, text=True, timeout=300)
+  assert one.returncode == 0, one.stderr[-3000:]
+  two = subprocess.run([PY, "-m", "launch.local", "--workers=2", "--", PY, "main.py", *args,
+                        "--config.strategy=multi_worker_mirrored", f"--workdir={tmp_path / 'two'}"], cwd=REPO,
+                       env=env(), capture_output=True, text=True, timeout=400)
+  assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
+  one_summary, two_summary = (json.load(open(tmp_path / d / "summary.json")) for d in ("one", "two"))
+  assert two_summary["replicas"] == 2
+  for key in ("train/loss", "eval/loss", "eval/pixel_accuracy", "eval/mean_iou"):  # MeanIoU over both workers
+    assert two_summary[key] == pytest.approx(one_summary[key], rel=1e-3), key
