@@ -11,7 +11,7 @@ from configs import base
 EXAMPLES = {
     # name: (task class, data function, best metric, best mode, steps)
     "regression": ("examples.tasks.regression:DigitValue", "examples.tasks.regression:digit_values",
-                   "eval/mae", "min", 600),
+                   "eval/mae", "min", 1000),
     "gan": ("examples.tasks.gan:DigitsGan", "examples.tasks.digits:classification", "eval/mean_gap", "min", 600),
     "sam": ("examples.tasks.sam:SharpnessAware", "digits", "eval/accuracy", "max", 600),
     "contrastive": ("examples.tasks.contrastive:NtXent", "examples.tasks.digits:classification",
@@ -35,7 +35,7 @@ def get_config(arg=None):
   c.train.steps = steps
   c.train.steps_per_loop = 50
   c.optimizer.name = "adam"
-  c.optimizer.learning_rate = 1e-3
+  c.optimizer.learning_rate = 3e-3 if name == "regression" else 1e-3
   c.optimizer.lr_scaling = "none"
   c.eval.every_steps = steps // 2
   c.eval.metrics = ()

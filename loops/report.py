@@ -60,6 +60,8 @@ def dry_run(config, workdir, parts, user_callbacks):
       "resumes_from": tf.train.latest_checkpoint(posixpath.join(workdir, "checkpoints")),
   }
   report["trained_parameters"] = build_lib.trained_parameters(parts)
+  if parts.training_task.writes_step or config.task.name != "classification":
+    del report["model"], report["parameters"]  # model.name is the built-in's; the models row says it all
   if config.init.checkpoint:
     report["init"] = _init_line(config, parts, report["resumes_from"])
   print(f"config:\n{config}")

@@ -118,7 +118,7 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
   resume_lib.record(resume, config, parts.plan, execution.step, workdir, task)
   state = loop_lib.State(step=execution.step, total_steps=parts.plan.total_steps,
                          steps_per_epoch=parts.plan.steps_per_epoch, is_chief=task.is_chief, workdir=workdir,
-                         writer=writer, config=config)
+                         writer=writer, config=config, models=parts.models)
   state.summary.update(init_counts)
   nan_guard = NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,
                        log=logging.warning)

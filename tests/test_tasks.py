@@ -21,12 +21,12 @@ from tests.conftest import REPO, load_config, run_main
 PY = sys.executable
 # example: (metric, "min"/"max", what its docstring promises at least)
 STATED = {
-    "regression": ("eval/mae", "min", 0.6),
+    "regression": ("eval/mae", "min", 0.75),
     "sam": ("eval/accuracy", "max", 0.93),
-    "gan": ("eval/mean_gap", "min", 0.1),
+    "gan": ("eval/mean_gap", "min", 0.12),
     "contrastive": ("eval/probe_accuracy", "max", 0.85),
-    "segmentation": ("eval/mean_iou", "max", 0.8),
-    "distillation": ("eval/accuracy", "max", 0.9),
+    "segmentation": ("eval/mean_iou", "max", 0.9),
+    "distillation": ("eval/accuracy", "max", 0.85),
 }
 
 
@@ -127,3 +127,39 @@ def test_a_task_under_two_worker_mwms_matches_one_device(tmp_path):
   assert two_summary["replicas"] == 2
   for key in ("train/loss", "eval/loss", "eval/pixel_accuracy", "eval/mean_iou"):  # MeanIoU over both workers
     assert two_summary[key] == pytest.approx(one_summary[key], rel=1e-3), key
+
+
+def subclassed(model_name, strategy="one_device", steps=60):
+  config = load_config("digits_cnn")
+  config.model.name = f"tests.fixtures.subclassed_models:{model_name}"
+  config.train.epochs, config.train.steps, config.train.steps_per_loop = None, steps, 20
+  config.eval.every_steps = config.checkpoint.every_steps = steps
+  config.strategy, config.cpu_replicas, config.deterministic = strategy, 2 if strategy == "mirrored" else 0, True
+  return config
+
+
+def test_a_subclassed_keras_model_trains_resumes_exports_and_two_replicas_match_one(tmp_path):
+  one = run.train_and_evaluate(subclassed("net"), str(tmp_path / "one"))
+  two = run.train_and_evaluate(subclassed("net", "mirrored"), str(tmp_path / "two"))
+  assert one["eval/accuracy"] > 0.8, one
+  for key in ("train/loss", "eval/loss", "eval/accuracy"):
+    assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+  assert set(one["export"]) == {"keras", "saved_model"}
+  resumed = run.train_and_evaluate(subclassed("net", steps=80), str(tmp_path / "one"))
+  assert resumed["step"] == 80 and resumed["eval/loss"] < one["eval/loss"] * 1.5
+
+
+def test_a_model_keras_cannot_serialise_exports_its_weights_said_before_training(tmp_path, caplog):
+  summary = run.train_and_evaluate(subclassed("wrapped"), str(tmp_path))
+  said = [r.getMessage() for r in caplog.records if "cannot be saved as a .keras file" in r.getMessage()]
+  assert said and "export=False turns the export off" in said[0], said
+  train_lines = [i for i, r in enumerate(caplog.records) if r.getMessage().startswith("step ")]
+  assert caplog.records.index(next(r for r in caplog.records if r.getMessage() == said[0])) < train_lines[0]
+  assert set(summary["export"]) == {"weights", "saved_model"}, summary["export"]
+  assert os.path.isfile(summary["export"]["weights"])
+  served = tf.saved_model.load(summary["export"]["saved_model"]).signatures["serving_default"]
+  assert served(images=tf.zeros([2, 8, 8, 1], tf.uint8))["probabilities"].shape == (2, 10)
+  with open(tmp_path / "summary.json") as f:
+    assert json.load(f)["eval/accuracy"] == summary["eval/accuracy"]
+  again = run.train_and_evaluate(subclassed("wrapped"), str(tmp_path))  # a rerun of the finished run
+  assert again["step"] == 60 and set(again["export"]) == {"weights", "saved_model"}

@@ -4,8 +4,8 @@
   python main.py --config=configs/tasks.py:distillation --workdir=runs/distill \\
       --config.task.kwargs.teacher=runs/digits/export/model.keras
 
-Runtime ~15 s on 2 CPU cores (600 steps); the student (a tenth of the teacher's parameters) reaches
-eval/accuracy ≈ 0.95 and agrees with the teacher on ≈ 0.96 of the eval images. The teacher is not trained, has no
+Runtime ~15 s on 2 CPU cores (600 steps); the student (1 370 parameters) reaches
+eval/accuracy ≈ 0.90 and agrees with the teacher on ≈ 0.91 of the eval images. The teacher is not trained, has no
 optimizer, is not counted in the trained parameters, and is saved with the checkpoints (a resume needs no path).
 """
 

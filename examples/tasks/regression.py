@@ -3,7 +3,8 @@ eval/mae and eval/mse, the best checkpoint by eval/mae (min).
 
   python main.py --config=configs/tasks.py:regression --workdir=runs/regression
 
-Runtime ~15 s on 2 CPU cores (600 steps); reaches eval/mae ≈ 0.3 (a constant guess of the mean scores 2.5).
+Runtime ~15 s on 2 CPU cores (1 000 steps, Adam at 3e-3); reaches eval/mae ≈ 0.56 (a constant guess of the mean
+scores 2.5; the squared error pulls confusable digits, say 4 and 9, towards their middle).
 """
 
 import keras

@@ -3,7 +3,7 @@ whole eval set (Keras' MeanIoU: a confusion matrix summed over every replica and
 
   python main.py --config=configs/tasks.py:segmentation --workdir=runs/segmentation
 
-Runtime ~20 s on 2 CPU cores (400 steps); reaches eval/mean_iou ≈ 0.9 (predicting background everywhere: 0.27).
+Runtime ~20 s on 2 CPU cores (400 steps); reaches eval/mean_iou ≈ 0.98 and eval/pixel_accuracy ≈ 0.997 (background everywhere: mean IoU 0.27).
 """
 
 import keras

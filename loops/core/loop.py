@@ -54,11 +54,12 @@ class State:
   FIELDS = ("step", "call_start_step", "train", "eval", "eval_step", "call_seconds", "stop_reason", "worker_seconds")
 
   def __init__(self, *, step: int, total_steps: int, steps_per_epoch: int, is_chief: bool, workdir: str,
-               writer: Any, config: Any = None):
+               writer: Any, config: Any = None, models: Any = None):
     self._values = {"step": step, "call_start_step": step, "train": {}, "eval": {}, "eval_step": None,
                     "call_seconds": 0.0, "stop_reason": None, "worker_seconds": ()}
     self._start_step, self._total_steps, self._steps_per_epoch = step, total_steps, steps_per_epoch
     self._is_chief, self._workdir, self._writer, self._config = is_chief, workdir, writer, config
+    self._models = types.MappingProxyType(dict(models or {}))
     self.summary = {}
 
   def update(self, **values: Any) -> None:
@@ -84,6 +85,7 @@ class State:
   workdir = property(lambda self: self._workdir)
   writer = property(lambda self: self._writer)
   config = property(lambda self: self._config)
+  models = property(lambda self: self._models, doc="The task's models by name ({'model': ...} for the built-in).")
   stop_reason = property(lambda self: self._values["stop_reason"], doc="Why the run stops early, or None.")
   worker_seconds = property(lambda self: self._values["worker_seconds"],
                             doc="Each worker's busy seconds in the last call (multi-worker training; else ()).")

@@ -1,0 +1,147 @@
+"""The task contract's pieces in-process: the step context's cross-replica helpers on 2 replicas, a user's arrays
+as a source (nests of any dtype, exact order, eval padding), and the one-line errors of task and data settings."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import data
+from errors import ConfigError
+from loops import check
+from loops.task import StepContext
+from tests.conftest import load_config
+
+
+def mirrored():
+  return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+
+
+def gathered_loss_gradient(strategy, x):
+  """d/dw of the mean over the global batch of (w * x_i - mean_j(w * x_j))^2, computed per replica with
+  all_gather, summed over replicas (what the optimizer applies)."""
+  with strategy.scope():
+    w = tf.Variable(1.5)
+  global_batch = int(x.shape[0])
+
+  def replica(local):
+    ctx = StepContext(global_batch, tf.constant(0, tf.int64), training=True)
+    with tf.GradientTape() as tape:
+      every = ctx.all_gather(w * local)
+      per_example = tf.square(w * local - tf.reduce_mean(every))
+      loss = ctx.average(per_example)
+    return tape.gradient(loss, w)
+
+  dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(x))
+  per_replica = strategy.run(tf.function(replica), args=(next(iter(dataset)),))
+  return float(strategy.reduce(tf.distribute.ReduceOp.SUM, per_replica, axis=None))
+
+
+def test_all_gather_lets_gradients_flow_back_so_2_replicas_give_the_one_replica_gradient():
+  x = tf.constant(np.random.default_rng(0).normal(size=[8]).astype(np.float32))
+  one = gathered_loss_gradient(tf.distribute.OneDeviceStrategy("/cpu:0"), x)
+  two = gathered_loss_gradient(mirrored(), x)
+  assert abs(one) > 0.1
+  assert two == pytest.approx(one, rel=1e-5)
+
+
+def test_normal_gives_the_global_batch_the_same_draws_on_1_and_2_replicas():
+  def draws(strategy):
+    def replica():
+      return StepContext(8, tf.constant(5, tf.int64), training=True).normal(8 // strategy.num_replicas_in_sync, [3])
+    values = strategy.experimental_local_results(strategy.run(tf.function(replica)))
+    return np.concatenate([v.numpy() for v in values])
+  np.testing.assert_array_equal(draws(mirrored()), draws(tf.distribute.OneDeviceStrategy("/cpu:0")))
+
+
+def test_log_refuses_an_undeclared_name_and_is_silent_in_eval():
+  ctx = StepContext(4, tf.constant(0, tf.int64), training=True, declared=("accuracy",))
+  with pytest.raises(ValueError, match=r"ctx.log\('acc', \.\.\.\): declare it in the task's train_metrics "
+                                       r"\(declared: \['accuracy'\]\)"):
+    ctx.log("acc", 1.0)
+  ctx.log("accuracy", tf.constant([1.0, 0.0, 1.0]))
+  assert {k: tuple(float(x) for x in v) for k, v in ctx.logged().items()} == {"accuracy": (2.0, 3.0)}
+  evaluating = StepContext(4, tf.constant(0, tf.int64), training=False)
+  evaluating.log("anything", 1.0)
+  assert evaluating.logged() == {}
+
+
+def config_with(**keys):
+  c = load_config("tasks", "regression")
+  for key, value in keys.items():
+    node = c
+    *groups, name = key.split("__")
+    for group in groups:
+      node = node[group]
+    node[name] = value
+  return c
+
+
+@pytest.mark.parametrize("keys, message", [
+    ({"task__name": "regression"}, "task.name 'regression' is neither 'classification' nor 'package.module:Name'"),
+    ({"task__name": "tests.fixtures.contract_tasks:NotATask"}, "is type .*not a subclass of loops.task.Task"),
+    ({"task__name": "tests.fixtures.contract_tasks:Empty"}, "defines neither per_example_loss .* nor train_step"),
+    ({"task__name": "tests.fixtures.contract_tasks:Stepper", "train__grad_accum_steps": 2},
+     "train.grad_accum_steps=2 needs a loss-level task"),
+    ({"task__name": "tests.fixtures.contract_tasks:Stepper", "mixed_precision": "float16"},
+     "mixed_precision='float16' needs a loss-level task"),
+    ({"task__name": "tests.fixtures.contract_tasks:Takes", "task__kwargs": {"depth": 2}},
+     r"task.kwargs \{'depth': 2\} do not fit tests.fixtures.contract_tasks:Takes"),
+    ({"task__kwargs": {"depth": 2}, "task__name": "classification"}, "task.kwargs .* are for a task of your own"),
+])
+def test_task_settings_are_refused_in_one_line_before_anything_is_built(keys, message):
+  config = config_with(**{k: v for k, v in keys.items() if k != "task__kwargs"})
+  if "task__kwargs" in keys:
+    config.task.kwargs.update(keys["task__kwargs"])
+  with pytest.raises(ConfigError, match=message):
+    check.check(config)
+
+
+def test_an_eval_step_that_reduces_is_refused_before_training(tmp_path):
+  from loops import run
+  config = config_with(task__name="tests.fixtures.contract_tasks:ScalarEval")
+  with pytest.raises(ConfigError, match=r"ScalarEval.eval_step value 'loss' has shape \[\]; expected one value "
+                                        r"per example, shape \[2\]"):
+    run.train_and_evaluate(config, str(tmp_path / "w"))
+  assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("function, message", [
+    ("not_a_pair", r"not_a_pair\('train'\) must return \(features, targets\), got ndarray"),
+    ("ragged", "needs the examples on its first axis, with the same count; got first axes"),
+    ("other_eval", "the eval split's arrays .* differ from the train split's"),
+    ("missing", "module 'tests.fixtures.contract_tasks' has no function 'missing'"),
+])
+def test_a_bad_data_function_is_one_line(function, message):
+  config = config_with(data__name=f"tests.fixtures.contract_tasks:{function}")
+  with pytest.raises(ConfigError, match=message):
+    data.load(config.data)
+
+
+def test_image_settings_on_a_users_arrays_are_refused(tmp_path):
+  from loops import run
+  config = config_with(data__random_flip=True)
+  with pytest.raises(ConfigError, match=r"data.random_flip=True is an image setting; dataset "
+                                        r"'examples.tasks.regression:digit_values' is a user's arrays"):
+    run.train_and_evaluate(config, str(tmp_path / "w"))
+
+
+def test_nested_arrays_of_any_dtype_batch_resume_and_pad_exactly():
+  config = config_with(data__name="tests.fixtures.contract_tasks:nested")
+  source = data.load(config.data)
+  features, targets = source.train.element_spec
+  assert features["tokens"].dtype == tf.int64 and targets["multi_hot"].shape == (4,)
+  straight = data.train_dataset(source, config.data, batch_size=8, steps_per_epoch=8, seed=3)
+  batches = [b for _, b in zip(range(12), straight)]
+  resumed = data.train_dataset(source, config.data, batch_size=8, steps_per_epoch=8, seed=3, start_step=9)
+  for expected, got in zip(batches[9:], resumed):
+    tf.nest.map_structure(np.testing.assert_array_equal, expected, got)
+  halves = [data.train_dataset(source, config.data, batch_size=4, steps_per_epoch=8, seed=3, num_shards=2,
+                               shard_index=i) for i in (0, 1)]
+  for expected, (a, b) in zip(batches[:3], zip(*halves)):  # 2 pipelines together read each global batch
+    got = tf.nest.map_structure(lambda x, y: np.sort(np.concatenate([x, y]), axis=0), a, b)
+    tf.nest.map_structure(lambda e, g: np.testing.assert_array_equal(np.sort(e, axis=0), g), expected, got)
+  evaluation = list(data.eval_dataset(source, config.data, batch_size=8))
+  weights = np.concatenate([w.numpy() for _, _, w in evaluation])
+  assert len(weights) == 24 and weights.sum() == 21 and not weights[21:].any()
+  tokens = np.concatenate([f["tokens"].numpy() for f, _, _ in evaluation])
+  np.testing.assert_array_equal(tokens[:21], data.load(config.data).eval.batch(21).get_single_element()[0]["tokens"])
