@@ -201,7 +201,8 @@ def _export(config, parts, execution):
   if config.task.name == check_lib.task_checks.BUILT_IN:
     return callbacks_lib.Export(parts.model, config.export, execution.averaged_weights,
                                 data.eval_images(parts.source, config.data), data.raw_image_spec(parts.source))
-  return callbacks_lib.Export(parts.model, config.export, execution.averaged_weights, None, parts.element_spec[0])
+  return callbacks_lib.Export(parts.model, config.export, execution.averaged_weights, None,
+                              parts.training_task.serving_spec(parts.element_spec[0]))
 
 
 def _first_inputs(config, parts):

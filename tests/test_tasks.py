@@ -55,7 +55,7 @@ def test_each_example_trains_to_its_stated_number(name, teacher, tmp_path):
   assert summary["best_metric"] == metric and summary["best_value"] == pytest.approx(
       min(value, summary["best_value"]) if mode == "min" else max(value, summary["best_value"]))
   exported = summary["export"]
-  assert exported and os.path.isdir(exported["saved_model"]), exported
+  assert exported and os.path.isdir(exported["saved_model"]), exported  # every example's model serves
   loaded = tf.saved_model.load(exported["saved_model"])
   assert "serving_default" in loaded.signatures
 
@@ -147,6 +147,19 @@ def test_a_subclassed_keras_model_trains_resumes_exports_and_two_replicas_match_
   assert set(one["export"]) == {"keras", "saved_model"}
   resumed = run.train_and_evaluate(subclassed("net", steps=80), str(tmp_path / "one"))
   assert resumed["step"] == 80 and resumed["eval/loss"] < one["eval/loss"] * 1.5
+
+
+def test_a_model_that_cannot_take_the_features_is_said_before_training_and_the_rest_is_exported(tmp_path, caplog):
+  config = example_config("gan")
+  config.task.name = "tests.fixtures.contract_tasks:GanWithoutServingSpec"
+  config.train.steps, config.eval.every_steps = 20, 20
+  summary = run.train_and_evaluate(config, str(tmp_path))
+  messages = [r.getMessage() for r in caplog.records]
+  said = next(i for i, m in enumerate(messages) if "does not take the task's features" in m)
+  assert said < next(i for i, m in enumerate(messages) if m.startswith("step ")), messages[said]
+  assert "Task.serving_spec names what it takes; export=False turns the export off" in messages[said]
+  assert set(summary["export"]) == {"keras", "saved_model"} and summary["export"]["saved_model"] is None
+  assert os.path.isfile(summary["export"]["keras"])
 
 
 def test_a_model_keras_cannot_serialise_exports_its_weights_said_before_training(tmp_path, caplog):

@@ -32,6 +32,9 @@ class DigitsGan(Task):
         keras.layers.LeakyReLU(0.2), keras.layers.Dense(1)], name="discriminator")
     return {"model": generator, "discriminator": discriminator}
 
+  def serving_spec(self, features_spec):
+    return tf.TensorSpec([NOISE], tf.float32)  # the exported generator takes noise
+
   def build_optimizers(self, ctx, models):
     return {"model": ctx.optimizer(), "discriminator": ctx.optimizer(learning_rate=self.d_learning_rate)}
 

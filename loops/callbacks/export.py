@@ -25,8 +25,14 @@ class Export(Callback):
     self.model, self.enabled, self.weights_context = model, enabled, weights_context
     self.preprocess, self.input_spec = preprocess, input_spec
     self.keras_file_problem = serving.keras_file_problem(model) if enabled else None
+    serves = enabled and preprocess is None
+    self.serving_problem = serving.serving_problem(model, input_spec) if serves else None
 
   def on_train_begin(self, state):
+    if self.serving_problem:
+      state.writer.warning("export: model '%s' does not take the task's features %s (%s); no serving SavedModel "
+                           "(Task.serving_spec names what it takes; export=False turns the export off)",
+                           self.model.name, self.input_spec, self.serving_problem)
     if self.keras_file_problem:
       state.writer.warning("export: model '%s' cannot be saved as a .keras file (%s); exporting its weights as "
                            "export/model.weights.h5 and the serving SavedModel instead (export=False turns the "
@@ -51,10 +57,11 @@ class Export(Callback):
       else:
         exported = model_lib.logits_model(self.model) if self.preprocess is not None else self.model
         kind, model_path = "keras", state.writer.save_model(exported, "export/model.keras")
-      saved_model = state.writer.save_saved_model(self._write_saved_model, "export/saved_model")
+      saved_model = None if self.serving_problem else state.writer.save_saved_model(self._write_saved_model,
+                                                                                   "export/saved_model")
     if not model_path:
       return None
-    state.writer.info("exported %s and %s", model_path, saved_model)
+    state.writer.info("exported %s%s", model_path, f" and {saved_model}" if saved_model else "")
     return {kind: model_path, "saved_model": saved_model}
 
   def _write_saved_model(self, path):

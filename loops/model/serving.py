@@ -65,3 +65,13 @@ def keras_file_problem(model):
   except Exception as e:  # pylint: disable=broad-except  # NotImplementedError, TypeError: Keras' own words
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no get_config'}"
   return None
+
+
+def serving_problem(model, features_spec):
+  """Why `model` cannot serve `features_spec` (one example's spec; it is called on a zero batch of 1), or None."""
+  zeros = tf.nest.map_structure(lambda s: tf.zeros([1] + list(s.shape), s.dtype), features_spec)
+  try:
+    model(zeros, training=False)
+  except Exception as e:  # pylint: disable=broad-except  # the model's own words, on one line
+    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+  return None

@@ -56,6 +56,11 @@ class Task:
     """{name: keras.metrics.Metric} reported as eval/<name>, updated in eval_step (created in the right scope)."""
     return {}
 
+  def serving_spec(self, features_spec):
+    """What the exported model named "model" takes, per example (the serving SavedModel's input): by default the
+    task's features. A generator would return its noise spec."""
+    return features_spec
+
   @property
   def writes_step(self):
     """True when the task overrides train_step (step level)."""
