@@ -78,10 +78,10 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
   def gradients(batch):
     if grad_accum_steps == 1:
       return gradients_of(batch, True)
-    parts = tf.nest.map_structure(lambda t: tf.split(t, grad_accum_steps), batch)
+    pieces = [tf.split(t, grad_accum_steps) for t in tf.nest.flatten(batch)]
     total, loss, per_example, logged = None, 0.0, [], {}
     for i in range(grad_accum_steps):
-      micro = tf.nest.map_structure(lambda pieces: pieces[i], parts, is_leaf=lambda x: isinstance(x, list))
+      micro = tf.nest.pack_sequence_as(batch, [split[i] for split in pieces])
       g, l, p, named = gradients_of(micro, i == 0)
       total = g if total is None else [a + b for a, b in zip(total, g)]
       loss += l

@@ -56,5 +56,9 @@ def check_optimizers(task, models, optimizers):
       raise ConfigError(f"{where}: '{name}' is {type(optimizer).__name__}, not a keras optimizer")
     if not models[name].trainable_variables:
       raise ConfigError(f"{where}: model '{name}' has no trainable variables (frozen?); give it no optimizer")
+  scaled = [name for name, o in optimizers.items() if isinstance(o, keras.optimizers.LossScaleOptimizer)]
+  if scaled and len(optimizers) > 1:
+    raise ConfigError(f"mixed_precision='float16' scales one loss for one optimizer; {type(task).__name__} has "
+                      f"{len(optimizers)} ({sorted(optimizers)}): use 'bfloat16' or 'float32'")
   if not optimizers and not task.writes_step:
     raise ConfigError(f"{where} returned no optimizer: nothing would be trained")
