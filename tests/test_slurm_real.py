@@ -158,7 +158,7 @@ def test_a_job_survives_a_lost_worker_and_slurms_usr1_resuming_each_time_and_fin
   assert log.count(f"[slurm] checkpoint saved; requeued job {job}") == 1
   restored = [int(n) for n in re.findall(r"^0: .*restored runs/requeue/checkpoints/ckpt-(\d+)$", log, re.M)]
   assert len(restored) == 2 and 15 <= restored[0] < restored[1] < 80, log[-4000:]
-  assert len(re.findall(r"^0: .*done: step=80, total_steps=80", log, re.M)) == 1  # finished exactly once
+  assert len(re.findall(r"^0: .*done: step=80/80 in ", log, re.M)) == 1  # finished exactly once
   assert summary(slurm, "runs/requeue")["step"] == 80
 
 
