@@ -421,14 +421,21 @@ def test_a_job_named_by_its_submitter_keeps_its_name_and_log(stand_in, tmp_path)
   assert scontrol_calls(tmp_path) == []
 
 
-def test_a_requeue_whose_rename_failed_appends_to_the_first_runs_log(stand_in, tmp_path):
-  """scontrol update failed: the requeued run's SLURM opens slurm-mwms-92.out again; the script writes on in the
-  renamed log of the first run instead of replacing it."""
+@pytest.mark.parametrize("name, scontrol_fails", [("mwms", True), ("digits_cnn-mwms", False)],
+                         ids=["rename-failed", "log-pattern-kept"])
+def test_a_requeue_logged_under_the_first_name_appends_to_the_first_runs_log(stand_in, tmp_path, name,
+                                                                               scontrol_fails):
+  """The requeued run's SLURM opened slurm-mwms-92.out again (the rename failed, or SLURM kept the log's first name):
+  the script writes on in the renamed log of the first run instead of replacing it."""
   env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {
-      "SLURM_JOB_ID": "92", "SLURM_JOB_NAME": "mwms", "SLURM_SUBMIT_DIR": str(tmp_path)}, "0")
+      "SLURM_JOB_ID": "92", "SLURM_JOB_NAME": name, "SLURM_SUBMIT_DIR": str(tmp_path)}, "srun_says:0:0")
   renamed = tmp_path / "slurm-digits_cnn-mwms-92.out"
   renamed.write_text("the first run\n")
-  (tmp_path / "bin" / "scontrol").write_text("#!/bin/sh\nexit 1\n")
+  if scontrol_fails:
+    (tmp_path / "bin" / "scontrol").write_text("#!/bin/sh\nexit 1\n")
   assert run_job_logging_to(tmp_path / "slurm-mwms-92.out", "multi_node_mwms.sbatch", env) == 0
-  assert renamed.read_text().startswith("the first run\n")
-  assert "[slurm] could not rename job 92 to digits_cnn-mwms (scontrol update failed)" in renamed.read_text()
+  log = renamed.read_text()
+  assert log.startswith("the first run\n") and "srun: error: localhost: task 0: Exited with exit code 0" in log, log
+  assert ("[slurm] could not rename job 92 to digits_cnn-mwms (scontrol update failed)" in log) == scontrol_fails
+  assert (tmp_path / "slurm-mwms-92.out").read_text() == ""
+  assert scontrol_calls(tmp_path) == []

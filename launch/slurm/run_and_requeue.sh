@@ -104,21 +104,23 @@ name_after_config() {  # $1: CONFIG (path[:arg]), $2: the template's kind, its #
   local config=${1%%:*} arg=""
   [[ $1 == *:* ]] && arg="-${1#*:}"
   JOB_NAME=$(printf '%s' "$(basename "$config" .py)$arg-$2" | tr -c 'A-Za-z0-9_.-' '_')
-  if [ -z "${SLURM_JOB_ID:-}" ] || [ "${SLURM_JOB_NAME:-}" != "$2" ]; then
-    return 0  # not a SLURM job, or one the submitter named (--job-name), or renamed before a requeue
+  if [ -z "${SLURM_JOB_ID:-}" ] || [[ ${SLURM_JOB_NAME:-} != "$2" && ${SLURM_JOB_NAME:-} != "$JOB_NAME" ]]; then
+    return 0  # not a SLURM job, or one the submitter named (--job-name)
   fi
   local log default renamed
   log=$(readlink "/proc/$$/fd/1" 2>/dev/null || true)
   default="${SLURM_SUBMIT_DIR:-$PWD}/slurm-$2-$SLURM_JOB_ID.out"
   renamed="${SLURM_SUBMIT_DIR:-$PWD}/slurm-$JOB_NAME-$SLURM_JOB_ID.out"
-  if [ "$log" = "$default" ] && [ -e "$renamed" ]; then  # a requeue whose rename failed: the first run's log
+  if [ "$log" = "$default" ] && [ -e "$renamed" ]; then  # a requeue SLURM logs under the first name: append
     exec >>"$renamed" 2>&1
     exec {_rq_log}>&2
   elif [ "$log" = "$default" ]; then  # (else the submitter's --output)
     mv "$default" "$renamed"  # the same open file under its new name: SLURM's own lines go there too
   fi
-  scontrol update "JobId=$(_rq_job)" "JobName=$JOB_NAME" >/dev/null 2>&1 ||
-    echo "[slurm] could not rename job $(_rq_job) to $JOB_NAME (scontrol update failed)" >&2
+  if [ "$SLURM_JOB_NAME" = "$2" ]; then  # (a requeued job keeps the new name)
+    scontrol update "JobId=$(_rq_job)" "JobName=$JOB_NAME" >/dev/null 2>&1 ||
+      echo "[slurm] could not rename job $(_rq_job) to $JOB_NAME (scontrol update failed)" >&2
+  fi
 }
 
 # The file counting this job's requeues nobody asked for: REQUEUE_RECORD unless it is remote or unset.
