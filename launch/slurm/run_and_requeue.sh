@@ -212,9 +212,12 @@ _rq_unasked() {
   local record job earlier
   record=$(_rq_record)
   job=$(_rq_job)
+  if [ -z "$job" ]; then
+    _rq_requeue_and_exit "$1" "$3"  # not a SLURM job: says so and exits with the code
+  fi
   earlier=$(grep -c "^$job " "$record" 2>/dev/null || true)
   earlier=${earlier:-0}
-  if [ -n "$job" ] && (( earlier < MAX_SIGNAL_REQUEUES )); then
+  if (( earlier < MAX_SIGNAL_REQUEUES )); then
     mkdir -p "$(dirname "$record")" && echo "$job $2" >> "$record" ||
       echo "[slurm] could not write $record: this requeue is not counted" >&2
     _rq_requeue_and_exit "$1" "$3, requeue $(( earlier + 1 )) of at most $MAX_SIGNAL_REQUEUES (MAX_SIGNAL_REQUEUES)"
