@@ -16,6 +16,8 @@ import uuid
 
 import pytest
 
+from loops.callbacks import run_summary
+from loops.callbacks import train_log
 from tests.conftest import REPO
 
 PY = sys.executable
@@ -95,3 +97,27 @@ def test_output_to_a_file_has_one_line_per_call_with_every_train_scalar_and_no_b
   assert re.search(r", epochs \d+-\d+ took [\d.]+ s each$", calls[-1]), calls[-1]  # 50 steps: 2-3 epochs of 22
   done = [line for line in text.splitlines() if "] done: step=200/200 in " in line]
   assert len(done) == 1 and len(done[0].split("] ", 1)[1]) <= 120, done
+
+
+def test_the_final_summary_stays_short_with_many_metrics_an_early_stop_and_a_long_path():
+  summary = {"step": 300, "total_steps": 1100, "wall_seconds": 75.5, "train_seconds": 61.0, "examples_per_sec": 3150.2,
+             "mean_epoch_seconds_excluding_first": 0.5, "best_metric": "eval/accuracy", "best_value": 0.97,
+             "best_step": 250, "checkpoint": "/runs/x/checkpoints/ckpt-300", "export": {"keras": "k"},
+             "stopped_early": "eval/loss did not improve by more than 0 for 1 evals (best 0.0513 at step 250) " * 2,
+             **{f"eval/metric_{i}": i / 7 for i in range(20)}, "eval/accuracy": 0.9722}
+  lines = run_summary.short_summary(summary, trained=True, workdir="/runs/x")
+  assert len(lines) == 4 and all(len(line) <= 120 for line in lines), lines
+  assert lines[0] == ("done: step=300/1100 in 1:16 (training 1:01, 3150 images/s, 0.50 s per epoch after the "
+                      "first)")
+  assert lines[1].startswith("stopped early: eval/loss did not improve")
+  assert lines[2].startswith("eval: metric_0 0, metric_1 0.1429, ") and lines[2].endswith(" more in summary.json)")
+  assert lines[3] == "best: eval/accuracy 0.97 at step 250"
+  rerun = run_summary.short_summary({**summary, "stopped_early": None}, trained=False, workdir="/runs/x")
+  assert rerun[0] == "done: step=300/1100 (trained before: evaluated again)"
+  assert rerun[-1] == "in /runs/x: summary.json, checkpoints/ckpt-300, export/"
+
+
+def test_a_call_line_names_each_finished_epoch_once():
+  assert train_log.epoch_times({}) == ""
+  assert train_log.epoch_times({4: 0.07}) == ", epoch 4 took 0.07 s"
+  assert train_log.epoch_times({6: 0.08, 5: 0.06}) == ", epochs 5-6 took 0.07 s each"

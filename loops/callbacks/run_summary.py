@@ -34,16 +34,19 @@ class RunSummary(Callback):
 
 def short_summary(summary, trained, workdir):
   """What a person reads at the end (at most 4 lines of at most 120 characters; the full record is summary.json):
-  the steps, times and throughput; every eval metric; the best checkpoint; where the results are."""
-  lines = [_done_line(summary, trained), _fitted("eval: ", [f"{key.split('/', 1)[1]} {_number(value)}"
-                                                           for key, value in summary.items()
-                                                           if key.startswith("eval/")])]
+  the steps, times and throughput; why it stopped early; every eval metric; the best checkpoint; where the results
+  are (left out after an early stop: the workdir is the one the user gave)."""
+  lines = [_done_line(summary, trained)]
+  if summary.get("stopped_early"):
+    lines.append(f"stopped early: {summary['stopped_early']}")
+  lines.append(_fitted("eval: ", [f"{key.split('/', 1)[1]} {_number(value)}" for key, value in summary.items()
+                                  if key.startswith("eval/")]))
   if summary.get("best_metric") and summary.get("best_value") is not None:
     lines.append(f"best: {summary['best_metric']} {_number(summary['best_value'])} at step {summary['best_step']}")
   saved = [name for name, present in ((f"checkpoints/{posixpath.basename(str(summary.get('checkpoint')))}",
                                        summary.get("checkpoint")), ("export/", summary.get("export"))) if present]
   lines.append(_fitted(f"in {workdir}: ", ["summary.json", *saved]))
-  return [line[:MAX_WIDTH] for line in lines if line]
+  return [line[:MAX_WIDTH] for line in lines if line][:4]
 
 
 MAX_WIDTH = 120
@@ -51,13 +54,11 @@ MAX_WIDTH = 120
 
 def _done_line(summary, trained):
   line = f"done: step={summary['step']}/{summary['total_steps']}"
-  if summary.get("stopped_early"):
-    line += f", stopped early ({summary['stopped_early']})"
   if not trained:
     return line + " (trained before: evaluated again)"
   epoch = summary.get("mean_epoch_seconds_excluding_first")
   rate = summary.get("examples_per_sec")
-  return (line + f" in {_duration(summary['wall_seconds'])} (training {_duration(summary['train_seconds'])}"
+  return (line + f" in {_duration(summary['wall_seconds'])} (training {_duration(summary.get('train_seconds', 0))}"
           + (f", {rate:.0f} images/s" if rate else "") + (f", {epoch:.2f} s per epoch after the first" if epoch
                                                           else "") + ")")
 

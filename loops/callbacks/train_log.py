@@ -55,10 +55,10 @@ class TrainLog(Callback):
 
   def _call_line(self, state, finished_epochs):
     """'step 50/1100 (epoch 2.27): loss 1.318, accuracy 0.5566, 2926 images/s, ETA 0:23, epoch 2 took 0.07 s'."""
-    values = ", ".join(f"{name} {value:.4g}" for name, value in _train_values(state))
-    line = (f"step {state.step}/{state.total_steps} (epoch {state.epoch:.2f}): {values}, "
-            f"{self.progress.examples_per_sec():.0f} images/s, ETA {self._eta()}")
-    return line + epoch_times(finished_epochs)
+    values = [f"{name} {value:.4g}" for name, value in _train_values(state)]
+    parts = [*values, f"{self.progress.examples_per_sec():.0f} images/s", f"ETA {self._eta()}"]
+    return f"step {state.step}/{state.total_steps} (epoch {state.epoch:.2f}): {', '.join(parts)}" + epoch_times(
+        finished_epochs)
 
   def on_train_end(self, state):
     if self.bar:
