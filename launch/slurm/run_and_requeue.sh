@@ -109,8 +109,8 @@ name_after_config() {  # $1: CONFIG (path[:arg]), $2: the template's kind, its #
   fi
   local log default renamed
   log=$(readlink "/proc/$$/fd/1" 2>/dev/null || true)
-  default="${SLURM_SUBMIT_DIR:-$PWD}/slurm-$2-$SLURM_JOB_ID.out"
-  renamed="${SLURM_SUBMIT_DIR:-$PWD}/slurm-$JOB_NAME-$SLURM_JOB_ID.out"
+  default=$(realpath -m "${SLURM_SUBMIT_DIR:-$PWD}/slurm-$2-$SLURM_JOB_ID.out")  # as /proc names it: no symlinks
+  renamed="$(dirname "$default")/slurm-$JOB_NAME-$SLURM_JOB_ID.out"
   if [ "$log" = "$default" ] && [ -e "$renamed" ]; then  # a requeue SLURM logs under the first name: append
     exec >>"$renamed" 2>&1
     exec {_rq_log}>&2
