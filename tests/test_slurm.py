@@ -412,6 +412,16 @@ def test_the_job_and_its_log_are_named_after_the_config(stand_in, tmp_path, temp
   assert f"--config={config} " in (tmp_path / "args.log").read_text()
 
 
+def test_the_log_is_renamed_when_the_submit_directory_is_a_symlink(stand_in, tmp_path):
+  """/proc names the open log without symlinks; SLURM_SUBMIT_DIR is the path sbatch ran in (e.g. /home -> /data)."""
+  (tmp_path / "real").mkdir()
+  (tmp_path / "link").symlink_to(tmp_path / "real")
+  env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {
+      "SLURM_JOB_ID": "93", "SLURM_JOB_NAME": "mwms", "SLURM_SUBMIT_DIR": str(tmp_path / "link")}, "0")
+  assert run_job_logging_to(tmp_path / "link" / "slurm-mwms-93.out", "multi_node_mwms.sbatch", env) == 0
+  assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["slurm-digits_cnn-mwms-93.out"]
+
+
 def test_a_job_named_by_its_submitter_keeps_its_name_and_log(stand_in, tmp_path):
   env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {
       "SLURM_JOB_ID": "91", "SLURM_JOB_NAME": "mine", "SLURM_SUBMIT_DIR": str(tmp_path)}, "0")
