@@ -30,7 +30,8 @@ BAR = re.compile(r"\d+/200 [━─]")
 
 def run_in_tmux(tmp_path, command):
   """Runs `command` (a shell line) in a fresh tmux session of 200 x 50 and returns the whole screen (scrollback
-  included, wrapped lines joined) once it has printed its exit code."""
+  included, wrapped lines joined) once it has printed its exit code. What the program wrote to the terminal, control
+  characters and all, is in tmp_path/raw.log."""
   if not shutil.which("tmux"):
     pytest.skip("tmux is not installed (apt-get install -y tmux): the terminal test reads a real terminal's screen")
   tmux = ["tmux", "-L", f"terminal-test-{uuid.uuid4().hex[:8]}"]  # a server of its own, with this environment
@@ -38,6 +39,7 @@ def run_in_tmux(tmp_path, command):
   script.write_text(f"unset TF_CPP_MIN_LOG_LEVEL TF_CONFIG\ncd {shlex.quote(REPO)}\n{command}\necho EXIT=$?\n")
   subprocess.run([*tmux, "new-session", "-d", "-s", "test", "-x", "200", "-y", "50"], check=True)
   try:
+    subprocess.run([*tmux, "pipe-pane", "-t", "test", f"cat >> {shlex.quote(str(tmp_path / 'raw.log'))}"], check=True)
     subprocess.run([*tmux, "send-keys", "-t", "test", f"clear; bash {shlex.quote(str(script))}", "Enter"],
                    check=True)
     deadline = time.monotonic() + 240
@@ -67,6 +69,11 @@ def test_the_quickstart_in_a_terminal_shows_one_bar_clean_lines_and_a_short_summ
     assert [line for line in lines if line.startswith(f"eval at step {step}: eval/loss=")], screen
     assert f"saved checkpoint {workdir}/checkpoints/ckpt-{step}" in lines, screen
   [bar] = [line for line in lines if BAR.search(line)]  # the finished bar stays; the ones before were erased
+  raw = (tmp_path / "raw.log").read_bytes().decode(errors="replace")  # \r kept
+  for step in (50, 100, 150):  # the bar was live: drawn in place after each call...
+    assert f"\r\033[K{step:>3}/200 ━" in raw, raw[-3000:]
+  eval_line = raw.index("eval at step 100")  # ...and erased before the eval's line was written
+  assert raw.rindex("\r\033[K", 0, eval_line) > raw.rindex("100/200 ━", 0, eval_line), raw[-3000:]
   assert bar.startswith("200/200 ━━━━━━━━━━━━━━━━━━━━ ETA 0:00 ") and " - loss: " in bar, bar
   summary = json.load(open(workdir / "summary.json"))
   done = next(i for i, line in enumerate(lines) if line.startswith("done: step=200/200 in "))
