@@ -42,7 +42,7 @@ def short_summary(summary, trained, workdir):
   lines.append(_fitted("eval: ", [f"{key.split('/', 1)[1]} {_number(value)}" for key, value in summary.items()
                                   if key.startswith("eval/")]))
   if summary.get("best_metric") and summary.get("best_value") is not None:
-    lines.append(f"best: {summary['best_metric']} {_number(summary['best_value'])} at step {summary['best_step']}")
+    lines.append(f"best: {summary['best_metric']} {_number(summary['best_value'])} at step {summary.get('best_step')}")
   saved = [name for name, present in ((f"checkpoints/{posixpath.basename(str(summary.get('checkpoint')))}",
                                        summary.get("checkpoint")), ("export/", summary.get("export"))) if present]
   lines.append(_fitted(f"in {workdir}: ", ["summary.json", *saved]))
