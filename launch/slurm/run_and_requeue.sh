@@ -115,7 +115,8 @@ name_after_config() {  # $1: CONFIG (path[:arg]), $2: the template's kind, its #
     exec >>"$renamed" 2>&1
     exec {_rq_log}>&2
   elif [ "$log" = "$default" ]; then  # (else the submitter's --output)
-    mv "$default" "$renamed"  # the same open file under its new name: SLURM's own lines go there too
+    mv "$default" "$renamed" 2>/dev/null ||  # the same open file under its new name: SLURM's lines go there too
+      echo "[slurm] could not rename the log $default to $renamed; it stays" >&2
   fi
   if [ "$SLURM_JOB_NAME" = "$2" ]; then  # (a requeued job keeps the new name)
     scontrol update "JobId=$(_rq_job)" "JobName=$JOB_NAME" >/dev/null 2>&1 ||
