@@ -45,10 +45,11 @@ class TrainLog(Callback):
       state.writer.info("%s", self._call_line(state, finished_epochs))
 
   def _draw_bar(self, state, steps):
-    """The bar, ETA and time per step, then the epoch, every train scalar and images/s."""
+    """The bar, ETA and time per step, then every train scalar, the epoch and images/s (cut at the terminal's
+    width: the train scalars first)."""
     timing = f"ETA {self._eta()} {1000 * state.call_seconds / steps:.0f}ms/step"
     values = [f"{name}: {value:.4g}" for name, value in _train_values(state)]
-    self.bar.update(state.step, timing, [_epoch(state), *values, f"{self.progress.examples_per_sec():.0f} images/s"])
+    self.bar.update(state.step, timing, [*values, _epoch(state), f"{self.progress.examples_per_sec():.0f} images/s"])
 
   def _eta(self):
     return progress_lib.format_duration(self.progress.eta_seconds())

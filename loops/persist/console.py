@@ -18,7 +18,7 @@ ERASE_LINE = "\r\033[K"
 
 
 class LiveBar:
-  """A Keras-style bar: `550/1100 ━━━━━━━━━━────────── ETA 0:02 5ms/step - epoch 25.0/50 - loss: 0.0004474`.
+  """A Keras-style bar: `550/1100 ━━━━━━━━━━────────── ETA 0:02 5ms/step - loss: 0.0004474 - epoch 25.0/50`.
 
   Args:
     total_steps: the run's last step.
