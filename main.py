@@ -36,11 +36,13 @@ def import_tensorflow_quietly():
           sys.stderr.write(line)
 
 
-class TensorFlowInfoFilter(python_logging.Filter):
-  """Drops INFO lines logged from TensorFlow's own Python modules (e.g. one per checkpoint save)."""
+class TensorFlowNoiseFilter(python_logging.Filter):
+  """Drops what TensorFlow's own Python modules log below ERROR: an INFO line per checkpoint save, deprecation
+  notices of its internals (`PreemptionCheckpointHandler.total_run_calls ... is deprecated`, at every preemption
+  save), "Switching to regular sync checkpoint". The run says what matters in its own lines; --debug shows all."""
 
   def filter(self, record):
-    return record.levelno >= python_logging.WARNING or f"{os.sep}tensorflow{os.sep}" not in record.pathname
+    return record.levelno >= python_logging.ERROR or f"{os.sep}tensorflow{os.sep}" not in record.pathname
 
 
 if QUIET:
@@ -57,6 +59,7 @@ from errors import ConfigError, WorkerLostError
 from loops import finders
 from loops import replica_check
 from loops import run
+from loops.persist import console
 from loops.persist import preemption
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:arg]).")
@@ -87,8 +90,10 @@ def main(argv):
     sys.exit("error: --find runs trial steps of its own; it cannot be combined with --dry_run (drop one of them)")
   warnings.filterwarnings("ignore", message="To make it possible to preserve tf.data options")
   if QUIET:
-    logging.get_absl_handler().addFilter(TensorFlowInfoFilter())
-    python_logging.getLogger("tensorflow").setLevel(python_logging.WARNING)  # tf_logging's own handler
+    logging.get_absl_handler().addFilter(TensorFlowNoiseFilter())
+    python_logging.getLogger("tensorflow").setLevel(python_logging.ERROR)  # tf_logging's own handler too
+    if console.is_terminal():  # a person watches: plain lines (logs and SLURM keep absl's time and place)
+      logging.get_absl_handler().setFormatter(console.TerminalFormatter())
   preemption.PROCESS_ENDS_AFTER_RUN = True
   try:
     if _CHECK.value:

@@ -258,7 +258,7 @@ def _monitoring(c):
   """Summaries, early stopping, user callbacks and the export."""
   c.summary = ml_collections.ConfigDict()
   c.summary.histogram_every_steps = 0  # weight and gradient-norm histograms every N steps (0 = off)
-  c.summary.progress_bar = "auto"  # Keras Progbar on the chief: auto (when stdout is a terminal) | on | off
+  c.summary.progress_bar = "auto"  # the live bar: auto (stdout and stderr a terminal; else a line per call) | on | off
   # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls); every task
   # traces: the chief into workdir/profile, worker i of a multi-worker job into workdir/profile/worker-i.
   c.summary.profile_steps = ()

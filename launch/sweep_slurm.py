@@ -49,6 +49,7 @@ if [ "$TRIAL_COMPLETE" = 1 ]; then
   exit 0
 fi
 source launch/slurm/run_and_requeue.sh
+REQUEUE_RECORD="$TRIAL_WORKDIR/slurm_requeues.txt"
 run_or_requeue "$PYTHON" main.py --workdir="$TRIAL_WORKDIR" "${{TRIAL_ARGS[@]}}" \\
     --config.cluster.slurm_port_base="$PORT_BASE" "${{TRAIN_ARGS[@]}}"
 """

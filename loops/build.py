@@ -26,6 +26,7 @@ from loops.model import losses
 from loops.model import metrics as metrics_lib
 from loops.model import model as model_lib
 from loops.model import optimizers
+from loops.persist import console
 from loops import task as task_lib
 
 
@@ -93,7 +94,8 @@ def build(config, task, kept=None):
   input_shape = data.output_shape(source, config.data)
   classification = config.task.name == task_lib.BUILT_IN
   loss_fn = losses.build(config.loss) if classification else None
-  logging.info("config:\n%s", config)
+  log = logging.debug if console.is_terminal() else logging.info  # logs keep it; a person's screen has config.json
+  log("config:\n%s", config)
   logging.info("plan: %s; data '%s': %d train / %d eval examples, input %s, %d classes",
                plan, source.name, source.train_size, source.eval_size, input_shape, source.num_classes)
   with execution.metrics_scope(strategy):

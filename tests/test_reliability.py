@@ -138,6 +138,7 @@ def test_a_configured_signal_to_one_mwms_worker_saves_on_all_workers_and_exits_w
   assert re.search(r"\[worker:1\].*preempted \(SIGUSR1\): checkpoint saved; exiting with code 85", output)
   assert re.search(r"\[worker:0\].*preempted \(by a peer or the platform\): checkpoint saved", output)
   assert saved_step(workdir) > 0
+  assert "is deprecated" not in output, output[-3000:]  # TensorFlow's PreemptionCheckpointHandler.total_run_calls
 
 
 def nan_config(tiny_digits, monkeypatch, loss, call, mode, retries=3):

@@ -286,22 +286,56 @@ def test_templates_are_valid_bash_and_ask_for_the_warning_and_requeue():
   assert 'echo "grpc://$HOST:$PORT" > "$ADDRESS_FILE"' in pool
 
 
+def requeue_record(tmp_path):
+  """The record the templates give run_and_requeue.sh: the (stand-in's) workdir's slurm_requeues.txt."""
+  return tmp_path / "run-0gpu" / "slurm_requeues.txt"
+
+
 @pytest.mark.parametrize("template", ["multi_node_mwms.sbatch", "one_node_mirrored.sbatch"])
-@pytest.mark.parametrize("restarts, max_requeues, job_exit, requeued", [
-    (None, None, 0, True), ("2", None, 0, True), ("3", None, 137, False), ("0", "0", 137, False)])
+@pytest.mark.parametrize("earlier, restarts, max_requeues, job_exit, requeued", [
+    ([], None, None, 0, True), (["81 lost_worker", "81 unasked_preemption"], "2", None, 0, True),
+    ([], "7", None, 0, True),  # SLURM_RESTART_COUNT counts time-limit requeues too: not this bound's
+    (["80 lost_worker"] * 3, "0", None, 0, True),  # another job's (an earlier submission on the same workdir)
+    (["81 lost_worker"] * 3, "3", None, 137, False), ([], None, "0", 137, False)])
 def test_a_task_killed_by_a_signal_is_a_lost_worker_requeued_a_bounded_number_of_times(
-    stand_in, tmp_path, template, restarts, max_requeues, job_exit, requeued):
-  """srun (or bash, for the mirrored template's lone python) returns 128 + 9 when a task got SIGKILL."""
+    stand_in, tmp_path, template, earlier, restarts, max_requeues, job_exit, requeued):
+  """srun (or bash, for the mirrored template's lone python) returns 128 + 9 when a task got SIGKILL. The bound counts
+  this job's own lost-worker and unasked requeues in the workdir's record, not SLURM_RESTART_COUNT."""
   env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "81"}, "kill9")
   env.update({k: v for k, v in (("SLURM_RESTART_COUNT", restarts), ("MAX_SIGNAL_REQUEUES", max_requeues)) if v})
+  if earlier:
+    requeue_record(tmp_path).parent.mkdir()
+    requeue_record(tmp_path).write_text("".join(f"{line}\n" for line in earlier))
   result = run_job(template, env, timeout=30)
   assert result.returncode == job_exit, result.stdout
   assert scontrol_calls(tmp_path) == (["requeue 81"] if requeued else [])
+  ours = len([line for line in earlier if line.startswith("81 ")])
   if requeued:
-    assert (f"[slurm] a task died of SIGKILL (exit code 137): a lost worker, requeue {int(restarts or 0) + 1} of at "
+    assert (f"[slurm] a task died of SIGKILL (exit code 137): a lost worker, requeue {ours + 1} of at "
             "most 3 (MAX_SIGNAL_REQUEUES); requeued job 81" in result.stdout)
+    assert requeue_record(tmp_path).read_text().splitlines() == earlier + ["81 lost_worker"]
   else:
-    assert f"has been requeued {restarts} times (MAX_SIGNAL_REQUEUES={max_requeues or 3}): no more" in result.stdout
+    assert (f"and this job was requeued {ours} times for a lost worker or an unasked preemption code "
+            f"(MAX_SIGNAL_REQUEUES={max_requeues or 3}, counted in {requeue_record(tmp_path)}): no more requeues"
+            in result.stdout)
+    assert requeue_record(tmp_path).read_text().splitlines() == earlier if earlier else True
+
+
+@pytest.mark.parametrize("template", ["multi_node_mwms.sbatch", "one_node_mirrored.sbatch"])
+def test_an_unasked_preemption_code_requeues_a_bounded_number_of_times(stand_in, tmp_path, template):
+  """Every task exits 143 with no SIGUSR1 at the batch shell (a stuck peer on every run): three requeues, then the
+  job ends with 143 instead of requeueing for ever. Each run is the requeued job: same id, same workdir."""
+  env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "86"}, "143")
+  for run in range(1, 4):
+    result = run_job(template, dict(env, SLURM_RESTART_COUNT=str(run - 1)), timeout=30)
+    assert result.returncode == 0, result.stdout
+    assert ("[slurm] the training exited with the preemption code 143 without SLURM's warning (a lost or stuck "
+            f"peer?), requeue {run} of at most 3 (MAX_SIGNAL_REQUEUES); requeued job 86") in result.stdout
+  result = run_job(template, dict(env, SLURM_RESTART_COUNT="3"), timeout=30)
+  assert result.returncode == 143, result.stdout
+  assert "this job was requeued 3 times for a lost worker or an unasked preemption code" in result.stdout
+  assert scontrol_calls(tmp_path) == ["requeue 86"] * 3
+  assert requeue_record(tmp_path).read_text() == "86 unasked_preemption\n" * 3
 
 
 @pytest.mark.parametrize("srun_says, job_exit, requeued", [
@@ -346,9 +380,9 @@ def test_a_bad_max_signal_requeues_is_one_line(stand_in, tmp_path):
       1, "error: MAX_SIGNAL_REQUEUES must be a number of requeues >= 0, got 'many'\n")
 
 
-@pytest.mark.parametrize("template, workdir", [("multi_node_mwms.sbatch", "runs/r50-mwms-1nodes-1"),
-                                               ("one_node_mirrored.sbatch", "runs/r50-1-0gpu")])
-def test_an_array_task_gets_its_own_default_workdir(stand_in, tmp_path, template, workdir):
+@pytest.mark.parametrize("template, workdir", [("multi_node_mwms.sbatch", "runs/digits_cnn-mwms-1nodes-1"),
+                                               ("one_node_mirrored.sbatch", "runs/digits_cnn-1-0gpu")])
+def test_an_array_task_gets_its_own_default_workdir_named_after_the_config(stand_in, tmp_path, template, workdir):
   env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "85", "SLURM_ARRAY_JOB_ID": "84",
                                                     "SLURM_ARRAY_TASK_ID": "1"}, "0")
   env.pop("WORKDIR", None)
@@ -356,3 +390,62 @@ def test_an_array_task_gets_its_own_default_workdir(stand_in, tmp_path, template
   result = run_job(template, env, timeout=30)
   assert result.returncode == 0, result.stdout
   assert f"--workdir={workdir} " in (tmp_path / "args.log").read_text()
+
+
+@pytest.mark.parametrize("template, kind, config, name", [
+    ("multi_node_mwms.sbatch", "mwms", "configs/digits_cnn.py", "digits_cnn-mwms"),
+    ("one_node_mirrored.sbatch", "mirrored", "configs/cifar_resnet20.py", "cifar_resnet20-mirrored"),
+    ("multi_node_mwms.sbatch", "mwms", "configs/base.py:synthetic", "base-synthetic-mwms")])
+def test_the_job_and_its_log_are_named_after_the_config(stand_in, tmp_path, template, kind, config, name):
+  """sbatch opened slurm-<#SBATCH --job-name>-<job>.out in the submit directory; the job renames itself and its log
+  (the same file: what was written before and after is in it) after CONFIG."""
+  env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "90", "SLURM_JOB_NAME": kind,
+                                                    "SLURM_SUBMIT_DIR": str(tmp_path)}, "0")
+  env["CONFIG"] = config
+  opened = tmp_path / f"slurm-{kind}-90.out"
+  opened.write_text("slurmstepd: a line before the script\n")
+  assert run_job_logging_to(opened, template, env) == 0
+  assert not opened.exists()
+  log = (tmp_path / f"slurm-{name}-90.out").read_text()
+  assert log.startswith("slurmstepd: a line before the script\n"), log
+  assert scontrol_calls(tmp_path) == [f"update JobId=90 JobName={name}"]
+  assert f"--config={config} " in (tmp_path / "args.log").read_text()
+
+
+def test_the_log_is_renamed_when_the_submit_directory_is_a_symlink(stand_in, tmp_path):
+  """/proc names the open log without symlinks; SLURM_SUBMIT_DIR is the path sbatch ran in (e.g. /home -> /data)."""
+  (tmp_path / "real").mkdir()
+  (tmp_path / "link").symlink_to(tmp_path / "real")
+  env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {
+      "SLURM_JOB_ID": "93", "SLURM_JOB_NAME": "mwms", "SLURM_SUBMIT_DIR": str(tmp_path / "link")}, "0")
+  assert run_job_logging_to(tmp_path / "link" / "slurm-mwms-93.out", "multi_node_mwms.sbatch", env) == 0
+  assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["slurm-digits_cnn-mwms-93.out"]
+
+
+def test_a_job_named_by_its_submitter_keeps_its_name_and_log(stand_in, tmp_path):
+  env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {
+      "SLURM_JOB_ID": "91", "SLURM_JOB_NAME": "mine", "SLURM_SUBMIT_DIR": str(tmp_path)}, "0")
+  opened = tmp_path / "slurm-mine-91.out"
+  assert run_job_logging_to(opened, "multi_node_mwms.sbatch", env) == 0
+  assert opened.exists() and [p.name for p in tmp_path.glob("slurm-*")] == ["slurm-mine-91.out"]
+  assert scontrol_calls(tmp_path) == []
+
+
+@pytest.mark.parametrize("name, scontrol_fails", [("mwms", True), ("digits_cnn-mwms", False)],
+                         ids=["rename-failed", "log-pattern-kept"])
+def test_a_requeue_logged_under_the_first_name_appends_to_the_first_runs_log(stand_in, tmp_path, name,
+                                                                               scontrol_fails):
+  """The requeued run's SLURM opened slurm-mwms-92.out again (the rename failed, or SLURM kept the log's first name):
+  the script writes on in the renamed log of the first run instead of replacing it."""
+  env = stand_in_env(stand_in, tmp_path, "multi_node_mwms.sbatch", {
+      "SLURM_JOB_ID": "92", "SLURM_JOB_NAME": name, "SLURM_SUBMIT_DIR": str(tmp_path)}, "srun_says:0:0")
+  renamed = tmp_path / "slurm-digits_cnn-mwms-92.out"
+  renamed.write_text("the first run\n")
+  if scontrol_fails:
+    (tmp_path / "bin" / "scontrol").write_text("#!/bin/sh\nexit 1\n")
+  assert run_job_logging_to(tmp_path / "slurm-mwms-92.out", "multi_node_mwms.sbatch", env) == 0
+  log = renamed.read_text()
+  assert log.startswith("the first run\n") and "srun: error: localhost: task 0: Exited with exit code 0" in log, log
+  assert ("[slurm] could not rename job 92 to digits_cnn-mwms (scontrol update failed)" in log) == scontrol_fails
+  assert (tmp_path / "slurm-mwms-92.out").read_text() == ""
+  assert scontrol_calls(tmp_path) == []

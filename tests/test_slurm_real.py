@@ -140,15 +140,15 @@ def test_a_job_survives_a_lost_worker_and_slurms_usr1_resuming_each_time_and_fin
   (what --signal=B:USR1@120 sends before the time limit): both tasks save, requeued again; the third run finishes."""
   job = slurm.submit("--nodes=1", "--ntasks=2", "launch/slurm/multi_node_mwms.sbatch", WORKDIR="runs/requeue",
                      EXTRA_ARGS=f"{PAUSED} --config.checkpoint.every_steps=15")
-  slurm.wait_for_line("r50-mwms", job, r"^0: .*saved checkpoint runs/requeue/checkpoints/ckpt-15$")
+  slurm.wait_for_line("digits_cnn-mwms", job, r"^0: .*saved checkpoint runs/requeue/checkpoints/ckpt-15$")
   pids = [line.split() for line in slurm.run("scontrol", "listpids", job).stdout.splitlines()[1:]]
   [task_1] = [int(pid) for pid, _, step, local_id, *_ in pids if (step, local_id) == ("0", "1")]
   os.kill(task_1, signal.SIGKILL)
-  first = slurm.wait_for_line("r50-mwms", job, r"^0: .*restored runs/requeue/checkpoints/ckpt-(\d+)$")
-  slurm.wait_for_line("r50-mwms", job, r"^0: .*step \d+/80", after=first.end())
+  first = slurm.wait_for_line("digits_cnn-mwms", job, r"^0: .*restored runs/requeue/checkpoints/ckpt-(\d+)$")
+  slurm.wait_for_line("digits_cnn-mwms", job, r"^0: .*step \d+/80", after=first.end())
   slurm.run("scancel", "--batch", "--signal=USR1", job)
   [record] = slurm.wait_until_ended(job)
-  log = slurm.log("r50-mwms", job)
+  log = slurm.log("digits_cnn-mwms", job)
   assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("COMPLETED", "0:0", "2"), log[-4000:]
   assert re.search(r"^srun: error: \S+: task 1: Killed$", log, re.M), log[-4000:]
   assert log.count("[slurm] a task died of SIGKILL (exit code 137): a lost worker, requeue 1 of at most 3 "
@@ -158,18 +158,18 @@ def test_a_job_survives_a_lost_worker_and_slurms_usr1_resuming_each_time_and_fin
   assert log.count(f"[slurm] checkpoint saved; requeued job {job}") == 1
   restored = [int(n) for n in re.findall(r"^0: .*restored runs/requeue/checkpoints/ckpt-(\d+)$", log, re.M)]
   assert len(restored) == 2 and 15 <= restored[0] < restored[1] < 80, log[-4000:]
-  assert len(re.findall(r"^0: .*done: step=80, total_steps=80", log, re.M)) == 1  # finished exactly once
+  assert len(re.findall(r"^0: .*done: step=80/80 in ", log, re.M)) == 1  # finished exactly once
   assert summary(slurm, "runs/requeue")["step"] == 80
 
 
 def test_scancel_saves_a_checkpoint_and_does_not_requeue(slurm):
   job = slurm.submit("launch/slurm/one_node_mirrored.sbatch", GPU_COUNTS="0", WORKDIR_PREFIX="runs/cancel",
                      EXTRA_ARGS=PAUSED)
-  slurm.wait_for_line("r50-mirrored", job, r"step \d+/80")
+  slurm.wait_for_line("digits_cnn-mirrored", job, r"step \d+/80")
   slurm.run("scancel", job)  # SIGTERM to every process of the job, SIGKILL after KillWait (5 s)
   [record] = slurm.wait_until_ended(job)
-  slurm.wait_for_line("r50-mirrored", job, r"SLURM is ending this job, so no requeue", timeout=30)
-  log = slurm.log("r50-mirrored", job)
+  slurm.wait_for_line("digits_cnn-mirrored", job, r"SLURM is ending this job, so no requeue", timeout=30)
+  log = slurm.log("digits_cnn-mirrored", job)
   assert (record["JobState"], record["Restarts"]) == ("CANCELLED", "0"), log[-3000:]
   assert "[slurm] SIGTERM: SLURM is ending the job; the training saves and exits" in log
   assert "preempted (SIGTERM): checkpoint saved; exiting with code 143" in log
@@ -185,7 +185,7 @@ def test_two_mwms_jobs_of_two_tasks_train_to_the_end_at_once_on_one_node(slurm):
   job = slurm.submit("--array=0-1", "--nodes=1", "--ntasks=2", "launch/slurm/multi_node_mwms.sbatch",
                      EXTRA_ARGS=f"--config.train.steps=60 {FAST}")
   records = slurm.wait_until_ended(job)
-  logs = {r["ArrayTaskId"]: slurm.log("r50-mwms", r["JobId"]) for r in records}
+  logs = {r["ArrayTaskId"]: slurm.log("digits_cnn-mwms", r["JobId"]) for r in records}
   assert sorted(logs) == ["0", "1"]
   for record in records:
     assert (record["JobState"], record["ExitCode"], record["Restarts"]) == ("COMPLETED", "0:0", "0"), (
@@ -193,7 +193,7 @@ def test_two_mwms_jobs_of_two_tasks_train_to_the_end_at_once_on_one_node(slurm):
   first, second = records
   assert first["StartTime"] <= second["EndTime"] and second["StartTime"] <= first["EndTime"]  # at the same time
   for task, log in logs.items():
-    result = summary(slurm, f"runs/r50-mwms-1nodes-{task}")
+    result = summary(slurm, f"runs/digits_cnn-mwms-1nodes-{task}")
     assert result["step"] == result["total_steps"] == 60 and result["replicas"] == 2
     assert result["eval/accuracy"] >= 0.6  # ~0.93 after 60 steps; chance is 0.1
     assert re.search(r"^0: .*step 60/60", log, re.M) and re.search(r"^1: .*task worker:1 of 2 workers", log, re.M)

@@ -19,9 +19,13 @@
 #                             If the requeue fails (e.g. submitted with --no-requeue) it exits with the code.
 #   128 + SIGUSR1 (138)       the same, if SIGUSR1 had arrived: it reached the training before its handler was set
 #                             (it resumes from its last periodic checkpoint)
+#   PREEMPTION_EXIT_CODE with  the training asked to be restarted without SLURM's warning (every task exited with the
+#   no SIGUSR1 (unsolicited)   code: a peer lost or stuck past cluster.collective_timeout_seconds, a signal sent to
+#                             the tasks alone): a requeue, bounded as a lost worker's (below)
 #   129..159, another signal  a task died of signal N = code - 128 (srun returns 137 when one task got SIGKILL: the
 #   (137 = SIGKILL, ...)      OOM killer, a node's trouble, `kill -9`): a lost worker, restartable. The same requeue
-#                             while SLURM_RESTART_COUNT (the job's requeues so far, all causes) < MAX_SIGNAL_REQUEUES
+#                             while this job's requeues for these two causes (counted in REQUEUE_RECORD, see below;
+#                             not SLURM_RESTART_COUNT, which counts time-limit requeues too) < MAX_SIGNAL_REQUEUES
 #                             (default 3); past that it exits with the code, so a task killed on every run (e.g.
 #                             out of memory) does not requeue forever. It resumes from the last checkpoint.
 #   anything else (1: a user  exits with that code, no requeue: rerunning would only fail again
@@ -45,8 +49,18 @@
 # alive until the save is done (a batch shell that dies takes its job steps with it) and does NOT requeue: a
 # requeue would undo a scancel. The script exits with the training's code; rerun or resubmit to resume.
 #
+# REQUEUE_RECORD (set by the templates: <workdir>/slurm_requeues.txt; a remote workdir, gs:// etc., or none: the
+# submit directory's slurm-requeues.txt) gets one line per requeue nobody asked for, "<job> <cause>": the count of
+# this job's lines is the bound's, so a resubmitted job (a new id) starts again at 0 on the same workdir.
+#
 # Environment: PREEMPTION_EXIT_CODE (default 143), MAX_SIGNAL_REQUEUES (default 3), EXTRA_ARGS (more --config.*
 # overrides appended to TRAIN_ARGS, split on spaces; e.g. EXTRA_ARGS="--config.train.steps=20000").
+#
+# name_after_config CONFIG KIND (before anything is printed): the job, its log and its default workdir are named
+# after the config file, not the template: CONFIG=configs/digits_cnn.py with KIND mwms -> JOB_NAME=digits_cnn-mwms.
+# `#SBATCH --job-name=KIND` cannot read CONFIG, so a job still called KIND (no --job-name of the submitter's) renames
+# itself (`scontrol update JobName=`, kept by a requeue) and its log: slurm-KIND-<job id>.out in the submit directory
+# (the template's --output) becomes slurm-JOB_NAME-<job id>.out, the same open file.
 
 PREEMPTION_EXIT_CODE=${PREEMPTION_EXIT_CODE:-143}
 if ! [[ $PREEMPTION_EXIT_CODE =~ ^[0-9]+$ ]] || (( PREEMPTION_EXIT_CODE < 2 || PREEMPTION_EXIT_CODE > 255 )); then
@@ -78,11 +92,50 @@ _rq_forward() {  # $1: the signal, $2: what happens now
 trap '_rq_warned=1; _rq_forward USR1 "the training saves a checkpoint and exits, then a requeue"' USR1
 trap '_rq_ending=1; _rq_forward TERM "SLURM is ending the job; the training saves and exits"' TERM
 
-_rq_requeue_and_exit() {  # $1: the training's exit code, $2: what happened (default: checkpoint saved)
-  local job=${SLURM_JOB_ID:-} what=${2:-checkpoint saved}
+_rq_job() {  # the job as scontrol names it: ARRAYID_TASKID for an array task, else SLURM_JOB_ID ("" outside SLURM)
   if [ -n "${SLURM_ARRAY_JOB_ID:-}" ]; then
-    job=${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}
+    echo "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+  else
+    echo "${SLURM_JOB_ID:-}"
   fi
+}
+
+name_after_config() {  # $1: CONFIG (path[:arg]), $2: the template's kind, its #SBATCH --job-name; sets JOB_NAME
+  local config=${1%%:*} arg=""
+  [[ $1 == *:* ]] && arg="-${1#*:}"
+  JOB_NAME=$(printf '%s' "$(basename "$config" .py)$arg-$2" | tr -c 'A-Za-z0-9_.-' '_')
+  if [ -z "${SLURM_JOB_ID:-}" ] || [[ ${SLURM_JOB_NAME:-} != "$2" && ${SLURM_JOB_NAME:-} != "$JOB_NAME" ]]; then
+    return 0  # not a SLURM job, or one the submitter named (--job-name)
+  fi
+  local log default renamed
+  log=$(readlink "/proc/$$/fd/1" 2>/dev/null || true)
+  default=$(realpath -m "${SLURM_SUBMIT_DIR:-$PWD}/slurm-$2-$SLURM_JOB_ID.out")  # as /proc names it: no symlinks
+  renamed="$(dirname "$default")/slurm-$JOB_NAME-$SLURM_JOB_ID.out"
+  if [ "$log" = "$default" ] && [ -e "$renamed" ]; then  # a requeue SLURM logs under the first name: append
+    exec >>"$renamed" 2>&1
+    exec {_rq_log}>&2
+  elif [ "$log" = "$default" ]; then  # (else the submitter's --output)
+    mv "$default" "$renamed" 2>/dev/null ||  # the same open file under its new name: SLURM's lines go there too
+      echo "[slurm] could not rename the log $default to $renamed; it stays" >&2
+  fi
+  if [ "$SLURM_JOB_NAME" = "$2" ]; then  # (a requeued job keeps the new name)
+    scontrol update "JobId=$(_rq_job)" "JobName=$JOB_NAME" >/dev/null 2>&1 ||
+      echo "[slurm] could not rename job $(_rq_job) to $JOB_NAME (scontrol update failed)" >&2
+  fi
+}
+
+# The file counting this job's requeues nobody asked for: REQUEUE_RECORD unless it is remote or unset.
+_rq_record() {
+  if [ -n "${REQUEUE_RECORD:-}" ] && [[ $REQUEUE_RECORD != *://* ]]; then
+    echo "$REQUEUE_RECORD"
+  else
+    echo "${SLURM_SUBMIT_DIR:-$PWD}/slurm-requeues.txt"
+  fi
+}
+
+_rq_requeue_and_exit() {  # $1: the training's exit code, $2: what happened (default: checkpoint saved)
+  local job what=${2:-checkpoint saved}
+  job=$(_rq_job)
   if [ -z "$job" ]; then
     echo "[slurm] not a SLURM job (no SLURM_JOB_ID): nothing to requeue; rerun the same command to resume" >&2
     exit "$1"
@@ -139,24 +192,39 @@ run_or_requeue() {
            "(resubmit, or rerun the same script, to resume)" >&2
       exit "$code"
     fi
+    if (( ! _rq_warned )); then  # no SIGUSR1 here: a lost or stuck peer, or a signal sent to the tasks alone
+      _rq_unasked "$code" unasked_preemption "the training exited with the preemption code $code without SLURM's \
+warning (a lost or stuck peer?)" "see the tasks' last lines above"
+    fi
     _rq_requeue_and_exit "$code"
   fi
   if (( code > 128 && code < 160 && ! _rq_ending )); then
-    _rq_lost_worker "$code"
+    local name
+    name=SIG$(kill -l $(( code - 128 )) 2>/dev/null || echo "$(( code - 128 ))")
+    _rq_unasked "$code" lost_worker "a task died of $name (exit code $code): a lost worker" \
+        "see why it was killed (out of memory?)"
   fi
   return "$code"
 }
 
-# A task died of a signal (exit code 128 + N): requeue while SLURM_RESTART_COUNT < MAX_SIGNAL_REQUEUES, else exit.
-_rq_lost_worker() {
-  local restarts=${SLURM_RESTART_COUNT:-0} name
-  name=SIG$(kill -l $(( $1 - 128 )) 2>/dev/null || echo "$(( $1 - 128 ))")
-  if (( restarts < MAX_SIGNAL_REQUEUES )); then
-    _rq_requeue_and_exit "$1" "a task died of $name (exit code $1): a lost worker, requeue $(( restarts + 1 )) of at \
-most $MAX_SIGNAL_REQUEUES (MAX_SIGNAL_REQUEUES)"
+# A requeue nobody asked for ($2: lost_worker, unasked_preemption): while this job's count of them in the record
+# is < MAX_SIGNAL_REQUEUES, recorded and requeued; else the job exits with the code ($1). $3: what happened, $4: hint.
+_rq_unasked() {
+  local record job earlier
+  record=$(_rq_record)
+  job=$(_rq_job)
+  if [ -z "$job" ]; then
+    _rq_requeue_and_exit "$1" "$3"  # not a SLURM job: says so and exits with the code
   fi
-  echo "[slurm] a task died of $name (exit code $1) and this job has been requeued $restarts times" \
-       "(MAX_SIGNAL_REQUEUES=$MAX_SIGNAL_REQUEUES): no more requeues; see why it was killed (out of memory?)" >&2
+  earlier=$(grep -c "^$job " "$record" 2>/dev/null || true)
+  earlier=${earlier:-0}
+  if (( earlier < MAX_SIGNAL_REQUEUES )); then
+    mkdir -p "$(dirname "$record")" && echo "$job $2" >> "$record" ||
+      echo "[slurm] could not write $record: this requeue is not counted" >&2
+    _rq_requeue_and_exit "$1" "$3, requeue $(( earlier + 1 )) of at most $MAX_SIGNAL_REQUEUES (MAX_SIGNAL_REQUEUES)"
+  fi
+  echo "[slurm] $3, and this job was requeued $earlier times for a lost worker or an unasked preemption code" \
+       "(MAX_SIGNAL_REQUEUES=$MAX_SIGNAL_REQUEUES, counted in $record): no more requeues; $4" >&2
   exit "$1"
 }
 

@@ -1,11 +1,12 @@
 """RunSummary: last of all, summary.json (chief) and the return value of train_and_evaluate."""
 
+import posixpath
 import time
 
 from absl import logging
 
+from loops.core import progress
 from loops.core.interfaces import Callback
-from loops.persist.writers import format_values
 
 
 class RunSummary(Callback):
@@ -26,13 +27,60 @@ class RunSummary(Callback):
     state.summary.clear()
     state.summary.update(summary)
     state.writer.write_json("summary.json", summary)
-    state.writer.info("done: %s", format_values(summary))
-    if state.step != state.start_step:
-      epoch_time = summary.get("mean_epoch_seconds_excluding_first")
-      state.writer.info("throughput: %.0f images/s over %d steps (%d replica(s)), %s per epoch excluding the first",
-                        summary["examples_per_sec"], state.step - state.start_step, self.plan.replicas,
-                        f"{epoch_time:.2f} s" if epoch_time else "n/a (fewer than 2 whole epochs)")
+    for line in short_summary(summary, trained=state.step != state.start_step, workdir=state.workdir):
+      state.writer.info("%s", line)
     logging.flush()
+
+
+def short_summary(summary, trained, workdir):
+  """What a person reads at the end (at most 4 lines of at most 120 characters; the full record is summary.json):
+  the steps, times and throughput; why it stopped early; every eval metric; the best checkpoint; where the results
+  are (left out after an early stop: the workdir is the one the user gave)."""
+  lines = [_done_line(summary, trained)]
+  if summary.get("stopped_early"):
+    lines.append(f"stopped early: {summary['stopped_early']}")
+  lines.append(_fitted("eval: ", [f"{key.split('/', 1)[1]} {_number(value)}" for key, value in summary.items()
+                                  if key.startswith("eval/")]))
+  if summary.get("best_metric") and summary.get("best_value") is not None:
+    lines.append(f"best: {summary['best_metric']} {_number(summary['best_value'])} at step {summary.get('best_step')}")
+  saved = [name for name, present in ((f"checkpoints/{posixpath.basename(str(summary.get('checkpoint')))}",
+                                       summary.get("checkpoint")), ("export/", summary.get("export"))) if present]
+  lines.append(_fitted(f"in {workdir}: ", ["summary.json", *saved]))
+  return [line[:MAX_WIDTH] for line in lines if line][:4]
+
+
+MAX_WIDTH = 120
+
+
+def _done_line(summary, trained):
+  line = f"done: step={summary['step']}/{summary['total_steps']}"
+  if not trained:
+    return line + " (trained before: evaluated again)"
+  epoch = summary.get("mean_epoch_seconds_excluding_first")
+  rate = summary.get("examples_per_sec")
+  return (line + f" in {_duration(summary['wall_seconds'])} (training {_duration(summary.get('train_seconds', 0))}"
+          + (f", {rate:.0f} images/s" if rate else "") + (f", {epoch:.2f} s per epoch after the first" if epoch
+                                                          else "") + ")")
+
+
+def _fitted(head, items):
+  """head + items joined by ', ', as many as fit in MAX_WIDTH ('+N more in summary.json' for the rest)."""
+  if not items:
+    return ""
+  for count in range(len(items), 0, -1):
+    more = f" (+{len(items) - count} more in summary.json)" if count < len(items) else ""
+    line = head + ", ".join(items[:count]) + more
+    if len(line) <= MAX_WIDTH:
+      return line
+  return line
+
+
+def _number(value):
+  return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _duration(seconds):
+  return f"{seconds:.1f} s" if seconds < 60 else progress.format_duration(seconds)
 
 
 # What a start that trains no step (a rerun of a finished run) measures anew; the rest is the last start's.

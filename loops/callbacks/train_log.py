@@ -1,4 +1,5 @@
-"""TrainLog: after each call the train/... scalars, learning rate, images/s and step time; a console line."""
+"""TrainLog: after each call the train/... scalars, learning rate, images/s and step time; on a terminal the live
+bar, elsewhere (a log file, SLURM) one line per call."""
 
 import keras
 
@@ -7,28 +8,27 @@ from loops.core.interfaces import Callback
 
 
 class TrainLog(Callback):
-  """Scalars and console lines after each train call; train time and throughput in summary.json.
+  """Scalars and the console after each train call; train time and throughput in summary.json.
 
   Args:
     optimizer: the run's optimizer (its learning rate is the value written).
     global_batch_size: examples per step.
-    progress_bar: summary.progress_bar ("auto", "on", "off").
-    task_scalars: the task's train scalars shown on the console line ("loss" and Task.train_metrics).
+    progress_bar: summary.progress_bar ("auto": the bar on a terminal, lines elsewhere; "on"; "off": lines).
   """
 
-  def __init__(self, optimizer, global_batch_size, progress_bar="off", task_scalars=("loss", "accuracy")):
+  def __init__(self, optimizer, global_batch_size, progress_bar="off"):
     self.optimizer, self.global_batch_size, self.progress_bar_mode = optimizer, global_batch_size, progress_bar
-    self.task_scalars = tuple(task_scalars)
     self.progress = self.bar = None
 
   def on_train_begin(self, state):
     self.progress = progress_lib.Progress(state.step, state.total_steps, self.global_batch_size,
                                           state.steps_per_epoch)
-    self.bar = state.writer.progress_bar(self.progress_bar_mode, state.total_steps, state.step)
-    if self.bar:
-      self.bar.stateful_metrics.update(self.task_scalars)  # each value is already the call's mean
     if state.step >= state.total_steps:
       state.writer.info("step %d of %d already done: evaluating only", state.step, state.total_steps)
+      return
+    self.bar = state.writer.progress_bar(self.progress_bar_mode, state.total_steps)
+    if self.bar:
+      self.bar.update(state.step, details=[_epoch(state)])
 
   def after_train_call(self, state):
     steps = state.step - state.call_start_step
@@ -39,18 +39,55 @@ class TrainLog(Callback):
                                       "train/step_time_sec": state.call_seconds / steps})
     for epoch, seconds in finished_epochs.items():  # at the step that ended the epoch
       state.writer.scalars(epoch * state.steps_per_epoch, {"train/epoch_time_sec": seconds})
-    epoch_time = "".join(f", epoch {e} took {s:.2f} s" for e, s in finished_epochs.items())
-    scalars = ", ".join(f"{tag.split('/', 1)[1]} {value:.4f}" for tag, value in state.train.items()
-                        if tag.split("/", 1)[1] in self.task_scalars)
-    state.writer.info("step %d/%d (epoch %.2f): %s, %.0f images/s, ETA %s%s", state.step, state.total_steps,
-                      state.epoch, scalars, self.progress.examples_per_sec(),
-                      progress_lib.format_duration(self.progress.eta_seconds()), epoch_time)
     if self.bar:
-      self.bar.update(state.step, [(k.split("/")[1], v) for k, v in state.train.items()
-                                   if k.split("/")[1] in self.task_scalars])
+      self._draw_bar(state, steps)
+    else:
+      state.writer.info("%s", self._call_line(state, finished_epochs))
+
+  def _draw_bar(self, state, steps):
+    """The bar, ETA and time per step, then every train scalar, the epoch and images/s (cut at the terminal's
+    width: the train scalars first)."""
+    timing = f"ETA {self._eta()} {1000 * state.call_seconds / steps:.0f}ms/step"
+    values = [f"{name}: {value:.4g}" for name, value in _train_values(state)]
+    self.bar.update(state.step, timing, [*values, _epoch(state), f"{self.progress.examples_per_sec():.0f} images/s"])
+
+  def _eta(self):
+    return progress_lib.format_duration(self.progress.eta_seconds())
+
+  def _call_line(self, state, finished_epochs):
+    """'step 50/1100 (epoch 2.27): loss 1.318, accuracy 0.5566, 2926 images/s, ETA 0:23, epoch 2 took 0.07 s'."""
+    values = [f"{name} {value:.4g}" for name, value in _train_values(state)]
+    parts = [*values, f"{self.progress.examples_per_sec():.0f} images/s", f"ETA {self._eta()}"]
+    return f"step {state.step}/{state.total_steps} (epoch {state.epoch:.2f}): {', '.join(parts)}" + epoch_times(
+        finished_epochs)
 
   def on_train_end(self, state):
+    if self.bar:
+      self.bar.close()
     trained = state.step != state.start_step
     state.summary.update({"train_seconds": self.progress.train_seconds,
                           "examples_per_sec": self.progress.examples_per_sec() if trained else None,
                           "mean_epoch_seconds_excluding_first": self.progress.mean_epoch_seconds()})
+
+
+def _epoch(state):
+  """'epoch 25.0/50' ('/909.1' for a length in steps that is not whole epochs)."""
+  epochs = state.total_steps / state.steps_per_epoch
+  return f"epoch {state.epoch:.1f}/{epochs:.0f}" if epochs == int(epochs) else f"epoch {state.epoch:.1f}/{epochs:.1f}"
+
+
+def _train_values(state):
+  """(name, value) of every train scalar of the call ('train/loss' -> 'loss'), as the run reports them."""
+  return [(tag.split("/", 1)[-1], float(value)) for tag, value in state.train.items()]
+
+
+def epoch_times(finished_epochs):
+  """', epoch 3 took 0.07 s' for one epoch a call finished, ', epochs 5-7 took 0.07 s each' (their mean) for
+  several; '' for none. Each epoch is named once, on the line of the call that finished it."""
+  if not finished_epochs:
+    return ""
+  epochs = sorted(finished_epochs)
+  mean = sum(finished_epochs.values()) / len(epochs)
+  if len(epochs) == 1:
+    return f", epoch {epochs[0]} took {mean:.2f} s"
+  return f", epochs {epochs[0]}-{epochs[-1]} took {mean:.2f} s each"

@@ -8,15 +8,14 @@ profiler traces. Every file goes through tf.io.gfile, so a workdir on cloud stor
 import io
 import json
 import posixpath
-import sys
 
 from absl import logging
-import keras
 import numpy as np
 import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
 from errors import unwritable_workdir
+from loops.persist import console
 
 
 def read_json(path):
@@ -57,8 +56,8 @@ class NullWriter:
   def image_grid(self, step, tag, make_batch, max_images=16):
     """make_batch() -> (images, labels): called only by a writer that writes."""
 
-  def progress_bar(self, mode, total_steps, start_step):
-    """A Keras Progbar (mode auto: when stdout is a terminal), or None."""
+  def progress_bar(self, mode, total_steps):
+    """The live bar (console.LiveBar; mode auto: when stdout and stderr are a terminal), or None."""
 
   def histograms(self, step, values):
     """values: {tag: array} or a function returning it (called only by a writer that writes)."""
@@ -147,12 +146,10 @@ class Writer(NullWriter):
     with self._events.as_default(step=step):
       tf.summary.image(tag, _grid_png(np.asarray(images)[:max_images], np.asarray(labels)[:max_images]))
 
-  def progress_bar(self, mode, total_steps, start_step):
-    if mode == "off" or (mode == "auto" and not sys.stdout.isatty()):
+  def progress_bar(self, mode, total_steps):
+    if mode == "off" or (mode == "auto" and not console.is_terminal()):
       return None
-    bar = keras.utils.Progbar(total_steps, stateful_metrics=["loss"], unit_name="step")
-    bar.update(start_step)
-    return bar
+    return console.LiveBar(total_steps)
 
   def histograms(self, step, values):
     values = values() if callable(values) else values
