@@ -103,6 +103,9 @@ def _data(c):
   c.data.tfrecord.label_key = "label"  # int64 class id
   c.data.tfrecord.image_shape = config_dict.placeholder(tuple)  # None: from the manifest or the first record
   c.data.tfrecord.num_classes = config_dict.placeholder(int)  # None: from the manifest (needed without one)
+  # A prepared directory's manifest is checked at every start against its files' sizes and the first file's record
+  # count (cheap); True also reads every file for its SHA-256 and record count (as --dry_run does).
+  c.data.tfrecord.verify = False
   # A tf.data service dispatcher (grpc://HOST:PORT): the train pipeline's reading, decoding and augmentation run
   # on its data workers instead of the training hosts ("" = off; see WORKSPACE for what it guarantees).
   c.data.service = ""

@@ -14,6 +14,7 @@ With `data.in_memory=False` the train split streams (data/records.py: each input
 and decodes only its own examples); with True both splits are decoded into memory once.
 """
 
+import hashlib
 import json
 import posixpath
 
@@ -39,6 +40,67 @@ def read_manifest(data_dir):
     return None
   with tf.io.gfile.GFile(path) as f:
     return json.load(f)
+
+
+REPAIR = "rerun the same `python -m data.prepare` command on it (it rewrites damaged shards and the manifest)"
+
+
+def check_manifest(data_dir, manifest):
+  """Cheap checks that the manifest tells the truth about its files (ConfigError naming the file otherwise): each
+  listed file exists with its recorded size, the counts add up, the first file's records counted match its count,
+  and every file's bytes per record fit the first file's (a count off by 2x or more cannot hide)."""
+  for split, entry in manifest["splits"].items():
+    files, counts, sizes = entry["files"], entry["counts"], entry.get("bytes") or [None] * len(entry["files"])
+    if not len(files) == len(counts) == len(sizes) or sum(entry["class_counts"]) != sum(counts):
+      raise ConfigError(f"{manifest_path(data_dir)}: split '{split}' does not add up ({len(files)} files, "
+                        f"{len(counts)} counts summing to {sum(counts)}, class counts summing to "
+                        f"{sum(entry['class_counts'])}); {REPAIR}")
+    paths = [posixpath.join(data_dir, f) for f in files]
+    for path, size in zip(paths, sizes):
+      _check_size(path, size)
+    if not paths:
+      continue
+    first = count_records(paths[:1])[0]
+    if first != counts[0]:
+      raise ConfigError(f"{paths[0]} holds {first} records, its manifest says {counts[0]}; {REPAIR}")
+    if sizes[0] and first:
+      _check_bytes_per_record(split, paths, counts, sizes, sizes[0] / first)
+
+
+def _check_size(path, size):
+  if not tf.io.gfile.exists(path):
+    raise ConfigError(f"{path}, listed in its manifest, does not exist; {REPAIR}")
+  actual = tf.io.gfile.stat(path).length
+  if size is not None and actual != size:
+    raise ConfigError(f"{path} has {actual} bytes, its manifest says {size} (truncated or replaced?); {REPAIR}")
+
+
+def _check_bytes_per_record(split, paths, counts, sizes, per_record):
+  for path, count, size in zip(paths, counts, sizes):
+    ratio = size / count / per_record if count else float("inf")
+    if not 0.5 <= ratio <= 2:
+      raise ConfigError(f"the manifest's count for {path} ({count} records in {size} bytes, "
+                        f"{size / max(count, 1):.0f} bytes each) does not fit split '{split}' ({per_record:.0f} bytes "
+                        f"a record in {paths[0]}); {REPAIR}")
+
+
+def verify_checksums(data_dir, manifest):
+  """Every file's SHA-256 and record count against the manifest (reads every byte: --dry_run or
+  data.tfrecord.verify); returns the number of files verified; ConfigError naming the first that differs."""
+  verified = 0
+  for entry in manifest["splits"].values():
+    for name, count, digest in zip(entry["files"], entry["counts"], entry.get("sha256") or []):
+      path = posixpath.join(data_dir, name)
+      hasher = hashlib.sha256()
+      with tf.io.gfile.GFile(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+          hasher.update(block)
+      if hasher.hexdigest() != digest:
+        raise ConfigError(f"{path} does not match its SHA-256 in the manifest (damaged or replaced); {REPAIR}")
+      if count_records([path])[0] != count:
+        raise ConfigError(f"{path} does not hold the {count} records its manifest says; {REPAIR}")
+      verified += 1
+  return verified
 
 
 def parser(image_key, label_key):
@@ -99,6 +161,9 @@ def tfrecord(data_config):
   manifest = read_manifest(data_config.data_dir)
   settings = data_config.tfrecord
   if manifest is not None:
+    check_manifest(data_config.data_dir, manifest)
+    if settings.verify:
+      verify_checksums(data_config.data_dir, manifest)
     image_format, image_shape = manifest["format"], manifest["image_shape"]
     num_classes, max_value = manifest["num_classes"], manifest.get("max_value", 255.0)
   else:

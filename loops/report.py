@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from data import records
 from data import resident as resident_lib
+from data import tfrecord
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
 from loops.model import fused_batchnorm
@@ -56,6 +57,10 @@ def dry_run(config, workdir, parts, user_callbacks):
   report["trained_parameters"] = sum(math.prod(v.shape) for v in parts.model.trainable_variables)
   if config.init.checkpoint:
     report["init"] = _init_line(config, parts, report["resumes_from"])
+  manifest = tfrecord.read_manifest(config.data.data_dir) if config.data.name == "tfrecord" else None
+  if manifest is not None:  # every byte read once: what a run checks only cheaply
+    count = tfrecord.verify_checksums(config.data.data_dir, manifest)
+    report["prepared_files"] = f"{count} files match their SHA-256 and record counts in the manifest"
   print(f"config:\n{config}")
   print("dry run (nothing trained or written):")
   for key, value in report.items():
