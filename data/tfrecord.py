@@ -17,6 +17,7 @@ and decodes only its own examples); with True both splits are decoded into memor
 import hashlib
 import json
 import posixpath
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -153,7 +154,7 @@ def split_files(data_config, split, manifest):
     raise FileNotFoundError(f"no TFRecord files match {pattern} (data.data_dir={data_config.data_dir} with "
                             f"{{split}}={split}); prepare a dataset with `python -m data.prepare --config=... "
                             f"--out=DIR` or point data.data_dir at DIR/{{split}}-* files")
-  return paths, count_records(paths)
+  return paths, _counted(paths)
 
 
 def tfrecord(data_config):
@@ -167,6 +168,10 @@ def tfrecord(data_config):
     image_format, image_shape = manifest["format"], manifest["image_shape"]
     num_classes, max_value = manifest["num_classes"], manifest.get("max_value", 255.0)
   else:
+    if tf.io.gfile.isdir(data_config.data_dir):
+      raise ConfigError(f"data.data_dir={data_config.data_dir} is a directory without {MANIFEST}: give a directory "
+                        "written by `python -m data.prepare --config=... --out=DIR`, or a glob of TFRecord files "
+                        "with {split} for the split name (e.g. DIR/{split}-*)")
     image_format, image_shape, num_classes, max_value = "encoded", settings.image_shape, settings.num_classes, 255.0
     if num_classes is None:
       raise ConfigError(f"data.tfrecord.num_classes must be set for TFRecord files without a manifest "
@@ -174,6 +179,7 @@ def tfrecord(data_config):
   train, evaluation = (split_files(data_config, s, manifest) for s in (data_config.train_split,
                                                                          data_config.eval_split))
   parse = parser(settings.image_key, settings.label_key)
+  _check_features(train[0], settings)
   if image_shape is None:
     image_shape = _first_image_shape(train[0], parse)
   return from_files(f"tfrecord:{data_config.data_dir}", train, evaluation, parse,
@@ -216,6 +222,57 @@ def _decode_all(dataset, decode):
     images.append(image)
     labels.append(label)
   return np.concatenate(images), np.concatenate(labels).astype(np.int64)
+
+
+def _check_features(paths, settings):
+  """ConfigError when the first record has no feature data.tfrecord.image_key / label_key (listing those it has)."""
+  for serialized in tf.data.TFRecordDataset(list(paths[:1])).take(1).as_numpy_iterator():
+    features = tf.train.Example.FromString(serialized).features.feature
+    for key in ("image_key", "label_key"):
+      if settings[key] not in features:
+        raise ConfigError(f"data.tfrecord.{key}='{settings[key]}' is not a feature of the records in {paths[0]}; "
+                          f"they have: {', '.join(sorted(features))}")
+
+
+def damaged_files(data_config):
+  """The record files of data_config's splits (a prepared directory or a {split} glob) that cannot be read to the
+  end; [] for other sources. Reads every file: for naming the file after a DataLossError."""
+  if data_config.name != "tfrecord":
+    return []
+  manifest = read_manifest(data_config.data_dir)
+  splits = (data_config.train_split, data_config.eval_split)
+  if manifest is not None:
+    paths = [posixpath.join(data_config.data_dir, f) for split in splits if split in manifest["splits"]
+             for f in manifest["splits"][split]["files"]]
+  else:
+    paths = [p for split in splits for p in sorted(tf.io.gfile.glob(data_config.data_dir.replace("{split}", split)))]
+  return _unreadable(paths)
+
+
+def _unreadable(paths):
+  damaged = []
+  for path in paths:
+    try:
+      count_records([path])
+    except tf.errors.OpError:
+      damaged.append(path)
+  return damaged
+
+
+def _counted(paths):
+  """count_records, with a file that cannot be read to the end named (ConfigError)."""
+  try:
+    return count_records(paths)
+  except tf.errors.DataLossError as e:
+    raise damaged(_unreadable(paths), e) from None
+
+
+def damaged(files, error):
+  """The ConfigError for record files that cannot be read (`error`: TensorFlow's DataLossError)."""
+  detail = re.split(r": |}} ", error.message.splitlines()[0].split(" [Op:")[0])[-1].strip()
+  where = f"{', '.join(files)} cannot be read to the end" if files else "a data file cannot be read to the end"
+  return ConfigError(f"{where} ({detail}): damaged or truncated; replace it (a prepared directory: rerun the same "
+                     "`python -m data.prepare` command on it)")
 
 
 def _first_image_shape(paths, parse):

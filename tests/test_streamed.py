@@ -177,6 +177,48 @@ def test_a_bit_flip_is_caught_by_the_checksums_on_request_and_in_a_dry_run(digit
   assert report["prepared_files"] == "17 files match their SHA-256 and record counts in the manifest"
 
 
+def main_on(records_dir, workdir, *extra):
+  return run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.data.name=tfrecord",
+                  f"--config.data.data_dir={records_dir}", "--config.data.in_memory=False", "--config.train.steps=5",
+                  "--config.summary.progress_bar=off", *extra)
+
+
+def the_error_line(done):
+  assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert len(lines) == 1, done.stderr[-3000:]
+  return lines[0]
+
+
+@pytest.mark.parametrize("manifest", [True, False], ids=["prepared", "glob"])
+def test_a_bit_flipped_shard_is_one_line_naming_it(digits_records, tmp_path, manifest):
+  """Same size and count (the manifest's cheap checks pass): the read fails inside the run; or, for a glob, while
+  its records are counted at load."""
+  copy, listed = copy_of(digits_records[0], tmp_path)
+  victim = copy / listed["splits"]["train"]["files"][2]
+  content = bytearray(victim.read_bytes())
+  content[len(content) // 2] ^= 0x10
+  victim.write_bytes(bytes(content))
+  if not manifest:
+    os.remove(copy / "manifest.json")
+  source = copy if manifest else f"{copy}/{{split}}-*", *([] if manifest else ["--config.data.tfrecord.num_classes=10"])
+  line = the_error_line(main_on(*source[:1], tmp_path / "run", *source[1:]))
+  assert re.match(rf"error: {re.escape(str(victim))} cannot be read to the end \(corrupted "
+                  r"record at \d+\): damaged or truncated; replace it", line), line
+
+
+def test_an_empty_data_dir_and_an_image_key_of_no_feature_are_one_line(digits_records, tmp_path):
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  line = the_error_line(main_on(empty, tmp_path / "a", "--config.data.tfrecord.num_classes=10"))
+  assert line.startswith(f"error: data.data_dir={empty} is a directory without manifest.json: give a directory "
+                         "written by `python -m data.prepare"), line
+  line = the_error_line(main_on(digits_records[0], tmp_path / "b", "--config.data.tfrecord.image_key=img"))
+  assert line == (f"error: data.tfrecord.image_key='img' is not a feature of the records in "
+                  f"{digits_records[0]}/train-00000-of-00016.tfrecord; they have: image, label")
+  assert not (tmp_path / "b").exists()
+
+
 def pipeline_batches(source, config, steps, **kwargs):
   ds = data.train_dataset(source, config.data, batch_size=kwargs.pop("batch_size", 64), steps_per_epoch=0,
                           seed=config.seed, **kwargs)
