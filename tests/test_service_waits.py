@@ -124,3 +124,15 @@ def test_launch_local_ends_the_job_when_its_data_worker_is_killed(tmp_path):
   assert rest.strip().splitlines()[-1] == (
       "[launch] task data:worker:0 died of signal 9 (SIGKILL): the tf.data service lost a process; stopped the "
       "other tasks; exit code 143: rerun to resume from the last checkpoint")
+
+
+def test_a_sigterm_with_the_service_answering_still_saves_and_resumes(one_data_worker, tmp_path):
+  """The watch ends only a stuck input: with batches arriving, the call ends and the run saves as always."""
+  address, _ = one_data_worker
+  proc = main_py(tmp_path / "run", address, "--config.train.steps=100000", "--config.train.steps_per_loop=50")
+  read_until(proc, "step 100/")
+  proc.send_signal(signal.SIGTERM)
+  rest = finish(proc)
+  assert proc.returncode == PREEMPTED, rest[-3000:]
+  assert "preempted (SIGTERM): checkpoint saved; exiting with code 143" in rest and not error_lines(rest), rest
+  assert list((tmp_path / "run" / "checkpoints").glob("ckpt-*.index"))

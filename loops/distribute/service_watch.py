@@ -66,15 +66,16 @@ class ServiceWatch:
       grace = max(SIGNAL_GRACE_SECONDS, 3 * service.ARRIVALS.longest_gap)
       if self.signal_name and waited > grace:
         self._end(f"{self.signal_name} while the train input waited {waited:.0f} s for the tf.data service at "
-                  f"{self.address}")
+                  f"{self.address}", preemption.INTERRUPTED_EXIT_CODE if self.signal_name == "SIGINT" else None)
 
-  def _end(self, what):
+  def _end(self, what, code=None):
     where = ("nothing listens there (the dispatcher is gone)" if not service.reachable(self.address) else
              "the dispatcher answers but sends no batches (a data worker lost, or none registered)")
-    sys.stderr.write(f"error: {what}: {where}; exiting with code {self.exit_code} without a save: rerun to resume "
-                     "from the last checkpoint\n")
+    code = self.exit_code if code is None else code
+    sys.stderr.write(f"error: {what}: {where}; exiting with code {code} without a save: rerun to resume from the "
+                     "last checkpoint\n")
     sys.stderr.flush()
-    os._exit(self.exit_code)  # the main thread is inside TensorFlow's wait, which Python cannot interrupt
+    os._exit(code)  # the main thread is inside TensorFlow's wait, which Python cannot interrupt
 
 
 def during_train_call(config):
