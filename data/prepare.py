@@ -137,6 +137,8 @@ class ShardWriter:
 
   def __init__(self, out, settings, progress):
     self.out, self.progress = out, progress
+    if tf.io.gfile.exists(out) and not tf.io.gfile.isdir(out):
+      raise ConfigError(f"--out={out} is a file, not a directory; give a new or empty directory")
     tf.io.gfile.makedirs(out)
     self.state_path = posixpath.join(out, STATE)
     self.state = {"settings": settings, "done": {}}

@@ -108,6 +108,11 @@ def test_prepare_refuses_a_non_empty_out_that_is_no_prepare_of_its_own(tmp_path)
       "new or empty directory (or the --out of an earlier prepare with the same settings)")
   assert sorted(os.listdir(other)) == ["manifest.json"]
   assert (other / "manifest.json").read_text() == '{"someone else\'s": 1}\n'
+  a_file = tmp_path / "a_file"
+  a_file.write_text("mine\n")
+  with pytest.raises(ConfigError, match=rf"^--out={re.escape(str(a_file))} is a file, not a directory"):
+    prepare_lib.prepare(load_config("digits_cnn").data, str(a_file), "raw", progress=lambda _: None)
+  assert a_file.read_text() == "mine\n"
 
 
 def copy_of(records_dir, tmp_path):
