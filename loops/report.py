@@ -57,6 +57,11 @@ def dry_run(config, workdir, parts, user_callbacks):
   report["trained_parameters"] = sum(math.prod(v.shape) for v in parts.model.trainable_variables)
   if config.init.checkpoint:
     report["init"] = _init_line(config, parts, report["resumes_from"])
+  if config.data.service:
+    from data import service  # as data/pipeline.py: `python -m data.service` must not find itself imported
+    answers = service.reachable(config.data.service)
+    report["data_service"] = (f"{config.data.service} " + ("answers" if answers else "does not answer now (a run waits "
+                              f"data.service_timeout_seconds={config.data.service_timeout_seconds:g} for it)"))
   manifest = tfrecord.read_manifest(config.data.data_dir) if config.data.name == "tfrecord" else None
   if manifest is not None:  # every byte read once: what a run checks only cheaply
     count = tfrecord.verify_checksums(config.data.data_dir, manifest)

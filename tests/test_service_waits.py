@@ -136,3 +136,16 @@ def test_a_sigterm_with_the_service_answering_still_saves_and_resumes(one_data_w
   assert proc.returncode == PREEMPTED, rest[-3000:]
   assert "preempted (SIGTERM): checkpoint saved; exiting with code 143" in rest and not error_lines(rest), rest
   assert list((tmp_path / "run" / "checkpoints").glob("ckpt-*.index"))
+
+
+def test_a_dry_run_says_whether_the_dispatcher_answers(one_data_worker, tmp_path):
+  from loops import run
+  from data import service as service_lib
+  address, _ = one_data_worker
+  service_lib.wait_for_dispatcher(address, 120)  # its process has just started
+  unreachable = f"grpc://127.0.0.1:{local.free_ports(1)[0]}"
+  for service, said in ((address, f"{address} answers"), (unreachable, f"{unreachable} does not answer now (a run "
+                                                          "waits data.service_timeout_seconds=120 for it)")):
+    config = load_config("digits_cnn")
+    config.data.service = service
+    assert run.train_and_evaluate(config, str(tmp_path / "dry"), dry_run=True)["data_service"] == said
