@@ -53,6 +53,7 @@ from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+import tensorflow
 
 from configs import base as base_config
 from errors import ConfigError, WorkerLostError
@@ -77,6 +78,7 @@ flags.mark_flags_as_required(["config"])
 # Errors a user can act on; anything else is a bug and keeps its traceback.
 USER_ERRORS = (ConfigError, LookupError, FileNotFoundError, PermissionError, FloatingPointError, ValueError,
                WorkerLostError)
+DAMAGED_DATA = (tensorflow.errors.DataLossError,)  # a record file that cannot be read: named by _damaged_data
 
 
 def main(argv):
@@ -108,9 +110,15 @@ def main(argv):
     print("interrupted (Ctrl-C) before training started: nothing was trained or saved", file=sys.stderr)
     sys.exit(preemption.INTERRUPTED_EXIT_CODE)
   except Exception as e:  # pylint: disable=broad-except
-    if _DEBUG.value or (_no_space_left(e) is None and not isinstance(e, USER_ERRORS)):
+    if _DEBUG.value or (_no_space_left(e) is None and not isinstance(e, USER_ERRORS + DAMAGED_DATA)):
       raise  # a bug: its traceback
     _exit_with_one_line(e)
+
+
+def _damaged_data(error):
+  """ConfigError naming the record files that cannot be read to the end, for a DataLossError while reading data."""
+  from data import tfrecord
+  return tfrecord.damaged(tfrecord.damaged_files(_CONFIG.value.data), error)
 
 
 def _exit_with_one_line(error):
@@ -119,6 +127,8 @@ def _exit_with_one_line(error):
   logging.flush()
   logging.set_verbosity(logging.ERROR)  # clean-up warnings at exit must not bury the error line
   python_logging.getLogger("tensorflow").setLevel(python_logging.ERROR)
+  if isinstance(error, DAMAGED_DATA):
+    error = _damaged_data(error)
   full = _no_space_left(error)
   if full is not None:
     print(f"error: no space left on the device of {full}: free some space (or move the workdir) and rerun the same "

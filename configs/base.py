@@ -104,9 +104,16 @@ def _data(c):
   c.data.tfrecord.label_key = "label"  # int64 class id
   c.data.tfrecord.image_shape = config_dict.placeholder(tuple)  # None: from the manifest or the first record
   c.data.tfrecord.num_classes = config_dict.placeholder(int)  # None: from the manifest (needed without one)
+  # A prepared directory's manifest is checked at every start against its files' sizes and the first file's record
+  # count (cheap); True also reads every file for its SHA-256 and record count (as --dry_run does).
+  c.data.tfrecord.verify = False
   # A tf.data service dispatcher (grpc://HOST:PORT): the train pipeline's reading, decoding and augmentation run
   # on its data workers instead of the training hosts ("" = off; see WORKSPACE for what it guarantees).
   c.data.service = ""
+  # The longest wait for the service (seconds): for its dispatcher to answer at the start, and for a batch while a
+  # train call runs (a data worker lost); then one line and the preemption exit code (a rerun resumes). A signal
+  # (preemption.signals, Ctrl-C) during such a wait ends the run at once, without a save.
+  c.data.service_timeout_seconds = 120.0
   # Input-pipeline threads: None = auto (1 when training on CPU, so the pipeline does not compete with the
   # step's threads; tf.data's default pool with GPUs/TPUs), 0 = tf.data's default, N = a private pool of N.
   c.data.pipeline_threads = config_dict.placeholder(int)

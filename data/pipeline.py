@@ -235,5 +235,5 @@ def _finish(ds, data_config, service_pipeline=None):
   ds = ds.with_options(options)
   if service_pipeline is not None and data_config.service:
     from data import service  # imported here: `python -m data.service` must not find itself imported by `data`
-    ds = service.distribute(ds, data_config.service, service_pipeline)
+    ds = service.distribute(ds, data_config.service, service_pipeline, data_config.service_timeout_seconds)
   return ds.prefetch(tf.data.AUTOTUNE)

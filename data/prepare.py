@@ -137,9 +137,14 @@ class ShardWriter:
 
   def __init__(self, out, settings, progress):
     self.out, self.progress = out, progress
+    if tf.io.gfile.exists(out) and not tf.io.gfile.isdir(out):
+      raise ConfigError(f"--out={out} is a file, not a directory; give a new or empty directory")
     tf.io.gfile.makedirs(out)
     self.state_path = posixpath.join(out, STATE)
     self.state = {"settings": settings, "done": {}}
+    if not tf.io.gfile.exists(self.state_path) and tf.io.gfile.listdir(out):
+      raise ConfigError(f"--out={out} is not empty and holds no prepare ({STATE}): nothing in it is replaced; give "
+                        "a new or empty directory (or the --out of an earlier prepare with the same settings)")
     if tf.io.gfile.exists(self.state_path):
       with tf.io.gfile.GFile(self.state_path) as f:
         earlier = json.load(f)
@@ -148,6 +153,8 @@ class ShardWriter:
                             if earlier["settings"].get(k) != v)
         raise ConfigError(f"{out} holds a prepare with other settings ({changed}); use another --out or delete it")
       self.state = earlier
+    else:
+      self._save_state()  # first: a prepare killed in its first shard is still known as one
 
   def write_split(self, split, examples, shards, num_classes):
     """Writes the split's missing shards; returns its manifest entry."""
@@ -182,10 +189,13 @@ class ShardWriter:
     tf.io.gfile.rename(temporary, path, overwrite=True)
     record = {"sha256": digest.hexdigest(), "bytes": len(content), "class_counts": classes}
     self.state["done"][name] = record
+    self._save_state()
+    return record
+
+  def _save_state(self):
     with tf.io.gfile.GFile(self.state_path + ".tmp", "w") as f:
       f.write(json.dumps(self.state))
     tf.io.gfile.rename(self.state_path + ".tmp", self.state_path, overwrite=True)
-    return record
 
   def _intact(self, name, record):
     path = posixpath.join(self.out, name)

@@ -14,8 +14,10 @@ With `data.in_memory=False` the train split streams (data/records.py: each input
 and decodes only its own examples); with True both splits are decoded into memory once.
 """
 
+import hashlib
 import json
 import posixpath
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -39,6 +41,67 @@ def read_manifest(data_dir):
     return None
   with tf.io.gfile.GFile(path) as f:
     return json.load(f)
+
+
+REPAIR = "rerun the same `python -m data.prepare` command on it (it rewrites damaged shards and the manifest)"
+
+
+def check_manifest(data_dir, manifest):
+  """Cheap checks that the manifest tells the truth about its files (ConfigError naming the file otherwise): each
+  listed file exists with its recorded size, the counts add up, the first file's records counted match its count,
+  and every file's bytes per record fit the first file's (a count off by 2x or more cannot hide)."""
+  for split, entry in manifest["splits"].items():
+    files, counts, sizes = entry["files"], entry["counts"], entry.get("bytes") or [None] * len(entry["files"])
+    if not len(files) == len(counts) == len(sizes) or sum(entry["class_counts"]) != sum(counts):
+      raise ConfigError(f"{manifest_path(data_dir)}: split '{split}' does not add up ({len(files)} files, "
+                        f"{len(counts)} counts summing to {sum(counts)}, class counts summing to "
+                        f"{sum(entry['class_counts'])}); {REPAIR}")
+    paths = [posixpath.join(data_dir, f) for f in files]
+    for path, size in zip(paths, sizes):
+      _check_size(path, size)
+    if not paths:
+      continue
+    first = count_records(paths[:1])[0]
+    if first != counts[0]:
+      raise ConfigError(f"{paths[0]} holds {first} records, its manifest says {counts[0]}; {REPAIR}")
+    if sizes[0] and first:
+      _check_bytes_per_record(split, paths, counts, sizes, sizes[0] / first)
+
+
+def _check_size(path, size):
+  if not tf.io.gfile.exists(path):
+    raise ConfigError(f"{path}, listed in its manifest, does not exist; {REPAIR}")
+  actual = tf.io.gfile.stat(path).length
+  if size is not None and actual != size:
+    raise ConfigError(f"{path} has {actual} bytes, its manifest says {size} (truncated or replaced?); {REPAIR}")
+
+
+def _check_bytes_per_record(split, paths, counts, sizes, per_record):
+  for path, count, size in zip(paths, counts, sizes):
+    ratio = size / count / per_record if count else float("inf")
+    if not 0.5 <= ratio <= 2:
+      raise ConfigError(f"the manifest's count for {path} ({count} records in {size} bytes, "
+                        f"{size / max(count, 1):.0f} bytes each) does not fit split '{split}' ({per_record:.0f} bytes "
+                        f"a record in {paths[0]}); {REPAIR}")
+
+
+def verify_checksums(data_dir, manifest):
+  """Every file's SHA-256 and record count against the manifest (reads every byte: --dry_run or
+  data.tfrecord.verify); returns the number of files verified; ConfigError naming the first that differs."""
+  verified = 0
+  for entry in manifest["splits"].values():
+    for name, count, digest in zip(entry["files"], entry["counts"], entry.get("sha256") or []):
+      path = posixpath.join(data_dir, name)
+      hasher = hashlib.sha256()
+      with tf.io.gfile.GFile(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+          hasher.update(block)
+      if hasher.hexdigest() != digest:
+        raise ConfigError(f"{path} does not match its SHA-256 in the manifest (damaged or replaced); {REPAIR}")
+      if count_records([path])[0] != count:
+        raise ConfigError(f"{path} does not hold the {count} records its manifest says; {REPAIR}")
+      verified += 1
+  return verified
 
 
 def parser(image_key, label_key):
@@ -91,7 +154,7 @@ def split_files(data_config, split, manifest):
     raise FileNotFoundError(f"no TFRecord files match {pattern} (data.data_dir={data_config.data_dir} with "
                             f"{{split}}={split}); prepare a dataset with `python -m data.prepare --config=... "
                             f"--out=DIR` or point data.data_dir at DIR/{{split}}-* files")
-  return paths, count_records(paths)
+  return paths, _counted(paths)
 
 
 def tfrecord(data_config):
@@ -99,9 +162,16 @@ def tfrecord(data_config):
   manifest = read_manifest(data_config.data_dir)
   settings = data_config.tfrecord
   if manifest is not None:
+    check_manifest(data_config.data_dir, manifest)
+    if settings.verify:
+      verify_checksums(data_config.data_dir, manifest)
     image_format, image_shape = manifest["format"], manifest["image_shape"]
     num_classes, max_value = manifest["num_classes"], manifest.get("max_value", 255.0)
   else:
+    if tf.io.gfile.isdir(data_config.data_dir):
+      raise ConfigError(f"data.data_dir={data_config.data_dir} is a directory without {MANIFEST}: give a directory "
+                        "written by `python -m data.prepare --config=... --out=DIR`, or a glob of TFRecord files "
+                        "with {split} for the split name (e.g. DIR/{split}-*)")
     image_format, image_shape, num_classes, max_value = "encoded", settings.image_shape, settings.num_classes, 255.0
     if num_classes is None:
       raise ConfigError(f"data.tfrecord.num_classes must be set for TFRecord files without a manifest "
@@ -109,6 +179,7 @@ def tfrecord(data_config):
   train, evaluation = (split_files(data_config, s, manifest) for s in (data_config.train_split,
                                                                          data_config.eval_split))
   parse = parser(settings.image_key, settings.label_key)
+  _check_features(train[0], settings)
   if image_shape is None:
     image_shape = _first_image_shape(train[0], parse)
   return from_files(f"tfrecord:{data_config.data_dir}", train, evaluation, parse,
@@ -151,6 +222,57 @@ def _decode_all(dataset, decode):
     images.append(image)
     labels.append(label)
   return np.concatenate(images), np.concatenate(labels).astype(np.int64)
+
+
+def _check_features(paths, settings):
+  """ConfigError when the first record has no feature data.tfrecord.image_key / label_key (listing those it has)."""
+  for serialized in tf.data.TFRecordDataset(list(paths[:1])).take(1).as_numpy_iterator():
+    features = tf.train.Example.FromString(serialized).features.feature
+    for key in ("image_key", "label_key"):
+      if settings[key] not in features:
+        raise ConfigError(f"data.tfrecord.{key}='{settings[key]}' is not a feature of the records in {paths[0]}; "
+                          f"they have: {', '.join(sorted(features))}")
+
+
+def damaged_files(data_config):
+  """The record files of data_config's splits (a prepared directory or a {split} glob) that cannot be read to the
+  end; [] for other sources. Reads every file: for naming the file after a DataLossError."""
+  if data_config.name != "tfrecord":
+    return []
+  manifest = read_manifest(data_config.data_dir)
+  splits = (data_config.train_split, data_config.eval_split)
+  if manifest is not None:
+    paths = [posixpath.join(data_config.data_dir, f) for split in splits if split in manifest["splits"]
+             for f in manifest["splits"][split]["files"]]
+  else:
+    paths = [p for split in splits for p in sorted(tf.io.gfile.glob(data_config.data_dir.replace("{split}", split)))]
+  return _unreadable(paths)
+
+
+def _unreadable(paths):
+  damaged = []
+  for path in paths:
+    try:
+      count_records([path])
+    except tf.errors.OpError:
+      damaged.append(path)
+  return damaged
+
+
+def _counted(paths):
+  """count_records, with a file that cannot be read to the end named (ConfigError)."""
+  try:
+    return count_records(paths)
+  except tf.errors.DataLossError as e:
+    raise damaged(_unreadable(paths), e) from None
+
+
+def damaged(files, error):
+  """The ConfigError for record files that cannot be read (`error`: TensorFlow's DataLossError)."""
+  detail = re.split(r": |}} ", error.message.splitlines()[0].split(" [Op:")[0])[-1].strip()
+  where = f"{', '.join(files)} cannot be read to the end" if files else "a data file cannot be read to the end"
+  return ConfigError(f"{where} ({detail}): damaged or truncated; replace it (a prepared directory: rerun the same "
+                     "`python -m data.prepare` command on it)")
 
 
 def _first_image_shape(paths, parse):

@@ -83,6 +83,8 @@ def start_data_service(data_workers, out, lock, env=None):
   for name, command in roles:
     procs[name] = subprocess.Popen(command, env=dict(os.environ if env is None else env), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    with lock:
+      out.write(f"[launch] {name} started (pid {procs[name].pid})\n")
     threading.Thread(target=_pump, args=(procs[name].stdout, name, out, lock), daemon=True).start()
   return f"grpc://{LOOPBACK}:{dispatcher_port}", procs
 
@@ -109,7 +111,7 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
   lead = ["chief:0"] + (["evaluator:0"] if evaluator else []) if ps else list(procs)
   failed, code = None, 0
   try:
-    failed, code = _watch(procs, lead, preempted, poll_seconds, preempt_grace_seconds)
+    failed, code = _watch(procs, lead, preempted, poll_seconds, preempt_grace_seconds, service)
   except KeyboardInterrupt:
     failed, code = "launcher (interrupted)", 130
   finally:
@@ -145,14 +147,18 @@ def _start_tasks(command, spec, tasks, env, out, lock):
   return procs, pumps
 
 
-def _watch(procs, lead, preempted, poll_seconds, grace_seconds):
+def _watch(procs, lead, preempted, poll_seconds, grace_seconds, service=None):
   """Polls the tasks until the lead tasks have succeeded or one task failed; returns (failed task or None, its code).
 
   A task killed by a signal (negative code) is named before the others it brought down (they exit with the
   preemption code on a lost peer). After a preemption the others get grace_seconds to save the same checkpoint.
+  A process of the data service (`service`: {name: Popen}) that ends while the job runs fails the job (its tasks
+  would wait for its batches without a bound).
   """
   while True:
     failures = {name: proc.returncode for name, proc in procs.items() if proc.poll() not in (None, 0)}
+    failures.update({name: proc.returncode or 1 for name, proc in (service or {}).items()
+                     if proc.poll() is not None})
     if failures:
       failed = next((name for name, code in failures.items() if code < 0), next(iter(failures)))
       break
@@ -181,7 +187,8 @@ def _verdict(failed, code, preempted):
   if code < 0:
     name = signal_name(-code)
     name = f" ({name})" if name else ""
-    return (f"[launch] task {failed} died of signal {-code}{name}: a lost worker; stopped the other tasks; exit code "
+    lost = "the tf.data service lost a process" if failed.startswith("data:") else "a lost worker"
+    return (f"[launch] task {failed} died of signal {-code}{name}: {lost}; stopped the other tasks; exit code "
             f"{preempted}: rerun to resume from the last checkpoint")
   return f"[launch] task {failed} failed (exit code {code}); stopped the other tasks"
 

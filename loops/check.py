@@ -148,6 +148,8 @@ def _check_data(d):
   _at_least("data.streams", d.streams, 1)
   if d.service and not d.service.startswith(("grpc://", "grpc+loas://")):
     raise ConfigError(f"data.service must be '' (off) or a dispatcher address grpc://HOST:PORT, got '{d.service}'")
+  if not (isinstance(d.service_timeout_seconds, (int, float)) and d.service_timeout_seconds > 0):
+    raise ConfigError(f"data.service_timeout_seconds must be a number of seconds > 0, got {d.service_timeout_seconds!r}")
 
 
 def _check_tfrecord_settings(d):

@@ -9,6 +9,7 @@ import tensorflow as tf
 
 from data import records
 from data import resident as resident_lib
+from data import tfrecord
 from loops import build as build_lib
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
@@ -64,6 +65,15 @@ def dry_run(config, workdir, parts, user_callbacks):
     del report["model"], report["parameters"]  # model.name is the built-in's; the models row says it all
   if config.init.checkpoint:
     report["init"] = _init_line(config, parts, report["resumes_from"])
+  if config.data.service:
+    from data import service  # as data/pipeline.py: `python -m data.service` must not find itself imported
+    answers = service.reachable(config.data.service)
+    report["data_service"] = (f"{config.data.service} " + ("answers" if answers else "does not answer now (a run waits "
+                              f"data.service_timeout_seconds={config.data.service_timeout_seconds:g} for it)"))
+  manifest = tfrecord.read_manifest(config.data.data_dir) if config.data.name == "tfrecord" else None
+  if manifest is not None:  # every byte read once: what a run checks only cheaply
+    count = tfrecord.verify_checksums(config.data.data_dir, manifest)
+    report["prepared_files"] = f"{count} files match their SHA-256 and record counts in the manifest"
   print(f"config:\n{config}")
   print("dry run (nothing trained or written):")
   for key, value in report.items():

@@ -211,6 +211,18 @@ def test_bad_finder_settings_are_one_line_errors(what, keys, message, tmp_path):
   assert not os.listdir(tmp_path)
 
 
+@pytest.mark.parametrize("keys", [{"num_gpus": 0}, {"cpu_replicas": 2, "strategy": "mirrored"}])
+def test_batch_size_on_a_gpu_machine_with_cpu_replicas_is_a_cpu_search(keys, tmp_path, monkeypatch):
+  """The machine has a GPU (faked), the replicas are CPUs: the CPU rules hold (a memory budget), not GPU:0's."""
+  from loops.finders import trial
+  monkeypatch.setattr(trial, "has_gpu", lambda: True)
+  assert trial.replicas_on_gpu(load_config("digits_cnn"))
+  config = set_keys(load_config("digits_cnn"), keys)
+  assert not trial.replicas_on_gpu(config)
+  with pytest.raises(ConfigError, match="needs a memory budget"):
+    finders.find("batch_size", config, str(tmp_path))
+
+
 def test_a_workdir_with_checkpoints_is_refused_as_output(tmp_path):
   os.makedirs(tmp_path / "lr_find" / "checkpoints")
   with pytest.raises(ConfigError, match="holds checkpoints: it is a training workdir"):

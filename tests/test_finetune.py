@@ -144,6 +144,48 @@ def test_keras_file_sources(kind, source, tmp_path):
   np.testing.assert_array_equal(after["digits_cnn/conv2/kernel"], before["digits_cnn/conv2/kernel"])
 
 
+@pytest.mark.parametrize("kind", ["model", "weights"])
+def test_keras_2_h5_sources(kind, source, tmp_path):
+  """A plain .h5 (Keras 2's format): a whole model (model.save("x.h5")) or its weights only."""
+  model = keras.models.load_model(os.path.join(source, "export", "model.keras"))
+  path = str(tmp_path / f"{kind}.h5")
+  if kind == "model":
+    model.save(path)
+  else:
+    import h5py
+    from keras.src.legacy.saving import legacy_h5_format
+    with h5py.File(path, "w") as f:
+      legacy_h5_format.save_weights_to_hdf5_group(f, model)
+  summary = run.train_and_evaluate(digits(3, **{"init.checkpoint": path}, **HEAD_FRESH_BODY_FROZEN),
+                                   str(tmp_path / kind))
+  assert (summary["init/loaded"], summary["init/excluded"], summary["init/not_in_checkpoint"]) == (6, 2, 0)
+  before, after = saved_arrays(source), saved_arrays(str(tmp_path / kind))
+  np.testing.assert_array_equal(after["digits_cnn/conv2/kernel"], before["digits_cnn/conv2/kernel"])
+
+
+def test_a_file_named_keras_that_is_not_one_is_said_so(tmp_path):
+  path = tmp_path / "model.keras"
+  path.write_text("a text file, not a zip archive")
+  done = run_main("--config=configs/digits_cnn.py", f"--workdir={tmp_path / 'run'}",
+                  f"--config.init.checkpoint={path}", "--config.train.steps=5")
+  assert done.returncode == 1
+  lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert lines == [f"error: init.checkpoint '{path}' is not a valid .keras file (not the zip archive "
+                   "keras.Model.save writes); give a workdir, a checkpoint prefix (.../checkpoints/ckpt-N), a .keras "
+                   "file or a .weights.h5 (or .h5) file"], done.stderr[-2000:]
+  assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_an_exclude_matching_every_weight_is_said_so(source, tmp_path):
+  done = run_main("--config=configs/digits_cnn.py", f"--workdir={tmp_path / 'run'}",
+                  f"--config.init.checkpoint={source}", "--config.init.exclude=('.*',)", "--config.train.steps=5")
+  assert done.returncode == 1
+  lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert len(lines) == 1 and lines[0].startswith(
+      f"error: init.exclude ('.*',) excludes all 8 weights of the model: init.checkpoint '{source}' would load "
+      "nothing; exclude only what must start fresh"), done.stderr[-2000:]
+
+
 def test_missing_source_and_unknown_freeze_pattern_are_one_line_errors(tmp_path):
   with pytest.raises(ConfigError, match=r"init.checkpoint '.*nowhere' does not exist; give a workdir"):
     run.train_and_evaluate(digits(3, **{"init.checkpoint": str(tmp_path / "nowhere")}), str(tmp_path / "a"))
@@ -195,6 +237,8 @@ def test_optimizer_slots_are_taken_only_when_asked(source, optimizer_state):
   optimizer = keras.optimizers.SGD(0.01, momentum=0.9)
   optimizer.build(model.trainable_variables)
   _, counts = init_checkpoint.warm_start(init, model, optimizer, tf.distribute.get_strategy(), twin=None)
+  assert bool(init_checkpoint.read(source, twin=None, slots=optimizer_state).slots) == optimizer_state  # read only
+  assert init_checkpoint.read(source, twin=None).slots == {}  # when asked
   saved = tf.train.load_checkpoint(os.path.join(source, "checkpoints")).get_tensor("optimizer/_variables/2/.ATTRIBUTES/VARIABLE_VALUE")
   assert saved.shape == (3, 3, 1, 32) and np.abs(saved).max() > 0  # conv1's kernel momentum in the source
   conv1_momentum, logits_momentum = optimizer.momentums[0].numpy(), optimizer.momentums[-2].numpy()

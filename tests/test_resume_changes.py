@@ -9,6 +9,7 @@ from loops import run
 from loops.persist import starts
 from tests.test_research import assert_same, configured, mwms, trained
 from tests.test_sidecar import event_scalars
+from tests.conftest import run_main
 
 
 def test_settings_of_the_optimisation_need_acceptance_and_the_others_do_not():
@@ -29,7 +30,34 @@ def test_the_plan_keeps_the_recorded_batch_and_rate_unless_their_settings_change
   assert starts.kept_plan_values(recorded, ["train.steps"]) == {"global_batch_size": 32, "learning_rate": 0.05}
   assert starts.kept_plan_values(recorded, ["optimizer.learning_rate"]) is None
   assert starts.kept_plan_values(None, []) is None
-  assert starts.parse('{"a": 1}\n{"b": 2}\n{"c": ') == [{"a": 1}, {"b": 2}]  # a torn last line is left out
+  assert starts.parse('{"a": 1}\n\n{"b": 2}\n') == [{"a": 1}, {"b": 2}]
+  with pytest.raises(ConfigError, match=r"^starts.jsonl line 3 is not a start's record \('\{\"c\": '\): torn or "
+                                        r"edited; the resume compares"):
+    starts.parse('{"a": 1}\n{"b": 2}\n{"c": ')  # a torn last line is never skipped
+
+
+def test_a_torn_record_stops_the_resume_with_one_line_and_is_left_as_it_was(tmp_path):
+  """As a user meets it: a run, its record's last line torn, a resume with a changed learning rate (real main.py)."""
+  workdir = tmp_path / "run"
+  first = run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.train.steps=10",
+                   "--config.summary.progress_bar=off", "--config.export=False")
+  assert first.returncode == 0, first.stderr[-2000:]
+  path = workdir / "starts.jsonl"
+  torn = path.read_text()[:-25]
+  path.write_text(torn)
+  done = run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.train.steps=20",
+                  "--config.optimizer.learning_rate=0.5", "--config.summary.progress_bar=off")
+  assert done.returncode == 1
+  lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert len(lines) == 1 and lines[0].startswith(f"error: {path} line 1 is not a start's record ("), done.stderr
+  assert "torn or edited; the resume compares its settings with the last start's, so repair or remove" in lines[0]
+  assert path.read_text() == torn
+
+
+def test_an_append_to_a_record_without_its_last_newline_starts_a_line_of_its_own(tmp_path):
+  (tmp_path / "starts.jsonl").write_text('{"step": 0, "config": {}}')
+  starts.append(str(tmp_path), {"step": 10, "config": {}})
+  assert [s["step"] for s in starts.read(str(tmp_path))] == [0, 10]
 
 
 def digits(steps, **overrides):

@@ -17,12 +17,22 @@ BATCH = 64
 
 # What a serving client runs: TensorFlow and numpy only, no project code on the path.
 CLIENT = """
-import sys, numpy as np, tensorflow as tf
+import json, sys, numpy as np, tensorflow as tf
 for path in sys.argv[1:]:
   serve = tf.saved_model.load(path).signatures["serving_default"]
-  out = serve(images=tf.constant(np.load(path + ".images.npy")))
+  images = np.load(path + ".images.npy")
+  out = serve(images=images)
   np.save(path + ".probabilities.npy", out["probabilities"].numpy())
   np.save(path + ".classes.npy", out["classes"].numpy())
+  wrong = {"scaled_to_1": images / 16.0, "above_255": images * 20.0, "shape": np.zeros([2, 3, 3, 1], np.uint8),
+           "rank": images[0], "float_whole": images.astype(np.float32)}
+  answers = {}
+  for name, value in wrong.items():
+    try:
+      answers[name] = ["served", serve(images=value)["classes"].numpy().tolist()]
+    except Exception as e:
+      answers[name] = [type(e).__name__, str(e)]
+  json.dump(answers, open(path + ".wrong.json", "w"))
 """
 
 
@@ -96,7 +106,8 @@ def exported(tmp_path_factory):
   _, stderr = client.communicate(timeout=120)
   assert client.returncode == 0, stderr[-3000:]
   assert cli.returncode == 0, cli.stderr[-2000:]
-  served = {name: (summary, path, evaluation, np.load(path + ".probabilities.npy"), np.load(path + ".classes.npy"))
+  served = {name: (summary, path, evaluation, np.load(path + ".probabilities.npy"), np.load(path + ".classes.npy"),
+                   json.load(open(path + ".wrong.json")))
             for name, (summary, path, evaluation) in results.items()}
   return served, cli.stdout
 
@@ -114,7 +125,7 @@ def test_the_export_holds_model_keras_and_the_saved_model_and_the_summary_names_
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_served_probabilities_are_the_frameworks_eval_on_raw_images(exported, name):
-  _, _, (raw, _, averaged), probabilities, classes = exported[0][name]
+  _, _, (raw, _, averaged), probabilities, classes, _ = exported[0][name]
   assert raw.dtype == np.uint8 and raw.shape == (BATCH, 8, 8, 1)  # the source's images, before the 12x12 resize
   expected = averaged  # the eval's weights: the moving averages under EMA (the model's own otherwise)
   assert probabilities.dtype == np.float32 and probabilities.shape == (BATCH, 10)
@@ -125,13 +136,30 @@ def test_served_probabilities_are_the_frameworks_eval_on_raw_images(exported, na
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_with_ema_the_export_serves_the_averages_not_the_raw_weights(exported, name):
-  _, _, (_, own, averaged), probabilities, _ = exported[0][name]
+  _, _, (_, own, averaged), probabilities, _, _ = exported[0][name]
   assert np.max(np.abs(own - averaged)) > 1e-3  # the two weight sets give different answers on this batch
   assert np.max(np.abs(probabilities - averaged)) < TOLERANCE[name] < np.max(np.abs(probabilities - own))
 
 
+@pytest.mark.parametrize("name", list(RUNS))
+def test_wrong_input_is_a_short_error_not_a_silent_truncation(exported, name):
+  """Images scaled to [0, 1] (once truncated to 0 and 1 as uint8: accuracy 0.185), values above 255, a wrong
+  shape or rank (once a TypeError printing the whole array): a short InvalidArgumentError saying what is valid."""
+  _, _, _, _, classes, wrong = exported[0][name]
+  assert wrong["float_whole"] == ["served", classes.tolist()]  # float32 holding the raw values: the same answers
+  for case in ("scaled_to_1", "above_255"):
+    kind, message = wrong[case]
+    assert kind == "InvalidArgumentError" and len(message) < 600 and "array(" not in message, (case, message)
+    assert "images must hold the raw uint8 pixel values: whole numbers in 0..255 (not images scaled to [0, 1])" \
+        in message, (case, message)
+  for case, shape in (("shape", "[2 3 3 1]"), ("rank", "[8 8 1]")):
+    kind, message = wrong[case]
+    assert kind == "InvalidArgumentError" and len(message) < 600 and "array(" not in message, (case, message)
+    assert f"images must be a batch of shape [N, 8, 8, 1], got shape] {shape}" in message, (case, message)
+
+
 def test_saved_model_cli_lists_the_serving_signature(exported):
   shown = " ".join(exported[1].split())  # the mirrored bfloat16 run's export
-  assert "inputs['images'] tensor_info: dtype: DT_UINT8 shape: (-1, 8, 8, 1)" in shown, exported[1]
+  assert "inputs['images'] tensor_info: dtype: DT_FLOAT shape: unknown_rank" in shown, exported[1]
   assert "outputs['probabilities'] tensor_info: dtype: DT_FLOAT shape: (-1, 10)" in shown, exported[1]
   assert "outputs['classes'] tensor_info: dtype: DT_INT64 shape: (-1)" in shown, exported[1]

@@ -5,6 +5,7 @@ import collections
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,10 +17,11 @@ import tensorflow as tf
 import data
 from data import prepare as prepare_lib
 from data import records
+from errors import ConfigError
 from loops import check
 from loops import run
 from loops import plan as plan_lib
-from tests.conftest import REPO, load_config
+from tests.conftest import REPO, load_config, run_main
 from tests.test_reliability import checkpoint_tensors, start_and_sigterm
 from tests.test_research import assert_same, configured, mwms, trained
 
@@ -92,6 +94,134 @@ def test_a_killed_prepare_goes_on_where_it_stopped_and_ends_with_the_same_shards
   assert changed.returncode == 1
   assert changed.stderr.strip().splitlines()[-1].startswith(f"error: {killed_dir} holds a prepare with other "
                                                             "settings (quality: 95 -> 80)")
+
+
+def test_prepare_refuses_a_non_empty_out_that_is_no_prepare_of_its_own(tmp_path):
+  other = tmp_path / "other"
+  other.mkdir()
+  (other / "manifest.json").write_text('{"someone else\'s": 1}\n')
+  done = subprocess.run([PY, "-m", "data.prepare", "--config=configs/digits_cnn.py", "--format=raw",
+                         f"--out={other}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert done.returncode == 1
+  assert done.stderr.strip().splitlines()[-1] == (
+      f"error: --out={other} is not empty and holds no prepare (prepare-state.json): nothing in it is replaced; give a "
+      "new or empty directory (or the --out of an earlier prepare with the same settings)")
+  assert sorted(os.listdir(other)) == ["manifest.json"]
+  assert (other / "manifest.json").read_text() == '{"someone else\'s": 1}\n'
+  a_file = tmp_path / "a_file"
+  a_file.write_text("mine\n")
+  with pytest.raises(ConfigError, match=rf"^--out={re.escape(str(a_file))} is a file, not a directory"):
+    prepare_lib.prepare(load_config("digits_cnn").data, str(a_file), "raw", progress=lambda _: None)
+  assert a_file.read_text() == "mine\n"
+
+
+def copy_of(records_dir, tmp_path):
+  copy = tmp_path / "copy"
+  shutil.copytree(records_dir, copy)
+  return copy, json.load(open(copy / "manifest.json"))
+
+
+def rewrite(copy, manifest):
+  with open(copy / "manifest.json", "w") as f:
+    json.dump(manifest, f)
+
+
+def test_a_manifest_whose_counts_lie_is_caught_at_the_start(digits_records, tmp_path):
+  """Every count x3 (class counts too, so the sums agree): the first file's records, counted, differ; a run says
+  so in one line before it writes anything."""
+  copy, manifest = copy_of(digits_records[0], tmp_path)
+  for entry in manifest["splits"].values():
+    entry["counts"] = [3 * n for n in entry["counts"]]
+    entry["class_counts"] = [3 * n for n in entry["class_counts"]]
+  rewrite(copy, manifest)
+  first = manifest["splits"]["train"]["files"][0]
+  done = run_main("--config=configs/digits_cnn.py", f"--workdir={tmp_path / 'run'}", "--config.data.name=tfrecord",
+                  f"--config.data.data_dir={copy}", "--config.data.in_memory=False", "--config.train.steps=5")
+  assert done.returncode == 1
+  lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  true_count = manifest["splits"]["train"]["counts"][0] // 3
+  assert lines == [f"error: {copy / first} holds {true_count} records, its manifest says {3 * true_count}; rerun "
+                   "the same `python -m data.prepare` command on it (it rewrites damaged shards and the manifest)"]
+  assert not (tmp_path / "run" / "config.json").exists()
+
+
+def test_a_later_files_lying_count_and_a_truncated_file_are_caught_by_their_sizes(digits_records, tmp_path):
+  copy, manifest = copy_of(digits_records[0], tmp_path)
+  train = manifest["splits"]["train"]
+  train["counts"][3] *= 3
+  train["class_counts"][0] += 2 * train["counts"][3] // 3
+  rewrite(copy, manifest)
+  with pytest.raises(ConfigError, match=rf"the manifest's count for {re.escape(str(copy / train['files'][3]))} "
+                                        rf"\({train['counts'][3]} records in \d+ bytes"):
+    data.load(streamed(str(copy)).data)
+  train["counts"][3] //= 3
+  train["class_counts"][0] -= 2 * train["counts"][3]
+  rewrite(copy, manifest)
+  data.load(streamed(str(copy)).data)  # the truth again
+  victim = copy / train["files"][5]
+  with open(victim, "r+b") as f:
+    f.truncate(os.path.getsize(victim) - 7)
+  with pytest.raises(ConfigError, match=rf"^{re.escape(str(victim))} has \d+ bytes, its manifest says \d+ "
+                                        r"\(truncated or replaced\?\); rerun the same `python -m data.prepare`"):
+    data.load(streamed(str(copy)).data)
+
+
+def test_a_bit_flip_is_caught_by_the_checksums_on_request_and_in_a_dry_run(digits_records, tmp_path):
+  copy, manifest = copy_of(digits_records[0], tmp_path)
+  victim = copy / manifest["splits"]["train"]["files"][2]
+  content = bytearray(victim.read_bytes())
+  content[len(content) // 2] ^= 0x10
+  victim.write_bytes(bytes(content))
+  data.load(streamed(str(copy)).data)  # the cheap checks cannot see it: same size, same count
+  message = rf"^{re.escape(str(victim))} does not match its SHA-256 in the manifest \(damaged or replaced\)"
+  with pytest.raises(ConfigError, match=message):
+    data.load(streamed(str(copy), tfrecord={"verify": True}).data)
+  with pytest.raises(ConfigError, match=message):
+    run.train_and_evaluate(streamed(str(copy)), str(tmp_path / "dry"), dry_run=True)
+  report = run.train_and_evaluate(streamed(digits_records[0]), str(tmp_path / "dry"), dry_run=True)
+  assert report["prepared_files"] == "17 files match their SHA-256 and record counts in the manifest"
+
+
+def main_on(records_dir, workdir, *extra):
+  return run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.data.name=tfrecord",
+                  f"--config.data.data_dir={records_dir}", "--config.data.in_memory=False", "--config.train.steps=5",
+                  "--config.summary.progress_bar=off", *extra)
+
+
+def the_error_line(done):
+  assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  lines = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert len(lines) == 1, done.stderr[-3000:]
+  return lines[0]
+
+
+@pytest.mark.parametrize("manifest", [True, False], ids=["prepared", "glob"])
+def test_a_bit_flipped_shard_is_one_line_naming_it(digits_records, tmp_path, manifest):
+  """Same size and count (the manifest's cheap checks pass): the read fails inside the run; or, for a glob, while
+  its records are counted at load."""
+  copy, listed = copy_of(digits_records[0], tmp_path)
+  victim = copy / listed["splits"]["train"]["files"][2]
+  content = bytearray(victim.read_bytes())
+  content[len(content) // 2] ^= 0x10
+  victim.write_bytes(bytes(content))
+  if not manifest:
+    os.remove(copy / "manifest.json")
+  source = copy if manifest else f"{copy}/{{split}}-*", *([] if manifest else ["--config.data.tfrecord.num_classes=10"])
+  line = the_error_line(main_on(*source[:1], tmp_path / "run", *source[1:]))
+  assert re.match(rf"error: {re.escape(str(victim))} cannot be read to the end \(corrupted "
+                  r"record at \d+\): damaged or truncated; replace it", line), line
+
+
+def test_an_empty_data_dir_and_an_image_key_of_no_feature_are_one_line(digits_records, tmp_path):
+  empty = tmp_path / "empty"
+  empty.mkdir()
+  line = the_error_line(main_on(empty, tmp_path / "a", "--config.data.tfrecord.num_classes=10"))
+  assert line.startswith(f"error: data.data_dir={empty} is a directory without manifest.json: give a directory "
+                         "written by `python -m data.prepare"), line
+  line = the_error_line(main_on(digits_records[0], tmp_path / "b", "--config.data.tfrecord.image_key=img"))
+  assert line == (f"error: data.tfrecord.image_key='img' is not a feature of the records in "
+                  f"{digits_records[0]}/train-00000-of-00016.tfrecord; they have: image, label")
+  assert not (tmp_path / "b").exists()
 
 
 def pipeline_batches(source, config, steps, **kwargs):

@@ -23,6 +23,7 @@ from errors import ConfigError, WorkerLostError, first_line
 from loops.core import stragglers
 from loops.core.interfaces import TrainOutput
 from loops.distribute import parameter_server
+from loops.distribute import service_watch
 from loops.distribute import steps
 from loops.distribute import strategy as strategy_lib
 from loops.model import optimizers
@@ -162,13 +163,14 @@ class SyncExecution(_Execution):
     self._iterator, self._start_step, self._norms = None, self.step, None
 
   def train(self, num_steps):
-    if self._resident_fn is None and self._iterator is None:  # at the first call: a finished run or an evaluator
-      self._start_train_input()                                # never places or starts the train input
-    if self._resident_fn is not None:
-      read_out = self._resident_fn(tf.constant(num_steps, tf.int32))
-    else:
-      read_out = self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))
-    values = read_out.numpy()
+    with service_watch.during_train_call(self.config):  # a bound on waits for the tf.data service
+      if self._resident_fn is None and self._iterator is None:  # at the first call: a finished run or an evaluator
+        self._start_train_input()                                # never places or starts the train input
+      if self._resident_fn is not None:
+        read_out = self._resident_fn(tf.constant(num_steps, tf.int32))
+      else:
+        read_out = self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))
+      values = read_out.numpy()
     return self._train_output(*self._read_out.results(values), self._read_out.worker_seconds(values))
 
   def _start_train_input(self):

@@ -6,7 +6,7 @@ def find(what, config, workdir):
   """Runs the LR range test (what="lr") or the batch-size finder ("batch_size"); returns its result dict."""
   from loops import check
   from loops.finders import trial
-  check.check_finder(config, what, trial.has_gpu())
+  check.check_finder(config, what, trial.replicas_on_gpu(config))
   if what == "lr":
     from loops.finders import lr_range
     return lr_range.find_lr(config, workdir)

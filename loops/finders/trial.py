@@ -19,6 +19,12 @@ def has_gpu():
   return bool(tf.config.list_physical_devices("GPU"))
 
 
+def replicas_on_gpu(config):
+  """Whether the run's replicas are GPUs (strategy.replica_devices), not merely whether the machine has one:
+  cpu_replicas > 0 or num_gpus=0 train on CPU. Reads physical devices only (the runtime is not started yet)."""
+  return config.cpu_replicas == 0 and config.num_gpus != 0 and has_gpu()
+
+
 def throwaway_config(config, steps, global_batch_size=None):
   """A copy of config for `steps` train steps: constant lr without warmup or weight averaging (the finder sets
   its own learning rate), no eval or checkpoint cadence; global_batch_size replaces the batch when given."""

@@ -19,22 +19,47 @@ def write_saved_model(model, preprocess, image_spec, path):
   """Writes the SavedModel of `model` at `path`: serving_default(images) -> {probabilities, classes}.
 
   preprocess: fn(raw images) -> the model's float inputs (the eval's own preprocessing); image_spec: the raw
-  images' tf.TensorSpec ([None, H, W, C], uint8 for every built-in source).
+  images' tf.TensorSpec ([None, H, W, C], uint8 for every built-in source). The signature takes float32 of any
+  shape (uint8 arrays convert exactly) and checks it inside, so that a [0, 1]-scaled float image or a wrong shape is
+  a short error instead of a silent truncation to uint8 or a TypeError printing the whole array.
   """
   archive = keras.export.ExportArchive()
   archive.track(model)
-  archive.add_endpoint(SIGNATURE, serving_function(model, preprocess),
-                       input_signature=[tf.TensorSpec(image_spec.shape, image_spec.dtype, name=INPUT)])
+  archive.add_endpoint(SIGNATURE, serving_function(model, preprocess, image_spec),
+                       input_signature=[tf.TensorSpec(None, tf.float32, name=INPUT)])
   archive.write_out(path, verbose=False)
   return path
 
 
-def serving_function(model, preprocess):
-  """fn(raw images) -> {"probabilities": float32 softmax, "classes": int64 argmax}, in inference mode. Logits
-  of a mixed-precision model (float16/bfloat16) are cast to float32 first, as the eval does."""
+def checked_images(images, image_spec):
+  """`images` (float32, any shape) as the raw images of `image_spec`, after in-graph checks that fail with a short
+  InvalidArgumentError: the shape [batch, H, W, C]; for uint8 sources whole values in 0..255."""
+  height, width, channels = (int(d) for d in image_spec.shape[1:])
+  shape_text = tf.strings.reduce_join(tf.strings.as_string(tf.shape(images)), separator=",")
+  shape_check = tf.debugging.Assert(
+      tf.strings.regex_full_match(shape_text, rf"\d+,{height},{width},{channels}"),
+      [f"images must be a batch of shape [N, {height}, {width}, {channels}], got shape", tf.shape(images)],
+      summarize=8)
+  with tf.control_dependencies([shape_check]):  # the values are looked at only in the right shape
+    images = tf.ensure_shape(tf.identity(images), [None, height, width, channels])
+  if image_spec.dtype == tf.uint8:
+    whole = tf.reduce_all(tf.equal(images, tf.round(images)))
+    in_range = tf.logical_and(tf.reduce_all(images >= 0), tf.reduce_all(images <= 255))
+    value_check = tf.debugging.Assert(tf.logical_and(whole, in_range), [
+        "images must hold the raw uint8 pixel values: whole numbers in 0..255 (not images scaled to [0, 1]); got "
+        "min, max", tf.reduce_min(images), tf.reduce_max(images)], summarize=2)
+    with tf.control_dependencies([value_check]):
+      images = tf.identity(images)
+  return tf.cast(images, image_spec.dtype)
+
+
+def serving_function(model, preprocess, image_spec):
+  """fn(images) -> {"probabilities": float32 softmax, "classes": int64 argmax}, in inference mode, on images
+  checked by `checked_images`. Logits of a mixed-precision model (float16/bfloat16) are cast to float32 first, as
+  the eval does."""
 
   def serve(images):
-    outputs = model(preprocess(images), training=False)
+    outputs = model(preprocess(checked_images(images, image_spec)), training=False)
     logits = tf.cast(outputs["logits"] if isinstance(outputs, dict) else outputs, tf.float32)
     return {"probabilities": tf.nn.softmax(logits), "classes": tf.argmax(logits, axis=-1, output_type=tf.int64)}
 

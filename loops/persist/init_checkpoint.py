@@ -7,8 +7,9 @@ and by shape; `init.exclude` leaves out variables by their Keras path. Sources:
   * a workdir (its latest checkpoint) or a checkpoint prefix: read with tf.train.load_checkpoint, its object graph
     walked from `model` (and `optimizer` for init.optimizer_state);
   * a .keras file: loaded with keras.models.load_model (copied to a local temporary file when remote);
-  * a .weights.h5 file: loaded into a twin of this run's model (its variables set to NaN first, so what the file
-    did not fill, missing or of another shape, is known).
+  * a .weights.h5 file, or a Keras 2 style .h5 / .hdf5 (a whole model or its weights): loaded into a twin of this
+    run's model (its variables set to NaN first, so what the file did not fill, missing or of another shape, is
+    known).
 """
 
 import contextlib
@@ -18,6 +19,7 @@ import posixpath
 import re
 import shutil
 import tempfile
+import zipfile
 
 from absl import logging
 import keras
@@ -29,7 +31,8 @@ from errors import ConfigError, first_line
 from loops.model.freeze import compact
 
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
-SOURCES = "a workdir, a checkpoint prefix (.../checkpoints/ckpt-N), a .keras file or a .weights.h5 file"
+SOURCES = "a workdir, a checkpoint prefix (.../checkpoints/ckpt-N), a .keras file or a .weights.h5 (or .h5) file"
+H5_SUFFIXES = (".h5", ".hdf5")  # .weights.h5 (Keras 3) and Keras 2's .h5 files of a model or its weights
 
 
 @dataclasses.dataclass
@@ -98,17 +101,21 @@ def resolve_prefix(path):
   raise ConfigError(f"init.checkpoint '{path}' does not exist; give {SOURCES}")
 
 
-def read(path, twin):
-  """The Offered weights at `path`; `twin()` builds a fresh copy of this run's model (for .weights.h5 files)."""
-  if path.endswith(".keras") or path.endswith(".weights.h5"):
+def read(path, twin, slots=False):
+  """The Offered weights at `path`; `twin()` builds a fresh copy of this run's model (for .h5 files); the
+  optimizer's slots of a checkpoint only with `slots` (init.optimizer_state)."""
+  if path.endswith(".keras") or path.endswith(H5_SUFFIXES):
     if not tf.io.gfile.exists(path):
       raise ConfigError(f"init.checkpoint '{path}' does not exist; give {SOURCES}")
     with _local_copy(path) as local:
+      if path.endswith(".keras") and not zipfile.is_zipfile(local):
+        raise ConfigError(f"init.checkpoint '{path}' is not a valid .keras file (not the zip archive "
+                          f"keras.Model.save writes); give {SOURCES}")
       try:
         return _from_keras_file(path, local) if path.endswith(".keras") else _from_weights_file(path, local, twin)
       except (ValueError, TypeError, OSError, KeyError) as e:
         raise ConfigError(f"init.checkpoint '{path}' cannot be read: {first_line(e)}") from None
-  return _from_checkpoint(resolve_prefix(path))
+  return _from_checkpoint(resolve_prefix(path), slots)
 
 
 @contextlib.contextmanager
@@ -145,15 +152,15 @@ def _from_weights_file(path, local, twin):
   return Offered(f"{path} (Keras weights)", arrays, {p: variables[p].path for p in arrays})
 
 
-def _from_checkpoint(prefix):
+def _from_checkpoint(prefix, slots=False):
   try:
-    return _read_checkpoint(prefix)
+    return _read_checkpoint(prefix, slots)
   except (tf.errors.OpError, IndexError) as e:  # torn or truncated (as checkpoints.unreadable: TF raises both)
     raise ConfigError(f"init.checkpoint '{prefix}' cannot be read ({type(e).__name__}: {first_line(e)}); give an "
                       "intact checkpoint (a workdir's best/ or an earlier ckpt-N)") from None
 
 
-def _read_checkpoint(prefix):
+def _read_checkpoint(prefix, slots):
   reader = tf.train.load_checkpoint(prefix)
   if not reader.has_tensor(OBJECT_GRAPH):
     raise ConfigError(f"init.checkpoint '{prefix}' has no object graph (a TF1 name-based checkpoint?); give "
@@ -168,7 +175,7 @@ def _read_checkpoint(prefix):
   keys = {place: _value_key(graph.nodes[node]) for node, place in node_places.items()}
   arrays = {place: reader.get_tensor(key) for place, key in keys.items() if key}
   source = Offered(prefix, arrays, {place: place for place in arrays})
-  if "optimizer" in root:
+  if slots and "optimizer" in root:
     source.slots = _slots(graph, reader, root["optimizer"], node_places)
   return source
 
@@ -249,9 +256,13 @@ def inspect(init, model, twin):
   Raises:
     ConfigError: a missing or unreadable source, or less than init.min_fraction of the model's scalars loadable.
   """
-  source = read(init.checkpoint, twin)
+  source = read(init.checkpoint, twin, slots=init.optimizer_state)
   variables = model_variables(model)
   result = match(source, variables, tuple(init.exclude))
+  if variables and len(result.excluded) == len(variables):
+    raise ConfigError(f"init.exclude {tuple(init.exclude)} excludes all {len(variables)} weights of the model: "
+                      f"init.checkpoint '{init.checkpoint}' would load nothing; exclude only what must start fresh "
+                      f"(regular expressions searched in paths such as {compact(sorted(result.excluded), 2)})")
   for pattern in init.exclude:
     if not any(re.search(pattern, v.path) for v in variables.values()):
       logging.warning("init.exclude pattern '%s' matches no variable of the model (paths: %s)", pattern,

@@ -33,6 +33,8 @@ INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what shells report for Ctrl-C
 # main.py sets True: the process ends after its one run, so signals that come after the run (a scheduler's late
 # warning, a second Ctrl-C) are ignored once the watcher closes, instead of killing a finished run.
 PROCESS_ENDS_AFTER_RUN = False
+# Called with the signal's name for every signal a watcher receives (e.g. service_watch: a wait that never ends).
+SIGNAL_LISTENERS = []
 
 
 class PreemptionWatcher:
@@ -74,6 +76,8 @@ class PreemptionWatcher:
   def _on_signal(self, number):
     """In the reader thread, for every signal received."""
     name = signal.Signals(number).name
+    for listener in list(SIGNAL_LISTENERS):
+      listener(name)
     interrupt = number == signal.SIGINT and self._ctrl_c
     self._interrupts += interrupt
     if self._interrupts > 1:

@@ -22,6 +22,8 @@ import json
 import posixpath
 from typing import Iterable, Optional
 
+from errors import ConfigError
+
 FILE = "starts.jsonl"
 
 # Settings that leave the optimisation and the data order as they were (prefixes end with "."). Everything else
@@ -85,15 +87,27 @@ def kept_plan_values(recorded: Optional[dict], changed_keys: Iterable[str]) -> O
   return {"global_batch_size": plan["global_batch_size"], "learning_rate": plan["learning_rate"]}
 
 
-def parse(text: str) -> list[dict]:
-  """The starts in a starts.jsonl text (a torn last line, from a crash while writing, is left out)."""
+def parse(text: str, name: str = FILE) -> list[dict]:
+  """The starts in a starts.jsonl text; ConfigError naming the first line that is not one start's JSON (torn or
+  edited): a resume cannot judge its changes against a record it cannot read."""
   starts = []
-  for line in text.splitlines():
-    try:
-      starts.append(json.loads(line))
-    except json.JSONDecodeError:
+  for number, line in enumerate(text.splitlines(), 1):
+    if not line.strip():
       continue
+    try:
+      start = json.loads(line)
+    except json.JSONDecodeError as e:
+      start = e
+    if not isinstance(start, dict):
+      raise ConfigError(f"{name} line {number} is not a start's record ({_excerpt(line)}): torn or edited; the "
+                        "resume compares its settings with the last start's, so repair or remove that line (one JSON "
+                        "object per start) and rerun")
+    starts.append(start)
   return starts
+
+
+def _excerpt(line):
+  return repr(line[:40] + "..." if len(line) > 40 else line)
 
 
 def entry(step: int, config: dict, plan: dict, accepted: list, task: str) -> dict:
@@ -106,7 +120,7 @@ def read(workdir: str) -> list[dict]:
   """The starts recorded in workdir (none when it has no record)."""
   import tensorflow as tf
   name = posixpath.join(workdir, FILE)
-  return parse(tf.io.gfile.GFile(name).read()) if tf.io.gfile.exists(name) else []
+  return parse(tf.io.gfile.GFile(name).read(), name) if tf.io.gfile.exists(name) else []
 
 
 def append(workdir: str, start: dict) -> None:
@@ -115,6 +129,8 @@ def append(workdir: str, start: dict) -> None:
   import tensorflow as tf
   name = posixpath.join(workdir, FILE)
   before = tf.io.gfile.GFile(name).read() if tf.io.gfile.exists(name) else ""
+  if before and not before.endswith("\n"):
+    before += "\n"  # a record that lost its last newline: the new start still gets a line of its own
   with tf.io.gfile.GFile(name + ".tmp", "w") as f:
     f.write(before + json.dumps(start) + "\n")
   tf.io.gfile.rename(name + ".tmp", name, overwrite=True)
