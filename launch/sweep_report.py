@@ -137,6 +137,7 @@ def best_curve(table, mode):
 def plot(path, curve, metric):
   """A PNG of the best value against trials spent."""
   import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib.ticker  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
 
@@ -146,6 +147,7 @@ def plot(path, curve, metric):
   axes.set_xlabel("trials spent")
   axes.set_ylabel(f"best {metric}")
   axes.set_xlim(0.5, max(1, len(curve)) + 0.5)
+  axes.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
   axes.grid(alpha=0.3)
   figure.tight_layout()
   figure.savefig(path + ".tmp.png", dpi=100)

@@ -69,7 +69,7 @@ def open_study(path, record, create=True):
       raise sweep_grid.SweepError(
           f"the sweep's study ({path}) has {key} {recorded[key]!r}, this command {record[key]!r}: a study "
           f"continues only with the same space, metric, search and pruner; use another --sweep_dir")
-  for key in ("space", "metric", "mode", "search", "prune"):
+  for key in ("space", "metric", "mode", "search", "prune", "seed", "trials"):
     if key not in recorded:
       study.set_user_attr(key, record[key])
   return study
@@ -100,11 +100,13 @@ def assign(study, sweep_dir, index, grid, point=None):
   if point is not None:
     fixed = {key: optuna.distributions.CategoricalDistribution([value]) for key, value in point.items()}
     trial = study.ask(fixed)
-  else:
+  else:  # seeded by (seed, index): the same proposal in whichever process asks (an array task, a rerun)
+    recorded = study.user_attrs
+    study.sampler = _sampler(recorded["search"], recorded.get("seed", 0) * 100003 + index, recorded.get("trials", 10))
     trial = study.ask(distributions(grid))
   overrides = {key: _text(value) for key, value in trial.params.items()}
-  names = {t.user_attrs.get("name") for t in study.get_trials(deepcopy=False)}
-  name = sweep_grid.trial_name(overrides)
+  names = {t.user_attrs.get("name") for t in study.get_trials(deepcopy=False) if t.user_attrs.get("index") != index}
+  name = mine[-1].user_attrs["name"] if mine else sweep_grid.trial_name(overrides)
   if name in names:  # another trial rounds to the same values (tpe): its own workdir anyway
     name = f"{name},trial={index}"
   trial.set_user_attr("overrides", overrides)
