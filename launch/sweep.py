@@ -111,7 +111,7 @@ def _checked_before(sweep, previous):
   """A rerun with the same config, extra flags, space and search as the recorded sweep (whose dry run passed then;
   each trial's main.py checks everything again anyway)."""
   keys = ("config", "extra_args", "grid", "search", "prune")
-  return bool(previous) and all(previous.get(k) == sweep[k] for k in keys) and bool(previous.get("metric"))
+  return bool(previous) and all(previous.get(k) == sweep[k] for k in keys) and "metric" in previous
 
 
 def plan(args):

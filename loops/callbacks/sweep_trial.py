@@ -19,7 +19,7 @@ STUDY_NAME = "sweep"
 REDUCTION_FACTOR = 3
 
 
-def load_study(path, pruner=None):
+def load_study(path):
   """The sweep's study in its journal file (Optuna's file storage: safe for several processes and nodes)."""
   import optuna  # pylint: disable=import-outside-toplevel
   from optuna.storages import journal  # pylint: disable=import-outside-toplevel
@@ -28,7 +28,7 @@ def load_study(path, pruner=None):
   with warnings.catch_warnings():
     warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
     storage = journal.JournalStorage(journal.JournalFileBackend(path))
-  return optuna.load_study(study_name=STUDY_NAME, storage=storage, pruner=pruner)
+  return optuna.load_study(study_name=STUDY_NAME, storage=storage)
 
 
 def make_pruner(kind, first_eval_step, total_steps):
@@ -63,8 +63,7 @@ class SweepTrial(Callback):
     if (recorded.get("metric"), recorded.get("mode")) != (self.metric, self.mode):
       raise ConfigError(f"the sweep's study optimises {recorded.get('metric')} ({recorded.get('mode')}), this trial's "
                         f"checkpoint.best_metric is {self.metric} ({self.mode}): start a new sweep directory")
-    pruner = make_pruner(recorded.get("prune", "none"), self.every_steps or state.total_steps, state.total_steps)
-    study = load_study(self.path, pruner)
+    study.pruner = make_pruner(recorded.get("prune", "none"), self.every_steps or state.total_steps, state.total_steps)
     trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, self.number)  # pylint: disable=protected-access
     if not study._storage.get_trial(trial_id).state.is_finished():  # pylint: disable=protected-access
       self.trial = optuna.trial.Trial(study, trial_id)
