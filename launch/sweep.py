@@ -122,18 +122,11 @@ def plan(args):
   config = absolute_config(args.config)
   trials = [] if args.search == "tpe" else sweep_grid.trials(grid, args.trials, args.seed)
   for trial in trials:
-    _settle(trial, args.sweep_dir, config, args.extra)
-  return {"config": config, "extra_args": args.extra, "specs": args.grid, "grid": {k: repr(v) if isinstance(v, sweep_grid.Range) else v
-                                                                for k, v in grid.items()},
+    sweep_local.settle(trial, args.sweep_dir, config, args.extra)
+  recorded_grid = {k: repr(v) if isinstance(v, sweep_grid.Range) else v for k, v in grid.items()}
+  return {"config": config, "extra_args": args.extra, "specs": args.grid, "grid": recorded_grid,
           "search": args.search, "count": args.trials if args.trials else len(trials), "prune": args.prune,
           "random": args.trials if args.search == "random" else None, "seed": args.seed, "trials": trials}, grid
-
-
-def _settle(trial, sweep_dir, config, extra_args):
-  """Gives a trial its workdir and its settings' fingerprint."""
-  trial["workdir"] = os.path.join(sweep_dir, trial["name"])
-  trial["settings"] = sweep_local.settings_of(config, trial["overrides"], extra_args)
-  return trial
 
 
 def report(sweep_dir, trials, out):
@@ -155,7 +148,7 @@ def main(argv=None, out=sys.stdout):
     study = None
     if sweep_study.uses_study(sweep["search"], sweep["prune"]):
       os.makedirs(args.sweep_dir, exist_ok=True)
-      study = sweep_study.open_study(os.path.join(args.sweep_dir, sweep_study.STUDY_FILE), _study_record(sweep))
+      study = sweep_study.open_study(os.path.join(args.sweep_dir, sweep_study.STUDY_FILE), sweep_study.record_of(sweep))
   except sweep_grid.SweepError as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
@@ -191,17 +184,13 @@ def _judged_by(sweep, grid, previous):
                                 "=eval/accuracy)")
 
 
-def _study_record(sweep):
-  return {"space": sweep["grid"], "metric": sweep["metric"], "mode": sweep["mode"], "search": sweep["search"],
-          "prune": sweep["prune"], "seed": sweep["seed"], "trials": sweep["count"]}
-
-
 def _study_trials(study, sweep, sweep_dir, assign=False):
   """The trials the study holds, each with its workdir and settings; assign: failed ones get a new Optuna trial."""
   known = sweep_study.known(study, sweep_dir)
   if assign:
     known = [sweep_study.assign(study, sweep_dir, t["index"], None) for t in known]
-  return [_settle(t, sweep_dir, sweep["config"], sweep["extra_args"]) for t in known if t["index"] < sweep["count"]]
+  return [sweep_local.settle(t, sweep_dir, sweep["config"], sweep["extra_args"])
+          for t in known if t["index"] < sweep["count"]]
 
 
 def _study_hooks(study, sweep, grid, trials_path):
@@ -209,11 +198,11 @@ def _study_hooks(study, sweep, grid, trials_path):
   if study is None:
     return None, None
   sweep_dir = os.path.dirname(trials_path)
-  fixed = {t["index"]: t["overrides"] for t in plan_points(sweep, grid)}
+  fixed = {t["index"]: t["overrides"] for t in sweep_study.fixed_points(sweep, grid)}
 
   def ask(index):
     trial = sweep_study.assign(study, sweep_dir, index, grid, fixed.get(index))
-    _settle(trial, sweep_dir, sweep["config"], sweep["extra_args"])
+    sweep_local.settle(trial, sweep_dir, sweep["config"], sweep["extra_args"])
     sweep_report.write_json(trials_path, sweep)  # sweep["trials"] gets it appended by the caller
     return trial
 
@@ -224,19 +213,12 @@ def _study_hooks(study, sweep, grid, trials_path):
   return (sweep["count"], ask), on_end
 
 
-def plan_points(sweep, grid):
-  """The fixed points of a grid or random sweep (none for tpe)."""
-  if sweep["search"] == "tpe":
-    return []
-  return sweep_grid.trials(grid, sweep["random"], sweep["seed"])
-
-
 def _report_only(sweep_dir, trials_path, out):
   sweep = sweep_report.read_json(trials_path)
   if not sweep:
     raise sweep_grid.SweepError(f"no sweep in {sweep_dir} (no {TRIALS}): run the sweep first")
   if sweep_study.uses_study(sweep.get("search", "grid"), sweep.get("prune", "none")):
-    study = sweep_study.open_study(os.path.join(sweep_dir, sweep_study.STUDY_FILE), _study_record(sweep))
+    study = sweep_study.open_study(os.path.join(sweep_dir, sweep_study.STUDY_FILE), sweep_study.record_of(sweep))
     sweep["trials"] = _study_trials(study, sweep, sweep_dir)
   report(sweep_dir, sweep["trials"], out)
   return 0

@@ -70,6 +70,13 @@ def settings_of(config, overrides, extra_args):
   return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
+def settle(trial, sweep_dir, config, extra_args):
+  """Gives a trial its workdir and its settings' fingerprint; returns it."""
+  trial["workdir"] = os.path.join(sweep_dir, trial["name"])
+  trial["settings"] = settings_of(config, trial["overrides"], extra_args)
+  return trial
+
+
 def sweep_flags(trial):
   """The trial's config.sweep.* flags: its settings' fingerprint, and its Optuna study and trial number if any."""
   flags = [f"--config.sweep.settings={trial['settings']}"] if trial.get("settings") else []
@@ -169,11 +176,13 @@ def _verdict(trial):
   return summary["stopped_early"] if str(summary.get("stopped_early", "")).startswith("pruned at") else "complete"
 
 
-def run(config, trials, extra_args, parallel, out=sys.stdout, poll_seconds=0.5, more=None, on_end=None):
+def run(config, trials, extra_args, parallel, out=sys.stdout, poll_seconds=0.5, more=None,
+        on_end=None):
   """Runs the trials not yet complete (their summary.json proves the current settings), `parallel` at a time;
   returns 0 (all complete), 1 (some failed), or 143 (some unfinished: preempted, or the sweep stopped by
   SIGTERM/Ctrl-C; rerun to resume them). more: (count, ask): the trials of indices 0..count-1 not in `trials` come
-  from ask(index) when a slot frees (an Optuna study's next trial), appended to `trials`. on_end(trial, exit code) after each attempt."""
+  from ask(index) when a slot frees (an Optuna study's next trial), appended to `trials`. on_end(trial, exit code)
+  after each attempt."""
   count, ask = more or (len(trials), None)
   todo = [t for t in trials if not sweep_report.is_complete(t["workdir"], t.get("settings"))]
   missing = sorted(set(range(count)) - {t["index"] for t in trials}) if ask else []

@@ -10,7 +10,6 @@ results so far) and finds the same trial on a requeue; the runs report to the sh
   python -m launch.sweep_slurm DIR/trials.json TASK_ID   prints the task's shell assignments (used by the script)
 """
 
-import json
 import os
 import shlex
 import sys
@@ -94,16 +93,14 @@ def selection(trials_path, task_id, array_job_id):
 
 def _trial(sweep, sweep_dir, index):
   """Trial `index` with its workdir and settings: from trials.json, or from the sweep's study."""
-  from launch import sweep as sweep_lib  # pylint: disable=import-outside-toplevel
-
+  config, extra_args = sweep["config"], sweep["extra_args"]
   if not sweep_study.uses_study(sweep.get("search", "grid"), sweep.get("prune", "none")):
-    trial = sweep["trials"][index]
-    return trial if "settings" in trial else sweep_lib._settle(trial, sweep_dir, sweep["config"], sweep["extra_args"])  # pylint: disable=protected-access
+    return sweep_local.settle(sweep["trials"][index], sweep_dir, config, extra_args)
   grid = sweep_grid.parse_grid(sweep["specs"])
-  study = sweep_study.open_study(os.path.join(sweep_dir, sweep_study.STUDY_FILE), sweep_lib._study_record(sweep))  # pylint: disable=protected-access
-  fixed = {t["index"]: t["overrides"] for t in sweep_lib.plan_points(sweep, grid)}
+  study = sweep_study.open_study(os.path.join(sweep_dir, sweep_study.STUDY_FILE), sweep_study.record_of(sweep))
+  fixed = {t["index"]: t["overrides"] for t in sweep_study.fixed_points(sweep, grid)}
   trial = sweep_study.assign(study, sweep_dir, index, grid, fixed.get(index))
-  return sweep_lib._settle(trial, sweep_dir, sweep["config"], sweep["extra_args"])  # pylint: disable=protected-access
+  return sweep_local.settle(trial, sweep_dir, config, extra_args)
 
 
 def main(argv):

@@ -24,6 +24,19 @@ def uses_study(search, prune):
   return search == "tpe" or prune != "none"
 
 
+def record_of(sweep):
+  """What the study records and checks, from the sweep's record (trials.json)."""
+  return {"space": sweep["grid"], "metric": sweep["metric"], "mode": sweep["mode"], "search": sweep["search"],
+          "prune": sweep["prune"], "seed": sweep["seed"], "trials": sweep["count"]}
+
+
+def fixed_points(sweep, grid):
+  """The points of a grid or random sweep, fixed in advance (none for tpe)."""
+  if sweep["search"] == "tpe":
+    return []
+  return sweep_grid.trials(grid, sweep["random"], sweep["seed"])
+
+
 def distributions(grid):
   """{KEY: an Optuna distribution} for the tpe sampler."""
   import optuna  # pylint: disable=import-outside-toplevel

@@ -64,9 +64,9 @@ class SweepTrial(Callback):
       raise ConfigError(f"the sweep's study optimises {recorded.get('metric')} ({recorded.get('mode')}), this trial's "
                         f"checkpoint.best_metric is {self.metric} ({self.mode}): start a new sweep directory")
     study.pruner = make_pruner(recorded.get("prune", "none"), self.every_steps or state.total_steps, state.total_steps)
-    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, self.number)  # pylint: disable=protected-access
-    if not study._storage.get_trial(trial_id).state.is_finished():  # pylint: disable=protected-access
-      self.trial = optuna.trial.Trial(study, trial_id)
+    frozen = study.get_trials(deepcopy=False)[self.number]
+    if not frozen.state.is_finished():  # a rerun of a finished trial evaluates again: nothing to report
+      self.trial = optuna.trial.Trial(study, frozen._trial_id)  # pylint: disable=protected-access
 
   def after_eval(self, state):
     value = state.eval.get(self.metric)
@@ -88,8 +88,8 @@ class SweepTrial(Callback):
       state.summary["pruned"] = self.pruned
       self.trial.study.tell(self.trial, state=optuna.trial.TrialState.PRUNED)
       return
-    values = [v for v in self.trial.study._storage.get_trial(self.trial._trial_id).intermediate_values.values()  # pylint: disable=protected-access
-              if not math.isnan(v)]
+    reported = self.trial.study.get_trials(deepcopy=False)[self.number].intermediate_values
+    values = [v for v in reported.values() if not math.isnan(v)]
     if state.step >= state.total_steps or state.stop_reason:
       best = (max if self.mode == "max" else min)(values) if values else None
       self.trial.study.tell(self.trial, best, state=None if best is not None else optuna.trial.TrialState.FAIL)
