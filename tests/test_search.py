@@ -270,3 +270,26 @@ def test_bad_search_flags_are_one_line(tmp_path):
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), done.stderr
   assert not (tmp_path / "bad").exists()
+
+
+def test_a_pruned_trial_stays_pruned_when_rerun_with_a_longer_length(tmp_path):
+  """A rerun of a sweep whose length grew starts every trial again: a pruned one stops at once, not trained on."""
+  import optuna
+  from configs import base
+  from loops.core.loop import State
+
+  record = {"space": {"lr": "0.1"}, "metric": "eval/accuracy", "mode": "max", "search": "grid", "prune": "asha",
+            "seed": 0, "trials": 1}
+  study = sweep_study.open_study(str(tmp_path / "study.log"), record)
+  trial = study.ask()
+  trial.report(0.25, 30)
+  study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+  config = base.get_config()
+  config.sweep.study, config.sweep.trial, config.sweep.settings = str(tmp_path / "study.log"), 0, "new"
+  callback = sweep_trial.SweepTrial(config)
+  state = State(step=30, total_steps=600, steps_per_epoch=10, is_chief=True, workdir=str(tmp_path), writer=None)
+  callback.on_train_begin(state)
+  assert state.stop_reason == "pruned at step 30 (value 0.25)" and callback.trial is None
+  callback.on_train_end(state)
+  assert state.summary["pruned"] == {"step": 30, "value": 0.25} and state.summary["sweep_settings"] == "new"
+  assert study.get_trials()[0].state.name == "PRUNED"

@@ -5,8 +5,8 @@ the trial complete only when its own summary proves it ran the current settings.
 (`sweep.study`, the journal file in the sweep directory; `sweep.trial`, the trial's number): at every eval the chief
 reports checkpoint.best_metric to the trial; when the study's pruner (`--prune=asha|hyperband`, resources in train
 steps, the first rung at the first eval) says stop, the run stops there as an early stop ("pruned at step S (value
-V)": the final checkpoint is saved, and a rerun does not train it further). At the end the trial is told its best
-value (or that it was pruned). Every task reaches the same stop: the loop agrees on the chief's stop reason.
+V)": the final checkpoint is saved, and a rerun does not train it further, even with a longer train.steps). At the
+end the trial is told its best value (or that it was pruned). Every task reaches the same stop: the loop agrees on the chief's stop reason.
 """
 
 import math
@@ -65,7 +65,10 @@ class SweepTrial(Callback):
                         f"checkpoint.best_metric is {self.metric} ({self.mode}): start a new sweep directory")
     study.pruner = make_pruner(recorded.get("prune", "none"), self.every_steps or state.total_steps, state.total_steps)
     frozen = study.get_trials(deepcopy=False)[self.number]
-    if not frozen.state.is_finished():  # a rerun of a finished trial evaluates again: nothing to report
+    if frozen.state == optuna.trial.TrialState.PRUNED:  # pruned stays pruned, even when the sweep's length grew
+      self.pruned = {"step": frozen.last_step, "value": frozen.intermediate_values[frozen.last_step]}
+      state.request_stop(f"pruned at step {self.pruned['step']} (value {self.pruned['value']:.4g})")
+    elif not frozen.state.is_finished():  # a rerun of a complete trial evaluates again: nothing to report
       self.trial = optuna.trial.Trial(study, frozen._trial_id)  # pylint: disable=protected-access
 
   def after_eval(self, state):
@@ -79,13 +82,16 @@ class SweepTrial(Callback):
 
   def on_train_end(self, state):
     state.summary["sweep_settings"] = self.settings
-    if self.trial is None:
+    if not (self.path and state.is_chief):
       return
     import optuna  # pylint: disable=import-outside-toplevel
 
     state.summary["sweep_trial"] = self.number
     if self.pruned:
       state.summary["pruned"] = self.pruned
+    if self.trial is None:
+      return
+    if self.pruned:
       self.trial.study.tell(self.trial, state=optuna.trial.TrialState.PRUNED)
       return
     reported = self.trial.study.get_trials(deepcopy=False)[self.number].intermediate_values
