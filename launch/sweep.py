@@ -3,13 +3,16 @@
   python -m launch.sweep --config=configs/digits_cnn.py --sweep_dir=runs/sweep \\
       --grid optimizer.learning_rate=0.02,0.1 --grid train.global_batch_size=32,64 --parallel 2
   python -m launch.sweep ... --grid optimizer.learning_rate=loguniform:1e-3:1 --random 8 --seed 0
+  python -m launch.sweep ... --grid optimizer.learning_rate=loguniform:1e-4:1 --search=tpe --trials 8 --prune=asha
   python -m launch.sweep ... --slurm [--submit]          one SLURM job array (DIR/sweep.sbatch)
   python -m launch.sweep --sweep_dir=runs/sweep --report  the table again (DIR/report.csv, DIR/report.md)
 
 Flags after `--` go to every trial's main.py (e.g. -- --config.train.steps=500). Trial i runs in
 DIR/<name from its overrides> (e.g. runs/sweep/learning_rate=0.1,global_batch_size=64), so resume, the workdir lock,
-preemption and every check apply as in any run; rerunning the same command skips complete trials (summary.json)
-and resumes the others. Before any trial starts the first one is checked with `main.py --dry_run` (an unknown key
+preemption and every check apply as in any run; rerunning the same command skips complete trials (a summary.json
+written with the current settings) and resumes the others. --search=tpe and --prune use an Optuna study in
+DIR/study.log (launch/sweep_study.py); the runs report each eval to it and are pruned inside
+(loops/callbacks/sweep_trial.py). Before any trial starts the first one is checked with `main.py --dry_run` (an unknown key
 or a bad value: one error line). At the end: DIR/report.csv and DIR/report.md sorted by checkpoint.best_metric,
 and the HParams experiment at DIR (`tensorboard --logdir DIR`: the HParams tab lists every trial).
 """
