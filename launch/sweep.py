@@ -56,9 +56,9 @@ def parse(argv):
   parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- then more main.py flags for every trial")
   args = parser.parse_args(argv)
   args.extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
-  if args.random is not None and not args.report:
-    if args.search not in (None, "random") or args.trials not in (None, args.random):
-      parser.error("--random N is --search=random --trials N: give one of them")
+  args.random_clash = args.random is not None and (args.search not in (None, "random")
+                                                   or args.trials not in (None, args.random))
+  if args.random is not None and not args.random_clash:
     args.search, args.trials = "random", args.random
   args.search = args.search or "grid"
   args.sweep_dir = os.path.abspath(args.sweep_dir)
@@ -73,6 +73,8 @@ def check_args(args):
     raise sweep_grid.SweepError("--submit needs --slurm")
   if not args.config:
     raise sweep_grid.SweepError("give --config=configs/X.py (the config every trial starts from)")
+  if args.random_clash:
+    raise sweep_grid.SweepError("--random N is --search=random --trials N: give one of them")
   if args.search == "grid" and args.trials is not None:
     raise sweep_grid.SweepError("--trials is for --search=random|tpe; --search=grid runs every combination")
   if args.search != "grid" and (args.trials is None or args.trials < 1):

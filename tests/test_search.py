@@ -265,7 +265,8 @@ def test_study_trials_are_assigned_once_and_a_failed_one_again_with_its_values(t
 def test_bad_search_flags_are_one_line(tmp_path):
   for args, message in [(["--search=tpe"], "--search=tpe needs --trials N"),
                         (["--trials", "3"], "--trials is for --search=random|tpe"),
-                        (["--search=random", "--trials", "0"], "--search=random needs --trials N with N >= 1 (got 0)")]:
+                        (["--search=random", "--trials", "0"], "--search=random needs --trials N with N >= 1 (got 0)"),
+                        (["--search=tpe", "--random", "3"], "--random N is --search=random --trials N")]:
     done = sweep(tmp_path / "bad", *SPACE, *args)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"error: {message}"), done.stderr
