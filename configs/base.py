@@ -290,6 +290,15 @@ def _monitoring(c):
   # on_train_begin / after_train_call / after_eval / on_call_end / on_train_end(state) (see WORKSPACE.md).
   c.callbacks = ()
 
+  # Set by `python -m launch.sweep` for each trial (never by hand): the fingerprint of the trial's settings, written
+  # to summary.json (`sweep_settings`) so a rerun of the sweep knows which settings a summary proves; with an Optuna
+  # study (--search=tpe or --prune), the study's journal file and this trial's number: at every eval the run reports
+  # checkpoint.best_metric to the trial, and stops when the study's pruner says so ("pruned at step S (value V)").
+  c.sweep = ml_collections.ConfigDict()
+  c.sweep.settings = ""
+  c.sweep.study = ""
+  c.sweep.trial = -1
+
   # At the end write workdir/export/model.keras (the final model) and workdir/export/saved_model (serving_default:
   # raw images in, the eval's preprocessing inside, probabilities and classes out; WORKSPACE "Serving the export").
   c.export = True

@@ -8,6 +8,8 @@ sweep resumes them.
 """
 
 import datetime
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +19,7 @@ import time
 
 from launch import local
 from launch import sweep_report
+from launch import sweep_study
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOP_GRACE_SECONDS = 120
@@ -60,11 +63,34 @@ def resource_flags(slot, taken):
   return [f"--config.{key}={value}" for key, value in flags.items() if key not in taken]
 
 
+def settings_of(config, overrides, extra_args):
+  """The fingerprint of a trial's settings (config, its overrides, the flags after --): the run writes it to
+  summary.json (config.sweep.settings), so the summary proves which settings it ran."""
+  text = json.dumps([config, sorted(overrides.items()), list(extra_args)])
+  return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def settle(trial, sweep_dir, config, extra_args):
+  """Gives a trial its workdir and its settings' fingerprint; returns it."""
+  trial["workdir"] = os.path.join(sweep_dir, trial["name"])
+  trial["settings"] = settings_of(config, trial["overrides"], extra_args)
+  return trial
+
+
+def sweep_flags(trial):
+  """The trial's config.sweep.* flags: its settings' fingerprint, and its Optuna study and trial number if any."""
+  flags = [f"--config.sweep.settings={trial['settings']}"] if trial.get("settings") else []
+  if trial.get("number") is not None:
+    study = os.path.join(os.path.dirname(trial["workdir"]), sweep_study.STUDY_FILE)
+    flags += [f"--config.sweep.study={study}", f"--config.sweep.trial={trial['number']}"]
+  return flags
+
+
 def trial_command(config, trial, extra_args):
   """The trial's main.py command line."""
   overrides = [f"--config.{key}={value}" for key, value in trial["overrides"].items()]
   return [sys.executable, os.path.join(REPO, "main.py"), f"--config={config}", f"--workdir={trial['workdir']}",
-          *overrides, *TRIAL_FLAGS, *extra_args]
+          *overrides, *TRIAL_FLAGS, *sweep_flags(trial), *extra_args]
 
 
 def error_line(log_path, offset, code):
@@ -124,7 +150,7 @@ class Attempt:
     if code not in (0, sweep_report.PREEMPTED):
       last["error"] = error_line(self.log_path, self.offset, code)
     sweep_report.write_json(self.record_path, record)
-    what = {0: "complete" if sweep_report.is_complete(self.trial["workdir"]) else "ended unfinished",
+    what = {0: _verdict(self.trial),
             sweep_report.PREEMPTED: "stopped with a checkpoint saved; rerun the sweep to resume"}
     verdict = what.get(code, f"failed: {last.get('error')}")
     out.write(f"[sweep] {self.trial['name']}: {verdict} ({last['seconds']} s)\n")
@@ -143,23 +169,37 @@ def _now():
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def run(config, trials, extra_args, parallel, out=sys.stdout, poll_seconds=0.5, rerun_complete=False):
-  """Runs the trials not yet complete, `parallel` at a time; returns 0 (all complete), 1 (some failed), or 143
-  (some unfinished: preempted, or the sweep stopped by SIGTERM/Ctrl-C; rerun to resume them). rerun_complete:
-  start complete trials too (main.py trains on when their length grew, else evaluates again)."""
-  todo = [t for t in trials if rerun_complete or not sweep_report.is_complete(t["workdir"])]
-  out.write(f"[sweep] {len(trials)} trials, {len(trials) - len(todo)} complete (skipped), {len(todo)} to run, "
-            f"{parallel} at a time\n")
+def _verdict(trial):
+  summary = sweep_report.read_json(os.path.join(trial["workdir"], "summary.json")) or {}
+  if not sweep_report.is_complete(trial["workdir"], trial.get("settings")):
+    return "ended unfinished"
+  return summary["stopped_early"] if str(summary.get("stopped_early", "")).startswith("pruned at") else "complete"
+
+
+def run(config, trials, extra_args, parallel, out=sys.stdout, poll_seconds=0.5, more=None,
+        on_end=None):
+  """Runs the trials not yet complete (their summary.json proves the current settings), `parallel` at a time;
+  returns 0 (all complete), 1 (some failed), or 143 (some unfinished: preempted, or the sweep stopped by
+  SIGTERM/Ctrl-C; rerun to resume them). more: (count, ask): the trials of indices 0..count-1 not in `trials` come
+  from ask(index) when a slot frees (an Optuna study's next trial), appended to `trials`. on_end(trial, exit code)
+  after each attempt."""
+  count, ask = more or (len(trials), None)
+  todo = [t for t in trials if not sweep_report.is_complete(t["workdir"], t.get("settings"))]
+  missing = sorted(set(range(count)) - {t["index"] for t in trials}) if ask else []
+  done = len(trials) - len(todo)
+  out.write(f"[sweep] {count} trials, {done} complete (skipped), {count - done} to run, {parallel} at a time\n")
   cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
   free = slots(parallel, cores, visible_gpus())
   taken = {arg.split("=", 1)[0].removeprefix("--config.") for arg in extra_args}
   running, codes = [], []
   previous = _on_sigterm(_raise_interrupt)
   try:
-    while todo or running:
-      while todo and free:
-        slot = free.pop(0)
-        trial = todo.pop(0)
+    while todo or missing or running:
+      while (todo or missing) and free:
+        if not todo:
+          trials.append(ask(missing.pop(0)))
+          todo.append(trials[-1])
+        slot, trial = free.pop(0), todo.pop(0)
         command = trial_command(config, trial, resource_flags(slot, taken | set(trial["overrides"])) + extra_args)
         running.append(Attempt(trial, command, slot, out))
       time.sleep(poll_seconds)
@@ -167,6 +207,8 @@ def run(config, trials, extra_args, parallel, out=sys.stdout, poll_seconds=0.5, 
         running.remove(attempt)
         codes.append(attempt.finish(out))
         free.append(attempt.slot)
+        if on_end:
+          on_end(attempt.trial, codes[-1])
   except KeyboardInterrupt:
     _stop_all(running, out)
     return sweep_report.PREEMPTED
@@ -174,7 +216,8 @@ def run(config, trials, extra_args, parallel, out=sys.stdout, poll_seconds=0.5, 
     _on_sigterm(previous)
   if any(code not in (0, sweep_report.PREEMPTED) for code in codes):
     return 1
-  return 0 if all(sweep_report.is_complete(t["workdir"]) for t in trials) else sweep_report.PREEMPTED
+  complete = all(sweep_report.is_complete(t["workdir"], t.get("settings")) for t in trials)
+  return 0 if complete else sweep_report.PREEMPTED
 
 
 def _on_sigterm(handler):

@@ -35,10 +35,19 @@ def write_json(path, value):
   os.replace(path + ".tmp", path)
 
 
-def is_complete(workdir):
-  """summary.json says the run trained to its end (or stopped early on purpose)."""
+def is_complete(workdir, settings=None):
+  """summary.json says the run trained to its end (or stopped early on purpose: early stopping, pruned), and, given
+  the trial's `settings` fingerprint, that it ran these settings (the summary's `sweep_settings`)."""
   summary = read_json(os.path.join(workdir, "summary.json"))
-  return bool(summary) and ("stopped_early" in summary or summary.get("step", -1) >= summary.get("total_steps", 0))
+  if not summary or (settings and summary.get("sweep_settings") != settings):
+    return False
+  return "stopped_early" in summary or summary.get("step", -1) >= summary.get("total_steps", 0)
+
+
+def pruned(summary):
+  """"pruned at step S (value V)" when the study's pruner stopped the run, else None."""
+  reason = str(summary.get("stopped_early") or "")
+  return reason if reason.startswith("pruned at") else None
 
 
 def _alive(pid):
@@ -59,23 +68,26 @@ def _last_checkpoint_step(workdir):
   return int(found.group(1)) if found else None
 
 
-def trial_status(workdir):
-  """{'status', 'error', 'step', 'best', 'best_step', 'wall_seconds'} of one trial's workdir."""
+def trial_status(workdir, settings=None):
+  """{'status', 'error', 'stopped', 'step', 'total_steps', 'best', 'best_step', 'wall_seconds'} of one trial's
+  workdir; status: complete, pruned, running, failed or unfinished."""
   attempts = (read_json(os.path.join(workdir, ATTEMPTS)) or {}).get("attempts", [])
   summary = read_json(os.path.join(workdir, "summary.json")) or {}
   best = read_json(os.path.join(workdir, "best", "best.json")) or {}
   last = attempts[-1] if attempts else {}
   error = ""
-  if is_complete(workdir):
-    status = "complete"
+  if is_complete(workdir, settings):
+    status = "pruned" if pruned(summary) else "complete"
   elif last and last.get("exit_code") is None and _alive(last.get("pid")):
     status = "running"
   elif last.get("exit_code") not in (None, 0) and not last.get("preempted"):
     status, error = "failed", last.get("error", "")
   else:
     status = "unfinished"
-  step = summary.get("step") if status == "complete" else _last_checkpoint_step(workdir)
-  return {"status": status, "error": error, "step": step, "best": best.get("value"), "best_step": best.get("step"),
+  step = summary.get("step") if status in ("complete", "pruned") else _last_checkpoint_step(workdir)
+  stopped = summary.get("stopped_early", "") if status in ("complete", "pruned") else ""
+  return {"status": status, "error": error, "stopped": stopped, "step": step, "total_steps": summary.get("total_steps"),
+          "best": best.get("value"), "best_step": best.get("step"),
           "wall_seconds": round(sum(a.get("seconds") or 0 for a in attempts), 1)}
 
 
@@ -94,28 +106,75 @@ def rows(sweep_dir, trials):
   metric, mode = metric_of(sweep_dir, trials)
   table = []
   for trial in trials:
-    status = trial_status(os.path.join(sweep_dir, trial["name"]))
+    status = trial_status(os.path.join(sweep_dir, trial["name"]), trial.get("settings"))
     table.append({"trial": trial["name"], **trial["overrides"], f"best {metric}": status["best"],
                   "best_step": status["best_step"], "step": status["step"], "wall_seconds": status["wall_seconds"],
-                  "status": status["status"], "error": status["error"], "_index": trial["index"]})
+                  "status": status["status"], "stopped": status["stopped"], "error": status["error"],
+                  "_index": trial["index"], "_total_steps": status["total_steps"]})
   sign = -1 if mode == "max" else 1
   best = f"best {metric}"
   table.sort(key=lambda r: (r[best] is None, 0 if r[best] is None else sign * r[best], r["_index"]))
-  for row in table:
-    del row["_index"]
   return table
 
 
+def steps_spent(table):
+  """(steps the trials reached, steps of as many full-length trials): what pruning saved."""
+  full = max((row["_total_steps"] or 0 for row in table), default=0)
+  return sum(row["step"] or 0 for row in table), full * len(table)
+
+
+def best_curve(table, mode):
+  """The best value found after 1, 2, ... trials (in trial order; None until a trial has one)."""
+  best, curve = None, []
+  for row in sorted(table, key=lambda r: r["_index"]):
+    value = row[next(k for k in row if k.startswith("best ") and k != "best_step")]
+    if value is not None:
+      best = value if best is None else (max if mode == "max" else min)(best, value)
+    curve.append(best)
+  return curve
+
+
+def plot(path, curve, metric):
+  """A PNG of the best value against trials spent."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib.ticker  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+
+  figure, axes = pyplot.subplots(figsize=(6, 4))
+  points = [(i + 1, v) for i, v in enumerate(curve) if v is not None]
+  axes.step([p[0] for p in points], [p[1] for p in points], where="post", marker="o")
+  axes.set_xlabel("trials spent")
+  axes.set_ylabel(f"best {metric}")
+  axes.set_xlim(0.5, max(1, len(curve)) + 0.5)
+  axes.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+  axes.grid(alpha=0.3)
+  figure.tight_layout()
+  figure.savefig(path + ".tmp.png", dpi=100)
+  pyplot.close(figure)
+  os.replace(path + ".tmp.png", path)
+
+
 def write(sweep_dir, trials):
-  """Writes DIR/report.csv and DIR/report.md; returns the Markdown table."""
+  """Writes DIR/report.csv, DIR/report.md and DIR/best_by_trial.png; returns the Markdown table and its steps
+  line."""
   table = rows(sweep_dir, trials)
+  metric, mode = metric_of(sweep_dir, trials)
+  spent, full = steps_spent(table)
+  plot(os.path.join(sweep_dir, "best_by_trial.png"), best_curve(table, mode), metric)
+  for row in table:
+    del row["_index"], row["_total_steps"]
   columns = list(table[0]) if table else ["trial"]
   text = io.StringIO()
   writer = csv.DictWriter(text, columns, lineterminator="\n")
   writer.writeheader()
   writer.writerows(table)
   _write_text(os.path.join(sweep_dir, "report.csv"), text.getvalue())
-  markdown = _markdown(table, columns)
+  states = [row["status"] for row in table]
+  counts = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
+  share = f" ({100 * spent / full:.0f} %)" if full else ""
+  markdown = _markdown(table, columns) + (f"\n{len(table)} trials: {counts}; steps spent {spent} of {full} for "
+                                          f"{len(table)} full-length trials{share}\n")
   _write_text(os.path.join(sweep_dir, "report.md"), markdown)
   return markdown
 

@@ -3,19 +3,21 @@
 Each array task runs its trial's main.py through launch/slurm/run_and_requeue.sh (time limit -> checkpoint ->
 `scontrol requeue` of that array task -> resume on the same workdir), with its own cluster.slurm_port_base:
 20000 + ((SLURM_ARRAY_JOB_ID + task id) % 199) * 64, so up to 199 tasks of an array sharing a node never share a
-port. A task whose trial is already complete exits 0 at once (unless the sweep's config or flags changed since the
-recorded sweep: trials.json's rerun_complete).
+port. A task whose trial is already complete (its summary.json proves the current settings) exits 0 at once. With an
+Optuna study (--search=tpe, --prune), task i asks the study for sweep trial i on its first start (sampled from the
+results so far) and finds the same trial on a requeue; the runs report to the shared study in DIR/study.log.
 
   python -m launch.sweep_slurm DIR/trials.json TASK_ID   prints the task's shell assignments (used by the script)
 """
 
-import json
 import os
 import shlex
 import sys
 
+from launch import sweep_grid
 from launch import sweep_local
 from launch import sweep_report
+from launch import sweep_study
 
 PORT_BASE, PORT_SLOTS, PORTS_PER_TASK = 20000, 199, 64
 
@@ -73,20 +75,33 @@ def port_base(array_job_id, task_id):
 
 
 def selection(trials_path, task_id, array_job_id):
-  """The shell assignments for array task `task_id` of the sweep in trials_path."""
+  """The shell assignments for array task `task_id` of the sweep in trials_path (with an Optuna study: the study's
+  trial for this task, asked now on the task's first start)."""
   sweep = sweep_report.read_json(trials_path)
-  if not sweep or not 0 <= task_id < len(sweep["trials"]):
-    count = len(sweep["trials"]) if sweep else 0
+  count = (sweep.get("count") or len(sweep["trials"])) if sweep else 0
+  if not sweep or not 0 <= task_id < count:
     raise SystemExit(f"error: array task {task_id} has no trial in {trials_path} ({count} trials: 0-{count - 1})")
-  trial = sweep["trials"][task_id]
-  skip = not sweep.get("rerun_complete") and sweep_report.is_complete(trial["workdir"])
+  trial = _trial(sweep, os.path.dirname(trials_path), task_id)
+  skip = sweep_report.is_complete(trial["workdir"], trial.get("settings"))
   args = [f"--config={sweep['config']}"]
   args += [f"--config.{key}={value}" for key, value in trial["overrides"].items()]
-  args += [*sweep_local.TRIAL_FLAGS, *sweep["extra_args"]]
+  args += [*sweep_local.TRIAL_FLAGS, *sweep_local.sweep_flags(trial), *sweep["extra_args"]]
   return "\n".join([f"TRIAL_NAME={shlex.quote(trial['name'])}", f"TRIAL_WORKDIR={shlex.quote(trial['workdir'])}",
                     f"TRIAL_ARGS=({' '.join(shlex.quote(a) for a in args)})",
                     f"TRIAL_COMPLETE={int(skip)}",
                     f"PORT_BASE={port_base(array_job_id, task_id)}"]) + "\n"
+
+
+def _trial(sweep, sweep_dir, index):
+  """Trial `index` with its workdir and settings: from trials.json, or from the sweep's study."""
+  config, extra_args = sweep["config"], sweep["extra_args"]
+  if not sweep_study.uses_study(sweep.get("search", "grid"), sweep.get("prune", "none")):
+    return sweep_local.settle(sweep["trials"][index], sweep_dir, config, extra_args)
+  grid = sweep_grid.parse_grid(sweep["specs"])
+  study = sweep_study.open_study(os.path.join(sweep_dir, sweep_study.STUDY_FILE), sweep_study.record_of(sweep))
+  fixed = {t["index"]: t["overrides"] for t in sweep_study.fixed_points(sweep, grid)}
+  trial = sweep_study.assign(study, sweep_dir, index, grid, fixed.get(index))
+  return sweep_local.settle(trial, sweep_dir, config, extra_args)
 
 
 def main(argv):

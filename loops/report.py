@@ -55,6 +55,8 @@ def dry_run(config, workdir, parts, user_callbacks):
       **({"gradient_all_reduce": _packs_line(parts, config)} if strategy_lib.is_multi_worker(parts.strategy) else {}),
       "eval_metrics": metrics_lib.tags(parts.eval_metrics),
       "early_stopping": config.early_stopping.metric or "off",
+      "best_metric": f"{config.checkpoint.best_metric} ({config.checkpoint.best_mode})" if config.checkpoint.best_metric
+                     else "off",
       "callbacks": [type(c).__name__ for c in user_callbacks],
       "workdir": _absolute(workdir),
       "checkpoints": posixpath.join(_absolute(workdir), "checkpoints"),

@@ -131,7 +131,8 @@ def test_report_has_every_trial_sorted_by_the_best_metric(runs):
     assert row["optimizer.learning_rate"] in ("0.05", "0.1") and row["train.global_batch_size"] in ("32", "64")
   markdown = runs["after_second"]["markdown"].splitlines()
   assert markdown[0].startswith("| trial | optimizer.learning_rate | train.global_batch_size | best eval/accuracy")
-  assert [line.split(" | ")[0].lstrip("| ") for line in markdown[2:]] == [row["trial"] for row in rows]
+  assert [line.split(" | ")[0].lstrip("| ") for line in markdown[2:6]] == [row["trial"] for row in rows]
+  assert markdown[6:] == ["", "4 trials: 4 complete; steps spent 120 of 120 for 4 full-length trials (100 %)"]
 
 
 def test_a_failing_trial_is_listed_with_its_error_line_and_the_others_go_on(runs):
@@ -149,7 +150,7 @@ def test_a_failing_trial_is_listed_with_its_error_line_and_the_others_go_on(runs
   assert [row["status"] for row in rows[:4]] == ["complete"] * 4 and rows[4:] == failed  # failed ones last
   again = sweep(runs["dir"], "--report")  # the table again, nothing run
   assert again.returncode == 0 and "[sweep] start" not in again.stdout
-  assert again.stdout.splitlines()[2].startswith(f"| {rows[0]['trial']} |") and len(again.stdout.splitlines()) == 9
+  assert again.stdout.splitlines()[2].startswith(f"| {rows[0]['trial']} |") and len(again.stdout.splitlines()) == 11
   assert table(runs["dir"]) == rows
 
 
@@ -220,7 +221,9 @@ def test_slurm_array_task_picks_its_trial_workdir_overrides_and_port_base(runs):
   assert int(port) == 20000 + (1002 % 199) * 64 == sweep_slurm.port_base(1000, 2)
   assert args[:3] == [f"--config={os.path.join(REPO, 'configs/digits_cnn.py')}", "--config.optimizer.learning_rate=0.1",
                       "--config.train.global_batch_size=32"]
-  assert args[3:] == [*sweep_local.TRIAL_FLAGS, *EXTRA[1:]]
+  settings = sweep_local.settings_of(os.path.join(REPO, "configs/digits_cnn.py"), {
+      "optimizer.learning_rate": "0.1", "train.global_batch_size": "32"}, EXTRA[1:])
+  assert args[3:] == [*sweep_local.TRIAL_FLAGS, f"--config.sweep.settings={settings}", *EXTRA[1:]]
   ports = {int(task(i, SWEEP_SELECT_ONLY="1").stdout.splitlines()[2]) for i in range(4)}
   assert len(ports) == 4 and all(abs(a - b) >= 64 for a in ports for b in ports if a != b)
   done = task(2)  # the trial is complete: the task ends at once, nothing run

@@ -171,7 +171,7 @@ def test_a_model_keras_cannot_serialise_exports_its_weights_said_before_training
   assert set(summary["export"]) == {"weights", "saved_model"}, summary["export"]
   assert os.path.isfile(summary["export"]["weights"])
   served = tf.saved_model.load(summary["export"]["saved_model"]).signatures["serving_default"]
-  assert served(images=tf.zeros([2, 8, 8, 1], tf.uint8))["probabilities"].shape == (2, 10)
+  assert served(images=tf.zeros([2, 8, 8, 1], tf.float32))["probabilities"].shape == (2, 10)
   with open(tmp_path / "summary.json") as f:
     assert json.load(f)["eval/accuracy"] == summary["eval/accuracy"]
   again = run.train_and_evaluate(subclassed("wrapped"), str(tmp_path))  # a rerun of the finished run

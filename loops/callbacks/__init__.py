@@ -14,6 +14,7 @@ from loops.callbacks.histograms import Histograms
 from loops.callbacks.overview import Overview
 from loops.callbacks.profile_trace import ProfileTrace
 from loops.callbacks.run_summary import RunSummary
+from loops.callbacks.sweep_trial import SweepTrial
 from loops.callbacks.train_log import TrainLog
 from loops.callbacks.workers import WorkerMonitor
 from loops.core import plugins
@@ -21,7 +22,7 @@ from loops.core.interfaces import HOOKS, Callback
 from loops.core.loop import Trigger
 
 __all__ = ["BestCheckpoint", "Callback", "Checkpointing", "EarlyStopping", "EvalLog", "Export", "HOOKS",
-           "Histograms", "Overview", "ProfileTrace", "RunSummary", "TrainLog", "Trigger", "WorkerMonitor", "assemble",
+           "Histograms", "Overview", "ProfileTrace", "RunSummary", "SweepTrial", "TrainLog", "Trigger", "WorkerMonitor", "assemble",
            "load_user"]
 
 
@@ -34,4 +35,6 @@ def load_user(config, objects=()):
   """[(name, callback)]: instances from config.callbacks ("package.module:factory", factory(config)), then
   `objects` (passed by Python callers). loops/check.py checks their hooks."""
   made = [(name, plugins.load_callable(name, "callbacks", 1)(config)) for name in config.callbacks]
+  if config.sweep.settings or config.sweep.study:
+    made.append(("SweepTrial", SweepTrial(config)))
   return made + [(type(obj).__name__, obj) for obj in objects]

@@ -84,7 +84,7 @@ def _duration(seconds):
 
 
 # What a start that trains no step (a rerun of a finished run) measures anew; the rest is the last start's.
-REMEASURED = ("step", "total_steps", "checkpoint", "export")
+REMEASURED = ("step", "total_steps", "checkpoint", "export", "sweep_settings")
 
 
 def _kept_training_figures(summary, previous, state):

@@ -1,0 +1,157 @@
+"""A sweep's Optuna study (--search=tpe, or any search with --prune=asha|hyperband): DIR/study.log.
+
+The study lives in Optuna's journal file storage (`JournalStorage(JournalFileBackend)`: appends under a file lock,
+safe for several processes and nodes on a shared filesystem, no database server). Trial i of the sweep is the Optuna
+trial whose user attribute `index` is i (and `name`, its workdir's name): asked once, by the local sweep when a slot
+frees or by the SLURM array task i, then found again by every rerun or requeue. A failed trial (told FAIL) gets a
+new Optuna trial with the same values on the next rerun. grid and random points are fixed in advance (asked with a
+one-value distribution per key); tpe asks Optuna's TPE sampler (seeded, `constant_liar` for the trials still
+running) over the space: `loguniform:a:b`, `uniform:a:b`, `int:a:b` and lists (categorical). The runs report to
+the trial and are pruned inside (loops/callbacks/sweep_trial.py). The recorded space, metric, direction, search and
+pruner are checked on every rerun: a change is one error line.
+"""
+
+import warnings
+
+from launch import sweep_grid
+
+STUDY_FILE = "study.log"
+STUDY_NAME = "sweep"  # loops/callbacks/sweep_trial.py loads it by this name
+SEARCHES, PRUNERS = ("grid", "random", "tpe"), ("none", "asha", "hyperband")
+
+
+def uses_study(search, prune):
+  return search == "tpe" or prune != "none"
+
+
+def record_of(sweep):
+  """What the study records and checks, from the sweep's record (trials.json)."""
+  return {"space": sweep["grid"], "metric": sweep["metric"], "mode": sweep["mode"], "search": sweep["search"],
+          "prune": sweep["prune"], "seed": sweep["seed"], "trials": sweep["count"]}
+
+
+def fixed_points(sweep, grid):
+  """The points of a grid or random sweep, fixed in advance (none for tpe)."""
+  if sweep["search"] == "tpe":
+    return []
+  return sweep_grid.trials(grid, sweep["random"], sweep["seed"])
+
+
+def distributions(grid):
+  """{KEY: an Optuna distribution} for the tpe sampler."""
+  import optuna  # pylint: disable=import-outside-toplevel
+
+  space = {}
+  for key, values in grid.items():
+    if isinstance(values, sweep_grid.Range):
+      if values.kind == "int":
+        space[key] = optuna.distributions.IntDistribution(int(values.low), int(values.high))
+      else:
+        space[key] = optuna.distributions.FloatDistribution(values.low, values.high, log=values.kind == "loguniform")
+    else:
+      space[key] = optuna.distributions.CategoricalDistribution(values)
+  return space
+
+
+def _sampler(search, seed, trials):
+  import optuna  # pylint: disable=import-outside-toplevel
+
+  if search == "tpe":
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+      return optuna.samplers.TPESampler(seed=seed, n_startup_trials=max(2, min(10, trials // 3)), constant_liar=True)
+  return optuna.samplers.RandomSampler(seed=seed)
+
+
+def open_study(path, record, create=True):
+  """The study at `path`, created on first use; SweepError (one line) when the recorded space, metric, direction,
+  search or pruner differ from `record` ({'space', 'metric', 'mode', 'search', 'prune', 'seed', 'trials'})."""
+  import optuna  # pylint: disable=import-outside-toplevel
+  from optuna.storages import journal  # pylint: disable=import-outside-toplevel
+
+  optuna.logging.set_verbosity(optuna.logging.WARNING)
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+    storage = journal.JournalStorage(journal.JournalFileBackend(path))
+  study = optuna.create_study(study_name=STUDY_NAME, storage=storage, load_if_exists=create,
+                              direction="maximize" if record["mode"] == "max" else "minimize",
+                              sampler=_sampler(record["search"], record["seed"], record["trials"]))
+  recorded = study.user_attrs
+  for key in ("space", "metric", "mode", "search", "prune"):
+    if key in recorded and recorded[key] != record[key]:
+      raise sweep_grid.SweepError(
+          f"the sweep's study ({path}) has {key} {recorded[key]!r}, this command {record[key]!r}: a study "
+          f"continues only with the same space, metric, search and pruner; use another --sweep_dir")
+  for key in ("space", "metric", "mode", "search", "prune", "seed", "trials"):
+    if key not in recorded:
+      study.set_user_attr(key, record[key])
+  return study
+
+
+def _record(trial, sweep_dir, index):
+  import os  # pylint: disable=import-outside-toplevel
+  name = trial.user_attrs["name"]
+  return {"index": index, "name": name, "overrides": trial.user_attrs["overrides"],
+          "workdir": os.path.join(sweep_dir, name), "number": trial.number}
+
+
+def _text(value):
+  return value if isinstance(value, str) else str(value) if isinstance(value, int) else f"{value:.3g}"
+
+
+def assign(study, sweep_dir, index, grid, point=None):
+  """Sweep trial `index`: the Optuna trial recorded for it (not failed), else a new one (`point`'s fixed values for
+  grid and random, else the sampler's over `grid`); {'index', 'name', 'overrides', 'workdir', 'number'}."""
+  import optuna  # pylint: disable=import-outside-toplevel
+
+  mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("index") == index]
+  kept = [t for t in mine if t.state != optuna.trial.TrialState.FAIL]
+  if kept:
+    return _record(kept[-1], sweep_dir, index)
+  if mine:  # failed before: the same values again, in a new Optuna trial
+    point = mine[-1].user_attrs["overrides"]
+  if point is not None:
+    fixed = {key: optuna.distributions.CategoricalDistribution([value]) for key, value in point.items()}
+    trial = study.ask(fixed)
+  else:  # seeded by (seed, index): the same proposal in whichever process asks (an array task, a rerun)
+    recorded = study.user_attrs
+    study.sampler = _sampler(recorded["search"], recorded.get("seed", 0) * 100003 + index, recorded.get("trials", 10))
+    trial = study.ask(distributions(grid))
+  overrides = {key: _text(value) for key, value in trial.params.items()}
+  names = {t.user_attrs.get("name") for t in study.get_trials(deepcopy=False) if t.user_attrs.get("index") != index}
+  name = mine[-1].user_attrs["name"] if mine else sweep_grid.trial_name(overrides)
+  if name in names:  # another trial rounds to the same values (tpe): its own workdir anyway
+    name = f"{name},trial={index}"
+  trial.set_user_attr("overrides", overrides)
+  trial.set_user_attr("name", name)
+  trial.set_user_attr("index", index)
+  return _record(study.get_trials(deepcopy=False)[trial.number], sweep_dir, index)
+
+
+def known(study, sweep_dir):
+  """The sweep trials the study holds, by index (the latest not failed, else the failed one)."""
+  import optuna  # pylint: disable=import-outside-toplevel
+
+  by_index = {}
+  for trial in study.get_trials(deepcopy=False):
+    index = trial.user_attrs.get("index")
+    if index is None or "name" not in trial.user_attrs:
+      continue
+    if index not in by_index or trial.state != optuna.trial.TrialState.FAIL:
+      by_index[index] = _record(trial, sweep_dir, index)
+  return [by_index[i] for i in sorted(by_index)]
+
+
+def states(study):
+  """{Optuna trial number: 'complete' | 'pruned' | 'failed' | 'running'}."""
+  names = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed", "RUNNING": "running"}
+  return {t.number: names.get(t.state.name, t.state.name.lower()) for t in study.get_trials(deepcopy=False)}
+
+
+def fail(study, number):
+  """Tells the study trial `number` failed (its run ended with an error), unless it is finished already."""
+  import optuna  # pylint: disable=import-outside-toplevel
+
+  trial = study.get_trials(deepcopy=False)[number]
+  if not trial.state.is_finished():
+    study.tell(number, state=optuna.trial.TrialState.FAIL)
