@@ -5,6 +5,9 @@ The same fixed stratified 80/20 split as the built-in `data.name=digits` source.
 import numpy as np
 from sklearn import datasets
 from sklearn import model_selection
+import tensorflow as tf
+
+from loops.task import Task
 
 
 def images_and_labels(split):
@@ -20,3 +23,26 @@ def images_and_labels(split):
 def classification(split):
   """data.name=examples.tasks.digits:classification — (images, class ids)."""
   return images_and_labels(split)
+
+
+class Classifier(Task):
+  """The built-in classification written as a user's loss-level task (the same loss and train/accuracy), for
+  measuring what the contract costs a user's task (README, Performance):
+
+    python main.py --config=configs/digits_cnn.py --workdir=runs/digits-task \\
+        --config.task.name=examples.tasks.digits:Classifier
+  """
+
+  train_metrics = ("accuracy",)
+
+  def per_example_loss(self, batch, models, ctx):
+    images, labels = batch
+    logits = tf.cast(models["model"](images, training=ctx.training), tf.float32)
+    ctx.log("accuracy", tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32))
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+
+  def eval_step(self, batch, models, ctx):
+    images, labels = batch
+    logits = tf.cast(models["model"](images, training=False), tf.float32)
+    return {"loss": tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits),
+            "accuracy": tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32)}
