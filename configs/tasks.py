@@ -12,9 +12,9 @@ EXAMPLES = {
     # name: (task class, data function, best metric, best mode, steps)
     "regression": ("examples.tasks.regression:DigitValue", "examples.tasks.regression:digit_values",
                    "eval/mae", "min", 1000),
-    "gan": ("examples.tasks.gan:DigitsGan", "examples.tasks.digits:classification", "eval/mean_gap", "min", 600),
+    "gan": ("examples.tasks.gan:DigitsGan", "examples.tasks.digits:batches", "eval/mean_gap", "min", 600),
     "sam": ("examples.tasks.sam:SharpnessAware", "digits", "eval/accuracy", "max", 600),
-    "contrastive": ("examples.tasks.contrastive:NtXent", "examples.tasks.digits:classification",
+    "contrastive": ("examples.tasks.contrastive:NtXent", "examples.tasks.digits:batches",
                     "eval/probe_accuracy", "max", 600),
     "segmentation": ("examples.tasks.segmentation:Shapes", "examples.tasks.segmentation:shapes",
                      "eval/mean_iou", "max", 400),

@@ -14,6 +14,7 @@ import tensorflow as tf
 
 from data import mixing
 from data import records
+from data import user_stream
 
 _MAX_EPOCHS = 1 << 40  # the train stream is unbounded; the loop decides when to stop.
 
@@ -110,6 +111,12 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
   With mixup/cutmix every in-memory pipeline reads and mixes the whole global batch, then keeps its rows, so the
   mixes do not depend on how the batch is split (record files: one pipeline only; loops/check.py).
   """
+  if source.input_fn is not None:
+    return _finish(user_stream.train_batches(source, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
+                                             seed=seed, start_step=start_step, num_shards=num_shards,
+                                             shard_index=shard_index, local_replicas=local_replicas,
+                                             decorrelate=decorrelate),
+                   data_config, service_pipeline=shard_index)
   if source.train_files is not None:
     return _finish(_streamed_batches(source, data_config, batch_size, seed, start_step, num_shards, shard_index,
                                      local_replicas), data_config, service_pipeline=shard_index)
@@ -130,6 +137,11 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
   return _finish(ds, data_config, service_pipeline=shard_index)
 
 
+def decorrelated(seed):
+  """The seed with the clock mixed in (asynchronous parameter-server workers: not reproducible)."""
+  return tf.constant(seed, tf.int64) + tf.cast(tf.math.floormod(tf.timestamp() * 1e6, 2.0**40), tf.int64)
+
+
 def _batches(source, batch_size, steps_per_epoch, seed, start_step, num_shards, shard_index, decorrelate):
   """(raw images, labels, key) batches of this shard of in-memory data: the permuted, sharded, resumable stream;
   key is the batch's step (it seeds the batch's random augmentation alike on every shard). In-memory records
@@ -141,9 +153,7 @@ def _batches(source, batch_size, steps_per_epoch, seed, start_step, num_shards, 
   gather = lambda nest, i: tf.nest.map_structure(lambda t: tf.gather(t, i), nest)
 
   def one_epoch(epoch):
-    epoch_seed = tf.constant(seed, tf.int64)
-    if decorrelate:
-      epoch_seed += tf.cast(tf.math.floormod(tf.timestamp() * 1e6, 2.0**40), tf.int64)
+    epoch_seed = decorrelated(seed) if decorrelate else tf.constant(seed, tf.int64)
     order = epoch_order(epoch_seed, epoch, source.train_size)
     ds = tf.data.Dataset.from_tensor_slices(order).shard(num_shards, shard_index).take(examples_per_shard)
     first = tf.where(epoch == start_epoch, tf.constant(skip_steps, tf.int64), 0)

@@ -26,6 +26,8 @@ class Source:
   train_records: tuple = None
   # The train split as files of records (records.RecordFiles; tfrecord, tfds streamed): read by data/records.py.
   train_files: object = None
+  # A user's input function (data/user_stream.py): train pipelines call it per epoch; train/eval are its examples.
+  input_fn: object = None
 
 
 def from_arrays(name, train, evaluation, num_classes, max_value):

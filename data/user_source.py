@@ -1,4 +1,5 @@
-"""A user's arrays as a source: `data.name=package.module:function`.
+"""A user's arrays as a source: `data.name=package.module:function` (a function with a `context` parameter is an
+input function: data/user_stream.py).
 
 `function(split)` is called with "train" and "eval" and returns (features, targets): numpy arrays, or dicts of
 them (any dtype and shape), every array with the split's examples on its first axis. The framework then treats
@@ -12,6 +13,7 @@ import importlib
 import numpy as np
 import tensorflow as tf
 
+from data import user_stream
 from data.source import Source
 from errors import ConfigError
 
@@ -31,6 +33,8 @@ def resolve(name):
   fn = getattr(module, attr, None)
   if not callable(fn):
     raise ConfigError(f"module '{module_name}' has no function '{attr}' (data.name='{name}')")
+  if user_stream.is_input_function(fn):
+    return lambda data_config: user_stream.load(name, fn)
   return lambda data_config: load(name, fn)
 
 

@@ -25,6 +25,19 @@ def classification(split):
   return images_and_labels(split)
 
 
+def batches(split, *, batch_size, context, seed, epoch):
+  """data.name=examples.tasks.digits:batches — the same (images, class ids) from an input function: this input
+  pipeline's batches of one epoch, in an order keyed on (seed, epoch), sharded before batching (data/user_stream.py
+  says why); any worker or replica count then sees the same global batches, and resume is exact."""
+  images, labels = images_and_labels(split)
+  ds = tf.data.Dataset.from_tensor_slices((images, labels))
+  if split == "train":
+    order = tf.random.experimental.stateless_shuffle(tf.range(len(labels), dtype=tf.int64), seed=[seed, epoch])
+    ds = tf.data.Dataset.from_tensor_slices(order).map(lambda i: (tf.gather(images, i), tf.gather(labels, i)))
+    ds = ds.shard(context.num_input_pipelines, context.input_pipeline_id)
+  return ds.batch(batch_size, drop_remainder=split == "train")
+
+
 class Classifier(Task):
   """The built-in classification written as a user's loss-level task (the same loss and train/accuracy), for
   measuring what the contract costs a user's task (README, Performance):

@@ -1,0 +1,104 @@
+"""A user's input function as a source: `data.name=package.module:function` whose function takes a `context`.
+
+  def function(split, *, batch_size, context, seed, epoch) -> tf.data.Dataset of (features, targets) batches
+
+is called once per input pipeline and epoch, inside tf.data (seed and epoch are scalar int64 tensors: key your
+shuffles on them with stateless ops), with `context` the pipeline's tf.distribute.InputContext and `batch_size`
+the batch of ONE replica (TF's `context.get_per_replica_batch_size(global_batch)`; a pipeline feeding several
+replicas yields one batch per replica, in turn). The train split: this pipeline's batches of one epoch, as
+
+  examples in an order keyed on (seed, epoch) -> .shard(context.num_input_pipelines, context.input_pipeline_id)
+  -> .batch(batch_size, drop_remainder=True)
+
+so the pipelines' batches of a step are disjoint rows of one global batch, the same rows whatever the replica
+or worker count; the framework takes an epoch's whole global batches, skips what a resumed run has done and
+goes on with epoch + 1 — so when the function is a pure function of its arguments, resume is exact. The eval
+split is read whole (context: one pipeline) and must keep every example; the framework pads and shards it as it
+does any eval split. Both splits need a known length (`ds.apply(tf.data.experimental.assert_cardinality(n))`
+where tf.data cannot tell).
+"""
+
+import inspect
+
+import tensorflow as tf
+
+from data.source import Source
+from errors import ConfigError
+
+_MAX_EPOCHS = 1 << 40
+_EVAL_READ = 128  # the eval split is read in batches of this many (then padded and sharded as examples)
+_WHOLE = tf.distribute.InputContext()  # one pipeline, one replica
+
+
+def is_input_function(fn):
+  try:
+    return "context" in inspect.signature(fn).parameters
+  except (TypeError, ValueError):
+    return False
+
+
+def load(name, fn):
+  """The Source of an input function: its splits' lengths and element specs, read from one call each."""
+  train = _call(name, fn, "train", batch_size=1, context=_WHOLE).unbatch()
+  evaluation = _call(name, fn, "eval", batch_size=_EVAL_READ, context=_WHOLE).unbatch()
+  sizes = {split: _length(name, split, fn) for split in ("train", "eval")}
+  if train.element_spec != evaluation.element_spec:
+    raise ConfigError(f"data.name='{name}': the eval split's batches {evaluation.element_spec} differ from the "
+                      f"train split's {train.element_spec}")
+  return Source(name=name, train=train, eval=evaluation, train_size=sizes["train"], eval_size=sizes["eval"],
+                num_classes=0, image_shape=None, max_value=1.0, input_fn=fn)
+
+
+def train_batches(source, *, batch_size, steps_per_epoch, seed, start_step, num_shards, shard_index,
+                  local_replicas, decorrelate=False):
+  """This pipeline's batches of `batch_size` from global step `start_step`, one per local replica and step
+  (decorrelate: each epoch's seed mixed with the clock, for asynchronous parameter-server workers)."""
+  from data.pipeline import decorrelated  # data.pipeline imports this module
+  context = tf.distribute.InputContext(num_shards, shard_index, num_shards * local_replicas)
+  per_epoch, start = steps_per_epoch * local_replicas, start_step * local_replicas
+  start_epoch, skip = divmod(int(start), int(per_epoch))
+
+  def one_epoch(epoch):
+    epoch_seed = decorrelated(seed) if decorrelate else seed
+    ds = _call(source.name, source.input_fn, "train", batch_size=batch_size, context=context, seed=epoch_seed,
+               epoch=epoch).take(per_epoch)
+    return ds.skip(tf.where(epoch == start_epoch, tf.constant(skip, tf.int64), 0))
+
+  ds = tf.data.Dataset.range(start_epoch, _MAX_EPOCHS).flat_map(one_epoch)
+  return ds.map(lambda features, targets: _whole_batch(source.name, batch_size, features, targets))
+
+
+def _call(name, fn, split, *, batch_size, context, seed=0, epoch=0):
+  seed, epoch = (tf.cast(v, tf.int64) for v in (seed, epoch))
+  ds = tf.autograph.experimental.do_not_convert(fn)(split, batch_size=batch_size, context=context, seed=seed,
+                                                    epoch=epoch)  # the user's Python runs as Python when traced
+  if not isinstance(ds, tf.data.Dataset):
+    raise ConfigError(f"data.name='{name}': {name.split(':')[1]}('{split}', ...) must return a tf.data.Dataset "
+                      f"of (features, targets) batches, got {type(ds).__name__}")
+  if not (isinstance(ds.element_spec, tuple) and len(ds.element_spec) == 2):
+    raise ConfigError(f"data.name='{name}': the '{split}' dataset's elements must be (features, targets), got "
+                      f"{ds.element_spec}")
+  return ds
+
+
+def _length(name, split, fn):
+  """Examples in the split (its length at batch_size=1); eval must keep a partial last batch."""
+  length = int(_call(name, fn, split, batch_size=1, context=_WHOLE).cardinality())
+  if length < 0:
+    raise ConfigError(f"data.name='{name}': the length of the '{split}' dataset is unknown to tf.data; declare it "
+                      f"with ds.apply(tf.data.experimental.assert_cardinality(number_of_batches))")
+  if split == "eval":
+    batches = int(_call(name, fn, split, batch_size=_EVAL_READ, context=_WHOLE).cardinality())
+    if batches * _EVAL_READ < length:
+      raise ConfigError(f"data.name='{name}': the 'eval' dataset drops its last partial batch (batch(..., "
+                        f"drop_remainder=True)); the eval must see every example: batch it without dropping")
+  return length
+
+
+def _whole_batch(name, batch_size, features, targets):
+  """A runtime check that every train batch holds batch_size examples (a short one would bias the GLOBAL mean)."""
+  rows = tf.shape(tf.nest.flatten(features)[0])[0]
+  check = tf.debugging.assert_equal(rows, batch_size, message=(
+      f"data.name='{name}': a train batch is not batch_size long (use batch(batch_size, drop_remainder=True))"))
+  with tf.control_dependencies([check]):
+    return tf.nest.map_structure(tf.identity, (features, targets))

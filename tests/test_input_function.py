@@ -1,0 +1,96 @@
+"""A user's input function (data/user_stream.py, `data.name=package.module:function` with a `context`): any
+pipeline and replica split sees the same global batches, resume continues the stream exactly, eval is padded like
+any split, and the mistakes a user makes are one line each. (The example tasks gan and contrastive train on
+examples.tasks.digits:batches in tests/test_tasks.py: trained, replica-checked, resumed after SIGTERM.)"""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from configs import base
+from data import pipeline
+from data import sources
+from errors import ConfigError
+
+GLOBAL_BATCH = 64
+
+
+def data_config(name):
+  config = base.get_config().data
+  config.name = name
+  return config
+
+
+@pytest.fixture(scope="module")
+def digits():
+  config = data_config("examples.tasks.digits:batches")
+  return sources.load(config), config
+
+
+def global_batches(source, config, *, pipelines, local_replicas, start_step=0, steps=30):
+  """Each step's global batch (every pipeline's batch of every local replica), rows sorted: a set of examples."""
+  per_replica = GLOBAL_BATCH // (pipelines * local_replicas)
+  steps_per_epoch = pipeline.steps_per_epoch(source, config, GLOBAL_BATCH)
+  streams = [iter(pipeline.train_dataset(source, config, batch_size=per_replica, steps_per_epoch=steps_per_epoch,
+                                         seed=3, start_step=start_step, num_shards=pipelines, shard_index=index,
+                                         local_replicas=local_replicas)) for index in range(pipelines)]
+  batches = []
+  for _ in range(steps):
+    parts = [next(stream) for stream in streams for _ in range(local_replicas)]
+    assert all(len(images) == per_replica for images, _ in parts)
+    rows = np.concatenate([images.numpy().reshape(per_replica, -1) for images, _ in parts])
+    batches.append(rows[np.lexsort(rows.T)])
+  return batches
+
+
+def test_the_source_reads_lengths_and_specs_from_the_function(digits):
+  source, config = digits
+  assert (source.train_size, source.eval_size) == (1437, 360)
+  assert pipeline.steps_per_epoch(source, config, GLOBAL_BATCH) == 1437 // GLOBAL_BATCH
+  images, labels = source.train.element_spec
+  assert (images.shape, images.dtype, labels.dtype) == ((8, 8, 1), tf.float32, tf.int64)
+
+
+def test_any_split_over_pipelines_and_replicas_sees_the_same_global_batches_across_epochs(digits):
+  one = global_batches(*digits, pipelines=1, local_replicas=1)  # 30 steps: past the epoch end at 22
+  for pipelines, local_replicas in ((2, 1), (1, 2), (2, 2)):
+    other = global_batches(*digits, pipelines=pipelines, local_replicas=local_replicas)
+    assert all(np.array_equal(a, b) for a, b in zip(one, other)), (pipelines, local_replicas)
+  assert not np.array_equal(one[0], one[1])
+
+
+def test_a_resumed_stream_continues_the_straight_one_mid_epoch(digits):
+  straight = global_batches(*digits, pipelines=2, local_replicas=1, steps=30)
+  resumed = global_batches(*digits, pipelines=2, local_replicas=1, start_step=17, steps=13)
+  assert all(np.array_equal(a, b) for a, b in zip(straight[17:], resumed))
+
+
+def test_the_eval_split_is_padded_to_whole_global_batches_with_weight_zero(digits):
+  source, config = digits
+  batches = list(pipeline.eval_dataset(source, config, batch_size=GLOBAL_BATCH))
+  weights = np.concatenate([w.numpy() for _, _, w in batches])
+  assert len(weights) == 6 * GLOBAL_BATCH and weights.sum() == 360 and not weights[360:].any()
+
+
+@pytest.mark.parametrize("name, message", [
+    ("unknown_length", "the length of the 'train' dataset is unknown to tf.data; declare it with ds.apply("
+                       "tf.data.experimental.assert_cardinality"),
+    ("eval_drops_its_tail", "the 'eval' dataset drops its last partial batch"),
+    ("not_a_dataset", "not_a_dataset('train', ...) must return a tf.data.Dataset of (features, targets) batches, "
+                      "got tuple"),
+])
+def test_a_wrong_input_function_is_one_line_at_load(name, message):
+  with pytest.raises(ConfigError, match=r"^data.name='tests.fixtures.input_functions:" + name + "': .*"):
+    try:
+      sources.load(data_config(f"tests.fixtures.input_functions:{name}"))
+    except ConfigError as e:
+      assert message in str(e) and "\n" not in str(e), str(e)
+      raise
+
+
+def test_a_short_train_batch_stops_the_run_naming_the_fix():
+  config = data_config("tests.fixtures.input_functions:short_train_batches")
+  source = sources.load(config)
+  stream = pipeline.train_dataset(source, config, batch_size=8, steps_per_epoch=12, seed=0)
+  with pytest.raises(tf.errors.InvalidArgumentError, match=r"a train batch is not batch_size long \(use batch"):
+    next(iter(stream))
