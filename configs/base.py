@@ -73,6 +73,11 @@ def _data(c):
   # npz: PATH.npz holding x_train, y_train, x_test, y_test (keras.datasets' load_data() saved with np.savez).
   # Any tf.io.gfile path (local, gs://, ram://).
   c.data.data_dir = config_dict.placeholder(str)
+  # npz with any named arrays (for a task): split S reads <name>_S for each name; one name gives that array, several
+  # a dict of them. Both empty: the classic x_S (uint8 images) and y_S (class ids).
+  c.data.npz = ml_collections.ConfigDict()
+  c.data.npz.features = ()
+  c.data.npz.targets = ()
   c.data.corrupt_images = "fail"  # image_folder: an unreadable/corrupt file stops the run (fail) or is counted (skip)
   c.data.download = True  # let tfds try to download when the data is not on disk.
   c.data.image_size = config_dict.placeholder(int)  # resize to (size, size); None = keep.

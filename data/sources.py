@@ -65,6 +65,8 @@ def npz(data_config):
   path = data_config.data_dir
   arrays = _read_npz(path)
   names = (data_config.train_split, data_config.eval_split)
+  if data_config.npz.features or data_config.npz.targets:
+    return user_source.load(f"npz:{path}", lambda split: _named_arrays(arrays, data_config, names, split, path))
   needed = list(dict.fromkeys(f"{xy}_{name}" for name in names for xy in "xy"))
   missing = [key for key in needed if key not in arrays.files]
   if missing:
@@ -77,6 +79,23 @@ def npz(data_config):
                       f"{train[0].shape[1:]} (height, width, channels); they must match")
   num_classes = _check_class_ids(train[1], evaluation[1], path, names)
   return from_arrays(f"npz:{path}", train, evaluation, num_classes=num_classes, max_value=255.0)
+
+
+def _named_arrays(arrays, data_config, names, split, path):
+  """(features, targets) of split "train"/"eval": the arrays data.npz.features / .targets name, suffixed _S."""
+  features, targets = tuple(data_config.npz.features), tuple(data_config.npz.targets)
+  if not (features and targets):
+    raise ConfigError(f"data.npz.features={features} and data.npz.targets={targets}: name both (arrays of the npz "
+                      f"file, without the _<split> suffix) or neither (the classic {NPZ_KEYS})")
+  suffix = names[0] if split == "train" else names[1]
+  keys = [f"{name}_{suffix}" for name in features + targets]
+  missing = [key for key in keys if key not in arrays.files]
+  if missing:
+    raise ConfigError(f"npz file '{path}' has no {', '.join(missing)} (data.npz.features and data.npz.targets name "
+                      f"arrays read as <name>_{suffix}); it has: {', '.join(arrays.files) or 'no arrays'}")
+  read = lambda group: (arrays[f"{group[0]}_{suffix}"] if len(group) == 1 else
+                        {name: arrays[f"{name}_{suffix}"] for name in group})
+  return read(features), read(targets)
 
 
 def _check_class_ids(train_labels, eval_labels, path, names):

@@ -277,3 +277,60 @@ def test_a_run_trains_on_a_streamed_folder_with_two_replicas(tmp_path):
   summary = tiny_run(c, tmp_path / "run")
   assert summary["step"] == 6 and summary["replicas"] == 2
   assert_finite_and_over_real_examples(summary, eval_size=6)
+
+
+def named_npz(tmp_path):
+  """Arrays a task reads: int32 tokens beyond 255 and a float mask (features), multi-hot float targets."""
+  rng = np.random.default_rng(3)
+  arrays = {}
+  for split, n in (("train", 24), ("test", 10)):
+    arrays[f"tokens_{split}"] = rng.integers(0, 50_000, (n, 16), dtype=np.int32)
+    arrays[f"mask_{split}"] = (rng.random((n, 16)) < 0.5).astype(np.float32)
+    arrays[f"tags_{split}"] = (rng.random((n, 5)) < 0.3).astype(np.float32)
+  return arrays, save_npz(tmp_path / "named.npz", **arrays)
+
+
+def test_npz_named_arrays_are_a_tasks_features_and_targets(tmp_path):
+  arrays, path = named_npz(tmp_path)
+  c = npz_config(path)
+  c.npz.features, c.npz.targets = ("tokens", "mask"), ("tags",)
+  source = data.load(c)
+  assert (source.train_size, source.eval_size, source.image_shape) == (24, 10, None)
+  features, targets = source.train.element_spec
+  assert set(features) == {"tokens", "mask"} and features["tokens"].dtype == tf.int32 and targets.shape == (5,)
+  (features, tags, weights), = list(data.eval_dataset(source, c, batch_size=16))  # 10 real rows, 6 padding
+  np.testing.assert_array_equal(features["tokens"][:10], arrays["tokens_test"])
+  np.testing.assert_array_equal(tags[:10], arrays["tags_test"])
+  np.testing.assert_array_equal(weights, [1.0] * 10 + [0.0] * 6)
+
+
+@pytest.mark.parametrize("features, targets, message", [
+    (("tokens",), (), r"data.npz.features=\('tokens',\) and data.npz.targets=\(\): name both"),
+    (("tokens", "words"), ("tags",), r"has no words_train \(data.npz.features and data.npz.targets name arrays read "
+                                      r"as <name>_train\); it has: tokens_train, "),
+])
+def test_npz_named_arrays_that_are_not_there_are_one_line(features, targets, message, tmp_path):
+  c = npz_config(named_npz(tmp_path)[1])
+  c.npz.features, c.npz.targets = features, targets
+  with pytest.raises(ConfigError, match=message):
+    data.load(c)
+
+
+def test_a_task_on_named_npz_arrays_trains_exactly_as_on_the_same_arrays_from_a_function(tmp_path):
+  from examples.tasks.regression import digit_values
+  from loops import run
+  (train_x, train_y), (eval_x, eval_y) = digit_values("train"), digit_values("eval")
+  path = save_npz(tmp_path / "values.npz", pixels_train=train_x, value_train=train_y, pixels_eval=eval_x,
+                  value_eval=eval_y)
+  summaries = []
+  for name, workdir in (("npz", "from_npz"), ("examples.tasks.regression:digit_values", "from_function")):
+    c = load_config("tasks", "regression")
+    c.data.name, c.deterministic, c.export = name, True, False
+    if name == "npz":
+      c.data.data_dir, c.data.eval_split = str(path), "eval"
+      c.data.npz.features, c.data.npz.targets = ("pixels",), ("value",)
+    c.train.steps, c.train.steps_per_loop, c.eval.every_steps, c.checkpoint.every_steps = 20, 10, 0, 0
+    summaries.append(run.train_and_evaluate(c, str(tmp_path / workdir)))
+  assert summaries[0]["step"] == 20 and math.isfinite(summaries[0]["eval/mae"])
+  for key in ("train/loss", "eval/mae", "eval/mse"):
+    assert summaries[0][key] == summaries[1][key], key
