@@ -51,6 +51,11 @@ class Parts:
   checkpoint: tf.train.Checkpoint
 
   @property
+  def eval_tags(self):
+    """Every eval result a run reports: eval/<metric>, then the task's reduce_eval names."""
+    return metrics_lib.tags(list(self.eval_metrics) + list(self.training_task.eval_reduced))
+
+  @property
   def task_metrics(self):
     return {name: m for name, m in self.eval_metrics.items() if name not in self.eval_means}
 
@@ -112,18 +117,19 @@ def build(config, task, kept=None):
     check.check_model_outputs(loss_fn, model, input_shape, source.num_classes,
                               soft_labels=mixing.mixes(config.data))
   eval_means, eval_metrics = _eval_metrics(strategy, training_task, models, element_spec, plan, made)
-  check.check_metric_references(config, metrics_lib.tags(eval_metrics))
   run_variables = RunVariables()  # plain host values, the same on every task
   checkpoint = tf.train.Checkpoint(step=step_counter, run=run_variables,
                                    **_checkpointed(models, optimizers_by_model))
   logging.info("task %s: %s", config.task.name, ", ".join(
       f"{name} {m.count_params()} parameters" for name, m in models.items()))
   optimizer = optimizers_by_model.get("model") or next(iter(optimizers_by_model.values()), None)
-  return Parts(task=task, strategy=strategy, source=source, plan=plan, input_shape=input_shape, model=model,
-               optimizer=optimizer, step_counter=step_counter, training_task=training_task, models=models,
-               optimizers=optimizers_by_model, learning_rates=learning_rates, eval_means=eval_means,
-               eval_metrics=eval_metrics, element_spec=element_spec, run_variables=run_variables,
-               checkpoint=checkpoint)
+  parts = Parts(task=task, strategy=strategy, source=source, plan=plan, input_shape=input_shape, model=model,
+                optimizer=optimizer, step_counter=step_counter, training_task=training_task, models=models,
+                optimizers=optimizers_by_model, learning_rates=learning_rates, eval_means=eval_means,
+                eval_metrics=eval_metrics, element_spec=element_spec, run_variables=run_variables,
+                checkpoint=checkpoint)
+  check.check_metric_references(config, parts.eval_tags)
+  return parts
 
 
 def _element_spec(source, input_shape):

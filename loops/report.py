@@ -14,7 +14,6 @@ from loops import build as build_lib
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
 from loops.model import fused_batchnorm
-from loops.model import metrics as metrics_lib
 from loops.model import model as model_lib
 from loops.persist import init_checkpoint
 
@@ -53,7 +52,7 @@ def dry_run(config, workdir, parts, user_callbacks):
       "parameters": parts.model.count_params(),
       "fused_batchnorm_layers": fused_batchnorm.fused_layers(parts.model),
       **({"gradient_all_reduce": _packs_line(parts, config)} if strategy_lib.is_multi_worker(parts.strategy) else {}),
-      "eval_metrics": metrics_lib.tags(parts.eval_metrics),
+      "eval_metrics": parts.eval_tags,
       "early_stopping": config.early_stopping.metric or "off",
       "best_metric": f"{config.checkpoint.best_metric} ({config.checkpoint.best_mode})" if config.checkpoint.best_metric
                      else "off",

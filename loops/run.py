@@ -33,7 +33,6 @@ from loops.distribute import execution as execution_lib
 from loops.distribute import memory
 from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
-from loops.model import metrics as metrics_lib
 from loops.model import model as model_lib
 from loops.model import optimizers
 from loops.persist import async_saves
@@ -167,7 +166,7 @@ def _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guar
   observers = [
       nan_guard,
       callbacks_lib.ProfileTrace(config.summary.profile_steps, parts.plan.steps_per_loop, _profile_folder(parts.task)),
-      callbacks_lib.Overview(config, metrics_lib.tags(parts.eval_metrics),
+      callbacks_lib.Overview(config, parts.eval_tags,
                              (lambda: _first_inputs(config, parts)) if _image_features(parts) else None),
       callbacks_lib.TrainLog(parts.optimizer, parts.plan.global_batch_size, config.summary.progress_bar),
       callbacks_lib.WorkerMonitor(config.summary.straggler_fraction, config.summary.straggler_calls,

@@ -90,6 +90,8 @@ def config_with(**keys):
     ({"task__name": "tests.fixtures.contract_tasks:Takes", "task__kwargs": {"depth": 2}},
      r"task.kwargs \{'depth': 2\} do not fit tests.fixtures.contract_tasks:Takes"),
     ({"task__kwargs": {"depth": 2}, "task__name": "classification"}, "task.kwargs .* are for a task of your own"),
+    ({"task__name": "tests.fixtures.contract_tasks:CollectsValues", "strategy": "parameter_server"},
+     r"collects \('value',\) over the eval set \(eval_collect\); parameter_server evaluates on the coordinator"),
 ])
 def test_task_settings_are_refused_in_one_line_before_anything_is_built(keys, message):
   config = config_with(**{k: v for k, v in keys.items() if k != "task__kwargs"})
@@ -106,6 +108,33 @@ def test_an_eval_step_that_reduces_is_refused_before_training(tmp_path):
                                         r"per example, shape \[2\]"):
     run.train_and_evaluate(config, str(tmp_path / "w"))
   assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("strategy, replicas", [("one_device", 0), ("mirrored", 2)])
+def test_values_collected_over_the_whole_eval_set_reach_reduce_eval_once_each(strategy, replicas, tmp_path):
+  from examples.tasks.regression import digit_values
+  from loops import run
+  config = config_with(task__name="tests.fixtures.contract_tasks:CollectsValues", strategy=strategy,
+                       cpu_replicas=replicas, checkpoint__best_metric="eval/value_sum", export=False)
+  config.train.steps, config.train.steps_per_loop, config.eval.every_steps = 4, 2, 2
+  summary = run.train_and_evaluate(config, str(tmp_path / "w"))
+  values = digit_values("eval")[1]  # 360 examples: padded to 384 on the eval's global batches of 64
+  assert summary["eval/count"] == len(values) == 360
+  assert summary["eval/value_sum"] == pytest.approx(float(values.sum()), rel=1e-6)
+  assert summary["best_metric"] == "eval/value_sum"
+
+
+@pytest.mark.parametrize("name, message", [
+    ("CollectsMissing", r"CollectsMissing.eval_collect names \['embedding'\], which eval_step does not return"),
+    ("ReducesOtherNames", r"ReducesOtherNames.reduce_eval returned \['total'\]; eval_reduced declares "
+                          r"\['count', 'value_sum'\]"),
+])
+def test_collected_values_and_reduced_names_that_do_not_match_are_one_line(name, message, tmp_path):
+  from loops import run
+  config = config_with(task__name=f"tests.fixtures.contract_tasks:{name}", export=False)
+  config.train.steps, config.train.steps_per_loop, config.eval.every_steps = 2, 2, 2
+  with pytest.raises(ConfigError, match=message):
+    run.train_and_evaluate(config, str(tmp_path / "w"))
 
 
 @pytest.mark.parametrize("function, message", [

@@ -54,6 +54,8 @@ def test_each_example_trains_to_its_stated_number(name, teacher, tmp_path):
   assert (value <= bound) if mode == "min" else (value >= bound), (name, metric, value)
   assert summary["best_metric"] == metric and summary["best_value"] == pytest.approx(
       min(value, summary["best_value"]) if mode == "min" else max(value, summary["best_value"]))
+  if name == "contrastive":  # reduce_eval over the whole eval set's embeddings
+    assert summary["eval/knn_accuracy"] >= 0.85, summary
   exported = summary["export"]
   assert exported and os.path.isdir(exported["saved_model"]), exported  # every example's model serves
   loaded = tf.saved_model.load(exported["saved_model"])
@@ -111,11 +113,17 @@ def test_a_task_run_split_by_sigterm_ends_bit_identical_to_a_straight_one(tmp_pa
   assert_bit_identical(tmp_path / "w", tmp_path / "ref")
 
 
-def test_a_task_under_two_worker_mwms_matches_one_device(tmp_path):
+@pytest.mark.parametrize("config, keys", [
+    ("segmentation", ("train/loss", "eval/loss", "eval/pixel_accuracy", "eval/mean_iou")),  # MeanIoU over workers
+    ("regression", ("train/loss", "eval/mae", "eval/count", "eval/value_sum")),  # reduce_eval over all workers' rows
+])
+def test_a_task_under_two_worker_mwms_matches_one_device(config, keys, tmp_path):
   from tests.test_reliability import env
-  args = ["--config=configs/tasks.py:segmentation", "--config.deterministic=True", "--config.train.steps=40",
+  args = [f"--config=configs/tasks.py:{config}", "--config.deterministic=True", "--config.train.steps=40",
           "--config.train.steps_per_loop=20", "--config.eval.every_steps=40", "--config.export=False",
-          "--config.summary.progress_bar=off"]
+          "--config.summary.progress_bar=off", "--config.checkpoint.best_metric="]
+  if config == "regression":
+    args.append("--config.task.name=tests.fixtures.contract_tasks:CollectsValues")
   one = subprocess.run([PY, "main.py", *args, f"--workdir={tmp_path / 'one'}"], cwd=REPO, env=env(),
                        capture_output=True, text=True, timeout=300)
   assert one.returncode == 0, one.stderr[-3000:]
@@ -125,8 +133,10 @@ def test_a_task_under_two_worker_mwms_matches_one_device(tmp_path):
   assert two.returncode == 0, (two.stdout + two.stderr)[-3000:]
   one_summary, two_summary = (json.load(open(tmp_path / d / "summary.json")) for d in ("one", "two"))
   assert two_summary["replicas"] == 2
-  for key in ("train/loss", "eval/loss", "eval/pixel_accuracy", "eval/mean_iou"):  # MeanIoU over both workers
+  for key in keys:
     assert two_summary[key] == pytest.approx(one_summary[key], rel=1e-3), key
+  if config == "regression":
+    assert two_summary["eval/count"] == 360  # every eval example once, none of the padding
 
 
 def subclassed(model_name, strategy="one_device", steps=60):

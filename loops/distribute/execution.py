@@ -115,8 +115,17 @@ class _Execution:
     return steps.make_eval_step(p.training_task, p.models, p.eval_means, p.task_metrics, p.plan.global_batch_size,
                                 p.step_counter)
 
-  def _eval_results(self):
-    return {f"eval/{name}": float(m.result().numpy()) for name, m in self.parts.eval_metrics.items()}
+  def _eval_results(self, collected=None):
+    """The eval metrics' results, and the task's reduce_eval of the values collected over the whole set."""
+    results = {f"eval/{name}": float(m.result().numpy()) for name, m in self.parts.eval_metrics.items()}
+    if collected is not None:
+      task = self.parts.training_task
+      reduced = task.reduce_eval(collected)
+      if set(reduced) != set(task.eval_reduced):
+        raise ConfigError(f"{type(task).__name__}.reduce_eval returned {sorted(reduced)}; eval_reduced declares "
+                          f"{sorted(task.eval_reduced)}")
+      results.update({f"eval/{name}": float(value) for name, value in reduced.items()})
+    return results
 
   def _reset(self, metrics):
     for metric in metrics.values():
@@ -156,7 +165,8 @@ class SyncExecution(_Execution):
     self._train_step, self._resident_fn = train_step, None
     self._read_out = steps.CallReadOut(strategy, self.train_metrics, clock)
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter, self._read_out)
-    self._eval_fn = steps.make_eval_fn(strategy, self._eval_step())
+    collects = bool(p.training_task.eval_collect)
+    self._eval_fn = (steps.make_collecting_eval_fn if collects else steps.make_eval_fn)(strategy, self._eval_step())
     self._eval_data = self._distribute(lambda batch, shards, index, local: data.eval_dataset(
         p.source, config.data, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
     self._sum_over_workers = steps.make_sum_over_workers(strategy, parts.task.num_workers)
@@ -197,8 +207,8 @@ class SyncExecution(_Execution):
   def evaluate(self):
     self._reset(self.parts.eval_metrics)
     with self.averaged_weights():
-      self._eval_fn(self._eval_data)
-    return self._eval_results()
+      collected = self._eval_fn(self._eval_data)
+    return self._eval_results(collected)
 
   def rewind(self, step):
     self._iterator, self._start_step = None, step  # the next call zeroes the train metrics' sums itself

@@ -265,13 +265,18 @@ def make_resident_train_fn(strategy, step_fn, step_counter, resident, read_out=N
 
 def make_eval_step(task, models, means, task_metrics, global_batch_size, step_counter):
   """Per-replica eval step over (features, targets, weights); weight-0 rows are padding. The task's per-example
-  values go into `means` (weighted); it updates its own Keras metrics (task_metrics) itself."""
+  values go into `means` (weighted); it updates its own Keras metrics (task_metrics) itself. Returns the values
+  named in task.eval_collect, with the weights, for make_collecting_eval_fn (None when there are none)."""
+  collect = tuple(task.eval_collect)
 
   def step_fn(features, targets, weights):
     ctx = context_lib.StepContext(global_batch_size, step_counter, training=False, metrics=task_metrics,
                                   weights=weights)
-    for name, values in task.eval_step((features, targets), models, ctx).items():
-      means[name].update_state(tf.cast(values, tf.float32), sample_weight=weights)
+    values = task.eval_step((features, targets), models, ctx)
+    for name, value in values.items():
+      if name not in collect:
+        means[name].update_state(tf.cast(value, tf.float32), sample_weight=weights)
+    return ({name: values[name] for name in collect}, weights) if collect else None
 
   return step_fn
 
@@ -283,6 +288,27 @@ def make_eval_fn(strategy, step_fn):
   def eval_fn(dataset):
     for batch in dataset:
       strategy.run(step_fn, args=batch)
+
+  return eval_fn
+
+
+def make_collecting_eval_fn(strategy, step_fn):
+  """fn(distributed eval dataset) -> {name: numpy [eval examples, ...]}: one full pass like make_eval_fn, each
+  batch's collected values gathered from every replica and worker, padding rows dropped. (The all-gather runs in
+  the replica context: TF 2.21's strategy.gather inside a tf.function returns only the first replica's rows.)"""
+
+  def step_and_gather(*batch):  # tf.identity: values passed through from the input have no device to gather to
+    values = tf.nest.map_structure(tf.identity, step_fn(*batch))
+    return tf.distribute.get_replica_context().all_gather(values, axis=0)
+
+  @tf.function
+  def gathered(batch):
+    return strategy.experimental_local_results(strategy.run(step_and_gather, args=batch))[0]
+
+  def eval_fn(dataset):
+    batches = [tf.nest.map_structure(lambda t: t.numpy(), gathered(batch)) for batch in dataset]
+    weights = np.concatenate([w for _, w in batches]) > 0
+    return {name: np.concatenate([values[name] for values, _ in batches])[weights] for name in batches[0][0]}
 
   return eval_fn
 

@@ -48,11 +48,18 @@ def eval_names(task, models, element_spec, global_batch_size, metrics, batch=2):
   if not isinstance(values, dict) or not values:
     raise ConfigError(f"{type(task).__name__}.eval_step must return {{name: per-example values}}, got "
                       f"{type(values).__name__}")
+  collected = set(task.eval_collect)
+  missing = sorted(collected - set(values))
+  if missing:
+    raise ConfigError(f"{type(task).__name__}.eval_collect names {missing}, which eval_step does not return "
+                      f"(it returns {sorted(values)})")
   for name, value in values.items():
     shape = tuple(np.shape(value))
+    if name in collected and shape[:1] == (batch,):
+      continue  # gathered whole: one row per example, any shape
     if shape != (batch,):
       raise ConfigError(f"{type(task).__name__}.eval_step value '{name}' has shape {list(shape)}; expected one "
                         f"value per example, shape [{batch}] (the framework takes the weighted mean)")
   for metric in metrics.values():  # the probe must leave no trace in the task's metrics
     metric.reset_state()
-  return list(values)
+  return [name for name in values if name not in collected]

@@ -22,10 +22,15 @@ class Task:
 
   Attributes:
     train_metrics: names the step reports with ctx.log(name, value) as train/<name>.
+    eval_collect: names of eval_step values gathered over the WHOLE eval set (rows of any shape [batch, ...]: every
+      replica's and worker's, padding dropped) instead of averaged; reduce_eval turns them into results.
+    eval_reduced: the names reduce_eval returns (eval/<name>; each may drive checkpoint.best_metric).
     config: the run's config (set by the framework before any method is called); `self.kwargs` = task.kwargs.
   """
 
   train_metrics = ()
+  eval_collect = ()
+  eval_reduced = ()
   config = None
 
   def build_models(self, ctx):
@@ -51,6 +56,12 @@ class Task:
     set). Update the task's Keras metrics (build_metrics) here with ctx.metrics[name].update_state(...,
     sample_weight=ctx.weights). Default: the loss."""
     return {"loss": self.per_example_loss(batch, models, ctx)}
+
+  def reduce_eval(self, collected):
+    """{name: float} for the names in eval_reduced, from {name: numpy array [eval examples, ...]} of the
+    eval_collect values (e.g. kNN accuracy on embeddings, an AUC over the set). Runs on the host once per eval,
+    on every worker alike."""
+    return {}
 
   def build_metrics(self):
     """{name: keras.metrics.Metric} reported as eval/<name>, updated in eval_step (created in the right scope)."""
