@@ -27,7 +27,8 @@ def make_folder(root, count, size, classes=10):
 
 
 def training_window(config, strategy, plan, reference, dataset, calls_per_window):
-  """window(): `calls_per_window` calls of the framework's compiled loop on a fresh copy of `reference`."""
+  """window(): `calls_per_window` calls of the framework's compiled loop (with the call's read-out of its train
+  metrics, as a run makes it) on a fresh copy of `reference`."""
   with strategy.scope():
     model = keras.models.clone_model(reference)
     model.set_weights(reference.get_weights())
@@ -37,14 +38,14 @@ def training_window(config, strategy, plan, reference, dataset, calls_per_window
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
   step_fn = steps.make_train_step(model, optimizer, losses.build(config.loss), metrics, plan.global_batch_size,
                                   counter)
-  train_fn = steps.make_train_fn(strategy, step_fn, counter)
+  train_fn = steps.make_train_fn(strategy, step_fn, counter, steps.CallReadOut(strategy, metrics))  # as a run's
   iterator = iter(strategy.experimental_distribute_dataset(dataset))
   calls = tf.constant(plan.steps_per_loop, tf.int32)
 
   def window():
     for _ in range(calls_per_window):
-      loss = train_fn(iterator, calls)
-    float(loss)
+      read_out = train_fn(iterator, calls)
+    read_out.numpy()  # one host sync per window, as a run has per call
   return window
 
 
