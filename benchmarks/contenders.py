@@ -77,7 +77,7 @@ class Contenders:
   def __init__(self, config, window_calls):
     self.config, self.window_calls = config, window_calls
     strategy_lib.configure_devices(config)
-    self.strategy = strategy_lib.build(config, cluster.Task())
+    self.strategy = strategy_lib.build(config, cluster.ClusterTask())
     keras.utils.set_random_seed(config.seed)
     self.source = data.load(config.data)
     self.plan = plan_lib.derive(config, self.strategy.num_replicas_in_sync, self.source.train_size)

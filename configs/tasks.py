@@ -2,8 +2,11 @@
 
   python main.py --config=configs/tasks.py:regression --workdir=runs/regression
 
-Each example's own docstring gives its runtime and what it reaches. Names: regression, gan, sam, contrastive,
-segmentation, distillation (distillation needs a trained digits run: see examples/tasks/distillation.py).
+Names (no `:<name>`: regression): regression, gan, sam, contrastive, segmentation, distillation (distillation needs a trained digits run: see
+examples/tasks/distillation.py). Expected (each example's docstring says more; measured on 2 CPU cores, 15-40 s
+each): regression eval/mae ~0.56, gan eval/mean_gap ~0.06, sam eval/accuracy ~0.98, contrastive
+eval/probe_accuracy ~0.90 and eval/knn_accuracy ~0.94, segmentation eval/mean_iou ~0.98, distillation
+eval/accuracy ~0.90.
 """
 
 from configs import base
@@ -22,8 +25,8 @@ EXAMPLES = {
 }
 
 
-def get_config(arg=None):
-  name = arg
+def get_config(arg="regression"):
+  name = arg or "regression"
   if name not in EXAMPLES:
     raise ValueError(f"configs/tasks.py:<name> takes one of {', '.join(EXAMPLES)}, got {name!r}")
   task, data_name, best, mode, steps = EXAMPLES[name]

@@ -32,7 +32,7 @@ from loops import task as task_lib
 
 @dataclasses.dataclass(frozen=True)
 class Parts:
-  task: cluster.Task
+  task: cluster.ClusterTask
   strategy: tf.distribute.Strategy
   source: data.Source
   plan: plan_lib.Plan
@@ -76,7 +76,7 @@ def build(config, task, kept=None):
 
   Args:
     config: the resolved config.
-    task: this process's cluster.Task.
+    task: this process's cluster.ClusterTask.
     kept: plan values a resumed run keeps from its record (loops/resume.py), or None.
 
   Returns:

@@ -301,7 +301,7 @@ def check_task(config, task):
 
   Args:
     config: the checked config.
-    task: this process's cluster.Task.
+    task: this process's cluster.ClusterTask.
 
   Raises:
     ConfigError: a strategy the cluster cannot run, or more GPUs asked for than the machine has.

@@ -42,7 +42,7 @@ def trained_values(config, steps):
   """{key: (initial, final, path)} of every model and optimizer variable after `steps` steps."""
   check_lib.check(config)
   strategy_lib.configure_devices(config)
-  parts = build_lib.build(config, cluster.Task())
+  parts = build_lib.build(config, cluster.ClusterTask())
   variables = _named_variables(parts)
   initial = {key: v.numpy().copy() for key, v in variables.items()}
   execution_lib.make(parts, config).train(steps)

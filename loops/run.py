@@ -78,7 +78,7 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
                                   workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds)
   if config.mode == "evaluate" and not task.is_evaluator:
-    task = cluster.Task(type="evaluator", cluster=task.cluster)
+    task = cluster.ClusterTask(type="evaluator", cluster=task.cluster)
   check_lib.check_task(config, task)
   if task.is_distributed and not dry_run:
     startup.check_port_free(task)

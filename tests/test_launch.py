@@ -97,7 +97,8 @@ def test_two_worker_mwms_computes_the_weights_of_two_mirrored_replicas(tiny_digi
   summaries = [json.load(open(tmp_path / d / "summary.json")) for d in ("mwms", "mirrored")]
   for tag in ("train/loss", "train/accuracy"):  # the last call's metrics, summed over both workers
     assert summaries[0][tag] == pytest.approx(summaries[1][tag], rel=1e-4), tag
-  images = tf.constant(np.random.default_rng(0).integers(0, 17, (8, 8, 8, 1)), tf.uint8)
+  # the serving signature takes float32 pixels as stored (0..16 for digits)
+  images = tf.constant(np.random.default_rng(0).integers(0, 17, (8, 8, 8, 1)), tf.float32)
   served = [tf.saved_model.load(summary["export"]["saved_model"]).signatures["serving_default"](images=images)
             for summary in summaries]  # the chief's serving export is the mirrored run's
   np.testing.assert_allclose(served[0]["probabilities"], served[1]["probabilities"], atol=1e-5)

@@ -64,7 +64,7 @@ def test_resident_batches_equal_the_host_pipelines_batch_for_batch(strategy_name
 
 def _local_task():
   from loops.distribute import cluster
-  return cluster.Task()
+  return cluster.ClusterTask()
 
 
 def short_run(tmp_path, name, steps, **overrides):

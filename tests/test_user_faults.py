@@ -94,7 +94,7 @@ def test_a_misspelled_key_in_a_config_file_is_refused(tmp_path):
   assert done.returncode == 1
   assert error_lines(done.stderr) == [f"error: {config} sets 'learning_rat', a key configs/base.py does not define "
                                       "(did you mean 'learning_rate'?); a config file may only set existing keys "
-                                      "(model.kwargs and loss.kwargs take any)"]
+                                      "(model.kwargs, loss.kwargs and task.kwargs take any)"]
   assert not (tmp_path / "run").exists()
 
 

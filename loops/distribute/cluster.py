@@ -15,7 +15,7 @@ JOBS = ("chief", "worker", "ps", "evaluator")  # what tf.distribute accepts; "ma
 
 
 @dataclasses.dataclass(frozen=True)
-class Task:
+class ClusterTask:
   type: str = "local"  # local (no cluster), chief, worker, ps, evaluator
   index: int = 0
   cluster: dict = dataclasses.field(default_factory=dict)  # the training cluster: never an "evaluator" job
@@ -55,7 +55,7 @@ SLURM_PORT_FIRST, SLURM_PORTS_PER_JOB, SLURM_PORT_BLOCKS = 20000, 64, 199
 
 
 def from_environment(environ=None, source="auto", slurm_port_base=None, workdir=None, startup_timeout_seconds=600.0):
-  """The Task of this process.
+  """The ClusterTask of this process.
 
   source: "tf_config" reads TF_CONFIG, "slurm" reads srun's variables, "mpi" an MPI launcher's (mpi.py), "local"
   ignores them all; "auto" takes TF_CONFIG when it is set, else an MPI launcher's variables (an mpirun inside an
@@ -67,7 +67,7 @@ def from_environment(environ=None, source="auto", slurm_port_base=None, workdir=
   """
   environ = os.environ if environ is None else environ
   if source == "local":
-    return Task()
+    return ClusterTask()
   no_tf_config = not environ.get("TF_CONFIG", "").strip()
   if source == "mpi" or (source == "auto" and no_tf_config and mpi.detect(environ)):
     return from_mpi(environ, workdir, startup_timeout_seconds)
@@ -81,7 +81,7 @@ def from_mpi(environ, workdir, timeout_seconds):
   no cluster (a local run)."""
   launch = mpi.from_environment(environ)
   if launch.size == 1:
-    return Task()
+    return ClusterTask()
   if not workdir:
     raise ConfigError(f"{mpi.NAMES[launch.launcher]} started {launch.size} ranks but no workdir was given: the "
                       "ranks exchange their addresses through it")
@@ -94,7 +94,7 @@ def from_mpi(environ, workdir, timeout_seconds):
       logging.warning("%s", warning)
   addresses, own_file = rendezvous.exchange(workdir, launch.job_key, launch.rank, launch.size, timeout_seconds)
   logging.info("%s rank %d of %d: cluster %s", mpi.NAMES[launch.launcher], launch.rank, launch.size, addresses)
-  return Task(type="worker", index=launch.rank, cluster={"worker": addresses}, rendezvous_file=own_file)
+  return ClusterTask(type="worker", index=launch.rank, cluster={"worker": addresses}, rendezvous_file=own_file)
 
 
 def _gpu_count():
@@ -148,7 +148,7 @@ def from_slurm(environ, port_base=None):
                       f"nodes {hosts} ({tasks_per_node} per node), SLURM_PROCID={rank}")
   base = _checked_port_base(slurm_port_base(environ, port_base), max(tasks_per_node), derived=port_base is None)
   addresses = [f"{host}:{base + i}" for host, count in layout for i in range(count)]
-  return Task(type="worker", index=rank, cluster={"worker": addresses})
+  return ClusterTask(type="worker", index=rank, cluster={"worker": addresses})
 
 
 def _checked_port_base(base, tasks_on_a_node, derived):
@@ -163,7 +163,7 @@ def _checked_port_base(base, tasks_on_a_node, derived):
 
 
 def from_tf_config(environ):
-  """Parses TF_CONFIG (if set) into a Task; a malformed TF_CONFIG raises ConfigError naming the field.
+  """Parses TF_CONFIG (if set) into a ClusterTask; a malformed TF_CONFIG raises ConfigError naming the field.
 
   Accepts what cluster managers write: extra keys ("environment": "cloud", "job", task "trial"), a "master" job
   for the chief (SageMaker, AI Platform), and an evaluator task whether or not its job is in "cluster"
@@ -171,7 +171,7 @@ def from_tf_config(environ):
   """
   raw = environ.get("TF_CONFIG", "").strip()
   if not raw:
-    return Task()
+    return ClusterTask()
   try:
     spec = json.loads(raw)
   except json.JSONDecodeError as e:
@@ -193,7 +193,7 @@ def from_tf_config(environ):
   training = {job: addresses for job, addresses in cluster.items() if job != "evaluator"}
   if not training:
     raise ConfigError("TF_CONFIG cluster has no training job (chief, worker or ps), only an evaluator")
-  return Task(type=task_type, index=index, cluster=training)
+  return ClusterTask(type=task_type, index=index, cluster=training)
 
 
 def _master_is_chief(cluster, task_type):

@@ -39,7 +39,7 @@ def throwaway_config(config, steps, global_batch_size=None):
 
 
 def task_of(config, workdir=None):
-  """This process's cluster.Task, checked against the strategy (after the devices are configured); `workdir` holds
+  """This process's cluster.ClusterTask, checked against the strategy (after the devices are configured); `workdir` holds
   the address exchange of ranks started by an MPI launcher, as in a run."""
   check_lib.check(config)
   strategy_lib.configure_devices(config)
