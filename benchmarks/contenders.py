@@ -12,6 +12,7 @@ import tensorflow as tf
 import data
 from data import resident as resident_lib
 from loops import plan as plan_lib
+from loops.core import plugins
 from loops.distribute import cluster
 from loops.distribute import steps
 from loops.distribute import strategy as strategy_lib
@@ -21,6 +22,8 @@ from loops.model import model as model_lib
 from loops.model import optimizers
 import models
 
+# The built-in classification written as a user's loss-level task: what the contract costs a user's step.
+USER_TASK = "examples.tasks.digits:Classifier"
 
 class Nothing:
   """A metric that does nothing (the no-metrics lever)."""
@@ -91,12 +94,15 @@ class Contenders:
     self.fused_layers = fused_batchnorm.fused_layers(self.fresh_model(batchnorm=config.model)[0])  # as a run has it
 
   def runners(self, levers=False, only=None):
-    """name -> window: framework, keras_fit, bare_loop, synthetic; host_pipeline and input_only when the framework's
-    input is device-resident; framework_keras_bn when it fuses BatchNorm layers; the lever_* variants. `only`: build
-    just these (and the levers): the others' models and pipelines are never made."""
+    """name -> window: framework, keras_fit, bare_loop, synthetic (user_task when `only` names it); host_pipeline and
+    input_only when the framework's input is device-resident; framework_keras_bn when it fuses BatchNorm layers;
+    the lever_* variants. `only`: build just these (and the levers): the others' models and pipelines are never
+    made."""
     resident, dataset = self.residency.resident, self.real_dataset
     makers = {"framework": lambda: self.framework(dataset(), resident=resident), "keras_fit": self.keras_fit,
               "bare_loop": self.bare_loop, "synthetic": lambda: self.framework(None, resident="one_batch")}
+    if only and "user_task" in only:  # asked for by name only (a classification config's loss, no mixing)
+      makers["user_task"] = lambda: self.framework(dataset(), resident=resident, task=USER_TASK)
     if resident:
       makers["host_pipeline"] = lambda: self.framework(dataset())
       makers["input_only"] = self.input_only
@@ -147,17 +153,22 @@ class Contenders:
       return tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
 
   def framework(self, dataset, python_loop=False, with_metrics=True, policy=None, jit_compile=False, resident=False,
-                batchnorm=None):
+                batchnorm=None, task=None):
     """The framework's compiled loop over `dataset`, over the device-resident split (resident=True) or over one
-    batch (resident="one_batch"); the model with the run's BatchNorm unless `batchnorm` says otherwise."""
+    batch (resident="one_batch"); the model with the run's BatchNorm unless `batchnorm` says otherwise; the
+    built-in classification step, or `task` (a user's loss-level Task with train_metrics ("accuracy",))."""
     model, optimizer = self.fresh_model(policy, self.config.model if batchnorm is None else batchnorm)
     with self.strategy.scope():
       metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
     if not with_metrics:
       metrics = {"loss": Nothing(), "accuracy": Nothing()}
     counter = self.new_counter()
-    step_fn = steps.make_train_step(model, optimizer, self.loss_fn, metrics, self.plan.global_batch_size, counter,
-                                    jit_compile=jit_compile)
+    if task is None:
+      step_fn = steps.make_train_step(model, optimizer, self.loss_fn, metrics, self.plan.global_batch_size, counter,
+                                      jit_compile=jit_compile)
+    else:
+      step_fn = steps.make_task_train_step(plugins.load(task, "task")(), {"model": model}, {"model": optimizer},
+                                           metrics, self.plan.global_batch_size, counter, jit_compile=jit_compile)
     read_out = steps.CallReadOut(self.strategy, metrics) if with_metrics else None  # the run's call returns it
     iterator = None
     if resident:

@@ -9,7 +9,8 @@ def paired_ratio(seconds, a, b):
   return statistics.median(tb / ta for ta, tb in zip(seconds[a], seconds[b]))
 
 
-CONTENDERS = ("framework", "keras_fit", "bare_loop", "synthetic", "host_pipeline", "input_only", "framework_keras_bn")
+CONTENDERS = ("framework", "keras_fit", "bare_loop", "synthetic", "host_pipeline", "input_only", "framework_keras_bn",
+              "user_task")
 # name: (numerator, denominator, paired); reported when both contenders ran.
 RATIOS = {
     "ratio_vs_keras_fit": ("framework", "keras_fit", False),
@@ -21,6 +22,7 @@ RATIOS = {
     "ratio_vs_keras_fit_paired": ("framework", "keras_fit", True),
     "ratio_keras_bn_vs_keras_fit": ("framework_keras_bn", "keras_fit", False),
     "ratio_fused_vs_keras_bn": ("framework", "framework_keras_bn", False),
+    "ratio_user_task_vs_built_in_paired": ("user_task", "framework", True),
 }
 
 

@@ -14,6 +14,8 @@ Same model, data, strategy, global batch and steps per call for all (built in be
              two noisy rates
   framework_keras_bn  "framework" with Keras' own BatchNormalization ops (model.fused_batchnorm=False), when the
              model has BatchNorm layers the framework fuses: what the loop alone gains
+  user_task  "framework" with examples.tasks.digits:Classifier, the built-in classification (same loss, same
+             train/accuracy) written as a user's loss-level task: what the task contract costs a user's step
 The framework contenders run the model as a run does (loops.model.model.configure_batchnorm: fused BatchNorm by
 default); keras_fit and bare_loop run it as Keras does.
 Warm-up calls (tracing) are not timed; every figure is the median of --windows timed windows, interleaved
@@ -123,7 +125,7 @@ def report(results, model_name):
         f"({results['device_resident_reason']})")
   shown = [key for key in results if key.startswith(("ratio_", "input_share")) and not key.startswith("ratio_lever_")]
   for key in [*shown, "gemm_peak_gflops", "model_gflops_per_image", "fraction_of_peak"]:
-    print(f"{key:<34}{results[key]:.4g}")
+    print(f"{key:<36}{results[key]:.4g}")
 
 
 if __name__ == "__main__":

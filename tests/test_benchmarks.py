@@ -78,11 +78,13 @@ def test_throughput_ratios_are_those_whose_two_contenders_ran_paired_by_round():
 def test_throughput_times_only_the_contenders_asked_for_and_their_ratios(tmp_path):
   out = tmp_path / "results.json"
   result = run_module("benchmarks.throughput", "--config=configs/digits_cnn.py", "--windows=2", "--window_calls=1",
-                      "--config.train.steps_per_loop=2", "--contenders=framework,synthetic,input_only", f"--out={out}")
+                      "--config.train.steps_per_loop=2", "--contenders=framework,synthetic,input_only,user_task",
+                      f"--out={out}")
   results = json.load(open(out))
-  assert set(results["images_per_sec"]) == {"framework", "synthetic", "input_only"}
+  assert set(results["images_per_sec"]) == {"framework", "synthetic", "input_only", "user_task"}
   assert "ratio_vs_keras_fit" not in results and "ratio_vs_keras_fit" not in result.stdout
   assert results["ratio_real_vs_synthetic_paired"] > 0 and "input_share_of_step" in result.stdout
+  assert results["ratio_user_task_vs_built_in_paired"] > 0 and "ratio_user_task_vs_built_in_paired" in result.stdout
   assert all(len(windows) == 2 for windows in results["window_seconds"].values())
 
 

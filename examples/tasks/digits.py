@@ -2,6 +2,7 @@
 
 The same fixed stratified 80/20 split as the built-in `data.name=digits` source."""
 
+import keras
 import numpy as np
 from sklearn import datasets
 from sklearn import model_selection
@@ -52,10 +53,10 @@ class Classifier(Task):
     images, labels = batch
     logits = tf.cast(models["model"](images, training=ctx.training), tf.float32)
     ctx.log("accuracy", tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32))
-    return tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits)
+    return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)  # the built-in's loss
 
   def eval_step(self, batch, models, ctx):
     images, labels = batch
     logits = tf.cast(models["model"](images, training=False), tf.float32)
-    return {"loss": tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits),
+    return {"loss": keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True),
             "accuracy": tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32)}

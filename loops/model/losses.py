@@ -84,6 +84,7 @@ def build(loss_config):
     check_per_example(name, losses, logits)
     return tf.cast(losses, tf.float32)
 
+  per_example_loss.declared = frozenset(declared)  # the keywords it reads (callers skip making the others)
   return per_example_loss
 
 

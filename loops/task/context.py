@@ -22,7 +22,8 @@ class StepContext:
 
   @property
   def step(self):
-    """The global step before this update (int64), the same on every replica and worker."""
+    """The global step before this update (int64), the same on every replica and worker. Each read orders the
+    step against the counter's update: read it only where it is used."""
     return tf.convert_to_tensor(self._step)
 
   @property
