@@ -36,6 +36,8 @@ def decide(source, data_config, *, synchronous):
   mode = data_config.device_resident
   if mode == "off":
     return Residency(False, "data.device_resident=off", 0)
+  if source.input_fn is not None:
+    return Residency(False, f"dataset '{source.name}' is a user's input function (its own tf.data pipeline)", 0)
   if source.image_shape is None:
     return Residency(False, f"dataset '{source.name}' is a user's arrays (device residency is for images)", 0)
   if source.train_arrays is None:

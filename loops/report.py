@@ -24,7 +24,7 @@ def dry_run(config, workdir, parts, user_callbacks):
   report = {
       "dry_run": True,
       "strategy": config.strategy,
-      "task": f"{task.type}:{task.index}" + (" (chief)" if task.is_chief else ""),
+      "process": f"{task.type}:{task.index}" + (" (chief)" if task.is_chief else ""),
       "replicas": plan.replicas,
       "global_batch_size": plan.global_batch_size,
       "per_replica_batch_size": plan.per_replica_batch_size,
@@ -66,20 +66,28 @@ def dry_run(config, workdir, parts, user_callbacks):
     del report["model"], report["parameters"]  # model.name is the built-in's; the models row says it all
   if config.init.checkpoint:
     report["init"] = _init_line(config, parts, report["resumes_from"])
-  if config.data.service:
-    from data import service  # as data/pipeline.py: `python -m data.service` must not find itself imported
-    answers = service.reachable(config.data.service)
-    report["data_service"] = (f"{config.data.service} " + ("answers" if answers else "does not answer now (a run waits "
-                              f"data.service_timeout_seconds={config.data.service_timeout_seconds:g} for it)"))
-  manifest = tfrecord.read_manifest(config.data.data_dir) if config.data.name == "tfrecord" else None
-  if manifest is not None:  # every byte read once: what a run checks only cheaply
-    count = tfrecord.verify_checksums(config.data.data_dir, manifest)
-    report["prepared_files"] = f"{count} files match their SHA-256 and record counts in the manifest"
+  report.update(_data_checks(config.data))
   print(f"config:\n{config}")
   print("dry run (nothing trained or written):")
   for key, value in report.items():
     print(f"  {key}: {value}")
   return report
+
+
+def _data_checks(d):
+  """What a dry run checks that a run checks only cheaply or later: the tf.data service answering, every byte of
+  prepared record files against the manifest's SHA-256."""
+  checks = {}
+  if d.service:
+    from data import service  # as data/pipeline.py: `python -m data.service` must not find itself imported
+    answers = service.reachable(d.service)
+    checks["data_service"] = (f"{d.service} " + ("answers" if answers else "does not answer now (a run waits "
+                              f"data.service_timeout_seconds={d.service_timeout_seconds:g} for it)"))
+  manifest = tfrecord.read_manifest(d.data_dir) if d.name == "tfrecord" else None
+  if manifest is not None:
+    count = tfrecord.verify_checksums(d.data_dir, manifest)
+    checks["prepared_files"] = f"{count} files match their SHA-256 and record counts in the manifest"
+  return checks
 
 
 def _task_line(config, parts):
