@@ -106,6 +106,7 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
                                             task.is_chief, async_save=async_saves.async_save_enabled(config))
   cleanup.callback(checkpoints.close)
   restored = checkpoints.restore_latest()  # refuses a checkpoint of another model before the workdir is touched
+  _checkpoint_callback_states(parts.checkpoint, user_callbacks)
   init_table, init_counts = _warm_start(config, parts, restored)  # a refusal also stops before anything is written
   writer = writers.for_task(workdir, task.is_chief)
   writer.prepare_workdir(config)  # only once every name, value and checkpoint has been accepted
@@ -136,6 +137,15 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
     if lost is None:
       raise
     raise lost from e
+
+
+def _checkpoint_callback_states(checkpoint, callbacks):
+  """Each callback's `checkpointed` joins the checkpoint as callbacks/<index>_<class>, after the restore: TF's
+  deferred restoration assigns what the checkpoint holds for it (a callback new to a resumed run starts afresh)."""
+  states = {f"{index}_{type(c).__name__}": c.checkpointed for index, c in enumerate(callbacks)
+            if getattr(c, "checkpointed", None) is not None}
+  if states:
+    checkpoint.callbacks = states
 
 
 def _warm_start(config, parts, restored):

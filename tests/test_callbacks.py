@@ -129,3 +129,31 @@ def test_early_stopping_stops_digits_well_before_3000_steps_and_its_state_surviv
   assert f"restored {tmp_path / 'resumed'}/checkpoints/ckpt-{stop - 100}" in log
   assert resumed["step"] == stop and resumed["stopped_early"] == straight["stopped_early"]
   assert resumed["eval/loss"] == straight["eval/loss"]  # deterministic: the resumed run is the same run
+
+
+class EvalCounter:
+  """Counts evals over the whole run: its count is checkpointed (the `checkpointed` attribute)."""
+
+  def __init__(self):
+    import tensorflow as tf
+    self.checkpointed = {"evals": tf.Variable(0, dtype=tf.int64, trainable=False)}
+
+  def after_eval(self, state):
+    self.checkpointed["evals"].assign_add(1)
+
+  def on_train_end(self, state):
+    state.summary["evals_counted"] = int(self.checkpointed["evals"].numpy())
+
+
+def test_a_callbacks_checkpointed_state_survives_a_resume_and_starts_afresh_on_a_new_run(tiny_digits, tmp_path):
+  c = tiny_digits  # 20 steps, an eval every 5: 4 evals
+  c.eval.every_steps, c.checkpoint.every_steps = 5, 5
+  first = run.train_and_evaluate(c, str(tmp_path / "w"), callbacks=[EvalCounter()])
+  assert first["evals_counted"] == 4
+  c.train.steps = 40  # the same run, longer: resumes at step 20 with a new callback object (as a new process)
+  resumed = run.train_and_evaluate(c, str(tmp_path / "w"), callbacks=[EvalCounter()])
+  assert resumed["step"] == 40 and resumed["evals_counted"] == 8  # 4 restored + 4 more
+  fresh = run.train_and_evaluate(c, str(tmp_path / "other"), callbacks=[EvalCounter()])
+  assert fresh["evals_counted"] == 8  # 40 steps from scratch
+  plain = run.train_and_evaluate(c, str(tmp_path / "w"))  # resumed without it: the run still restores
+  assert plain["step"] == 40

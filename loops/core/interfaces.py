@@ -65,11 +65,14 @@ class Callback:
     on_train_end       once, after the final eval
 
   Subclass it and override what you need, or pass any object with some of these methods. A `trigger` attribute
-  (a `Trigger`) makes every train call end on its boundaries. Every task runs every callback: keep side effects
-  that must happen once behind `state.is_chief`, or write through `state.writer` (a no-op off the chief).
+  (a `Trigger`) makes every train call end on its boundaries. A `checkpointed` attribute (a tf.Module, or a dict
+  of tf.Variables, made in __init__) is saved in every checkpoint of the run and restored on resume, so a counter or
+  a best value survives preemption like the model does. Every task runs every callback: keep side effects that
+  must happen once behind `state.is_chief`, or write through `state.writer` (a no-op off the chief).
   """
 
   trigger = None
+  checkpointed = None
 
   def on_train_begin(self, state) -> None:
     """Before the first train call of this process (state.step is where it starts or resumes)."""
