@@ -22,6 +22,18 @@ def unknown_name(kind, name, valid):
   return UnknownNameError(f"unknown {kind} '{name}'{hint}; valid: {', '.join(valid)}")
 
 
+def one_of(key, value, valid):
+  """Raises unknown_name unless `value` is among `valid` (a setting's check)."""
+  if value not in valid:
+    raise unknown_name(key, value, valid)
+
+
+def at_least(key, value, low, what="an integer"):
+  """Raises ConfigError unless `value` is an integer (not a bool) >= low."""
+  if not isinstance(value, int) or isinstance(value, bool) or value < low:
+    raise ConfigError(f"{key} must be {what} >= {low}, got {value!r}")
+
+
 def first_line(error):
   """The first non-empty line of an error's message, or its type name."""
   lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]

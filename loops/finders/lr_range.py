@@ -95,7 +95,7 @@ def run_ramp(execution, optimizer, ramp, find_config):
 
 
 def find_lr(config, workdir):
-  """The range test for config's run (checked by check.check_finder); writes workdir/lr_find; returns a dict."""
+  """The range test for config's run (checked by loops/finders/checks.py); writes workdir/lr_find; returns a dict."""
   f = config.find
   run_config = trial.throwaway_config(config, f.lr_steps)
   task = trial.task_of(run_config, workdir)

@@ -65,3 +65,15 @@ def check_optimizers(task, models, optimizers):
                       f"{len(optimizers)} ({sorted(optimizers)}): use 'bfloat16' or 'float32'")
   if not optimizers and not task.writes_step:
     raise ConfigError(f"{where} returned no optimizer: nothing would be trained")
+
+
+def check_model_outputs(loss_fn, model, input_shape, num_classes, soft_labels=False, batch=4):
+  """The built-in classification: calls the model and the loss eagerly on a zero batch (labels as the pipeline
+  will give them), so a model output without logits or a reduced loss fails here with its own message, not
+  inside a trace."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from loops.task.classification import forward  # pylint: disable=import-outside-toplevel
+  images = tf.zeros([batch, *input_shape], tf.float32)
+  logits, outputs = forward(model, images, training=False)
+  labels = tf.fill([batch, num_classes], 1.0 / num_classes) if soft_labels else tf.zeros([batch], tf.int64)
+  loss_fn(labels, logits, images=images, outputs=outputs, step=tf.constant(0, tf.int64))

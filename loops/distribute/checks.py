@@ -1,0 +1,56 @@
+"""The rules of where a run executes: strategy, devices, cluster settings (`check_settings`, before anything is
+built) and the strategy against this process's cluster task and the machine (`check_task`)."""
+
+from errors import ConfigError, at_least, one_of
+from loops.distribute import cluster
+from loops.distribute import parameter_server
+from loops.distribute import strategy as strategy_lib
+
+
+def check_settings(config):
+  """strategy, replicas and threads, num_gpus, cluster.* on their own, and what a strategy cannot do."""
+  one_of("strategy", config.strategy, strategy_lib.STRATEGIES)
+  for key in ("cpu_replicas", "intra_op_threads", "inter_op_threads"):
+    at_least(key, config[key], 0)
+  if config.num_gpus is not None:
+    at_least("num_gpus", config.num_gpus, 0, "None (all) or an integer")
+  one_of("cluster.source", config.cluster.source, cluster.SOURCES)
+  one_of("cluster.collective", config.cluster.collective, strategy_lib.COLLECTIVES)
+  at_least("cluster.bytes_per_pack", config.cluster.bytes_per_pack, 0, "a number of bytes (0 = one pack)")
+  timeout = config.cluster.collective_timeout_seconds
+  if timeout is not None and not timeout > 0:
+    raise ConfigError(f"cluster.collective_timeout_seconds must be > 0 or None (wait forever), got {timeout}")
+  if not config.cluster.startup_timeout_seconds > 0:
+    raise ConfigError(f"cluster.startup_timeout_seconds must be > 0, got {config.cluster.startup_timeout_seconds}")
+  if config.strategy in strategy_lib.MULTI_WORKER and config.cpu_replicas:
+    raise ConfigError("cpu_replicas applies to one machine (mirrored, central_storage); with "
+                      "multi_worker_mirrored each worker has one CPU replica or all its GPUs")
+  if config.nan_policy.mode == "rollback" and not strategy_lib.can_rewind_input(config.strategy):
+    raise ConfigError(f"nan_policy.mode='rollback' is not available with {config.strategy} (its per-worker "
+                      "datasets cannot be rewound); use 'stop'")
+
+
+def check_task(config, task):
+  """The strategy against this process's task (loops/distribute/cluster.py) and the machine's devices.
+
+  Args:
+    config: the checked config.
+    task: this process's cluster.ClusterTask.
+
+  Raises:
+    ConfigError: a strategy the cluster cannot run, or more GPUs asked for than the machine has.
+  """
+  name = config.strategy
+  if task.is_evaluator:
+    pass  # an evaluator evaluates on its own devices, whatever the training cluster runs
+  elif name in strategy_lib.MULTI_WORKER and not task.is_distributed:
+    raise ConfigError("strategy 'multi_worker_mirrored' needs a cluster: set TF_CONFIG, run under srun, or start "
+                      "it with `python -m launch.local --workers N -- python main.py ...`")
+  elif name in strategy_lib.ASYNCHRONOUS:
+    parameter_server.check_cluster(task)
+  elif name not in strategy_lib.MULTI_WORKER and name != "tpu" and task.is_distributed and task.num_workers > 1:
+    raise ConfigError(f"strategy '{name}' runs on one machine, but this process is task {task.type}:{task.index} "
+                      f"of a {task.num_workers}-worker cluster; use multi_worker_mirrored (or unset TF_CONFIG)")
+  gpus = strategy_lib.gpu_count()
+  if config.num_gpus is not None and not config.num_gpus <= gpus:
+    raise ConfigError(f"num_gpus={config.num_gpus} but this machine has {gpus} GPU(s); valid: 0..{gpus} or None (all)")
