@@ -283,3 +283,25 @@ def test_a_trained_workdir_keeps_its_files_byte_for_byte(tiny_digits, tmp_path):
   after = files()
   assert {name: value for name, value in after.items() if not name.startswith("lr_find/")} == before
   assert "lr_find/lr_find.json" in after
+
+
+def test_the_range_test_ramps_every_optimizer_of_a_task_at_its_ratio(monkeypatch, tmp_path):
+  from loops.finders import trial
+  from tests.conftest import load_config
+  started = []
+  start = trial.start
+  monkeypatch.setattr(trial, "start", lambda *args: started.append(start(*args)) or started[-1])
+  config = load_config("tasks", "gan")  # the generator ("model") and the discriminator at d_learning_rate
+  config.task.kwargs = {"d_learning_rate": 4e-3}
+  config.find.lr_steps, config.find.lr_min, config.find.lr_max = 10, 1e-5, 1e-2
+  result = finders.find("lr", config, str(tmp_path))
+  assert result["steps"] >= 2
+  parts, _ = started[0]
+  ratio = parts.learning_rates["discriminator"] / parts.learning_rates["model"]
+  assert ratio != 1.0
+  for name, expected in (("model", 1.0), ("discriminator", ratio)):
+    optimizer = parts.optimizers[name]
+    ramp = optimizer._learning_rate  # pylint: disable=protected-access  (Keras keeps the schedule object there)
+    assert isinstance(ramp, lr_range.ExponentialRamp), (name, ramp)
+    assert (ramp.lr_min, ramp.lr_max) == pytest.approx((1e-5 * expected, 1e-2 * expected)), name
+    assert int(optimizer.iterations.numpy()) == result["steps"], name  # both stepped up the ramp

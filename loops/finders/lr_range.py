@@ -94,6 +94,16 @@ def run_ramp(execution, optimizer, ramp, find_config):
   return curve
 
 
+def _ramp_every_optimizer(parts, f):
+  """Each trained model's optimizer ramps at its base rate's ratio to the main one's (a task's several
+  optimizers keep their proportions; the suggestion is the main optimizer's rate)."""
+  main = parts.learning_rates[next(name for name, o in parts.optimizers.items() if o is parts.optimizer)]
+  for name, optimizer in parts.optimizers.items():
+    ratio = parts.learning_rates[name] / main
+    inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer (float16)
+    inner.learning_rate = ExponentialRamp(f.lr_min * ratio, f.lr_max * ratio, f.lr_steps)
+
+
 def find_lr(config, workdir):
   """The range test for config's run (checked by loops/finders/checks.py); writes workdir/lr_find; returns a dict."""
   f = config.find
@@ -102,7 +112,7 @@ def find_lr(config, workdir):
   out = trial.output_dir(workdir, OUT)
   parts, execution = trial.start(run_config, task)
   ramp = ExponentialRamp(f.lr_min, f.lr_max, f.lr_steps)
-  getattr(parts.optimizer, "inner_optimizer", parts.optimizer).learning_rate = ramp  # before the first trace
+  _ramp_every_optimizer(parts, f)  # before the first trace
   curve = run_ramp(execution, parts.optimizer, ramp, f)
   suggestion, lowest_lr = suggest(curve.learning_rates, curve.smoothed)
   # The flag is the configured rate: the run scales it by optimizer.lr_scaling for its batch and replicas.
