@@ -112,6 +112,10 @@ def _data(c):
   # A prepared directory's manifest is checked at every start against its files' sizes and the first file's record
   # count (cheap); True also reads every file for its SHA-256 and record count (as --dry_run does).
   c.data.tfrecord.verify = False
+  # Any named features for a task instead of image + label (data/tfrecord_features.py): 'name:dtype:shape' entries
+  # ('tokens:int64:128', 'tags:float32:5'), the targets among them by name; data_dir a glob with {split}.
+  c.data.tfrecord.features = ()
+  c.data.tfrecord.targets = ()
   # A tf.data service dispatcher (grpc://HOST:PORT): the train pipeline's reading, decoding and augmentation run
   # on its data workers instead of the training hosts ("" = off; see WORKSPACE for what it guarantees).
   c.data.service = ""

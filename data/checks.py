@@ -6,6 +6,7 @@ import re
 from data import mixing
 from data import resident
 from data import sources
+from data import tfrecord_features
 from errors import ConfigError, at_least, one_of
 
 
@@ -52,6 +53,9 @@ def _check_tfrecord_settings(d):
   if not d.data_dir:
     raise ConfigError("data.name='tfrecord' needs data.data_dir: a directory written by `python -m data.prepare`, or "
                       "a glob of TFRecord files with {split} for the split name (e.g. /data/imagenet/{split}-*)")
+  if d.tfrecord.features:  # a task's named features (data/tfrecord_features.py): the image settings do not apply
+    tfrecord_features.parse_spec(d.tfrecord.features)
+    return
   shape = d.tfrecord.image_shape
   if shape is not None and (len(shape) != 3 or min(shape) < 1):
     raise ConfigError(f"data.tfrecord.image_shape must be None or (height, width, channels), got {tuple(shape)}")

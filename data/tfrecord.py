@@ -158,7 +158,10 @@ def split_files(data_config, split, manifest):
 
 
 def tfrecord(data_config):
-  """The Source of data.data_dir (see the module doc)."""
+  """The Source of data.data_dir (see the module doc; named features for a task: data/tfrecord_features.py)."""
+  if data_config.tfrecord.features:
+    from data import tfrecord_features  # pylint: disable=import-outside-toplevel  (it imports this module)
+    return tfrecord_features.source(data_config)
   manifest = read_manifest(data_config.data_dir)
   settings = data_config.tfrecord
   if manifest is not None:
