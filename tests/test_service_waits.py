@@ -149,3 +149,24 @@ def test_a_dry_run_says_whether_the_dispatcher_answers(one_data_worker, tmp_path
     config = load_config("digits_cnn")
     config.data.service = service
     assert run.train_and_evaluate(config, str(tmp_path / "dry"), dry_run=True)["data_service"] == said
+
+
+def test_a_signal_that_came_between_calls_ends_the_next_calls_stuck_wait(monkeypatch):
+  """SIGTERM after one call's end and before the next call's watch began (where the kill test's signal may land)."""
+  import time
+  from data import service
+  from loops.distribute import service_watch
+  from loops.persist import preemption
+  ended = []
+  monkeypatch.setattr(service_watch.ServiceWatch, "_end", lambda watch, what, code=None: ended.append(what))
+  monkeypatch.setattr(service_watch, "SIGNAL_GRACE_SECONDS", 0.3)
+  monkeypatch.setattr(preemption, "RECEIVED", ["SIGTERM"])
+  monkeypatch.setattr(service.ARRIVALS, "longest_gap", 0.0)
+  with service_watch.ServiceWatch("grpc://127.0.0.1:1", 600, 143, poll_seconds=0.05):
+    time.sleep(1.0)  # no batch arrives: the input is stuck
+  assert ended and ended[0].startswith("SIGTERM while the train input waited"), ended
+  monkeypatch.setattr(preemption, "RECEIVED", [])
+  ended.clear()
+  with service_watch.ServiceWatch("grpc://127.0.0.1:1", 600, 143, poll_seconds=0.05):
+    time.sleep(1.0)
+  assert not ended  # no signal: only data.service_timeout_seconds (600 s) would end it

@@ -5,8 +5,8 @@ Python, so neither a timeout nor SIGTERM could end it: a thread watches instead.
 While a train call runs (`during_train_call`), the run ends with one line and the preemption exit code (a rerun
 resumes from the last checkpoint) when
 - no batch came for data.service_timeout_seconds, or
-- a signal (preemption.signals, Ctrl-C) came and no batch for max(10 s, 3 x the longest gap between batches seen
-  so far): the input is stuck, so the save at the end of the call would never come.
+- a signal (preemption.signals, Ctrl-C) came (during the call, or between calls) and no batch for max(10 s, 3 x the
+  longest gap between batches seen so far): the input is stuck, so the save at the end of the call would never come.
 """
 
 import contextlib
@@ -35,6 +35,8 @@ class ServiceWatch:
     self._since = time.monotonic()
     service.ARRIVALS.interrupted = None
     preemption.SIGNAL_LISTENERS.append(self.on_signal)
+    if preemption.RECEIVED:  # it came between calls (the save at the end of this call is still to come)
+      self.on_signal(preemption.RECEIVED[0])
     self._thread.start()
     return self
 

@@ -35,6 +35,9 @@ INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT, what shells report for Ctrl-C
 PROCESS_ENDS_AFTER_RUN = False
 # Called with the signal's name for every signal a watcher receives (e.g. service_watch: a wait that never ends).
 SIGNAL_LISTENERS = []
+# The names of the signals the current watcher received, in order: a listener that starts later (service_watch, at
+# the next train call) still learns of a signal that came between calls.
+RECEIVED = []
 
 
 class PreemptionWatcher:
@@ -56,6 +59,7 @@ class PreemptionWatcher:
   def __init__(self, strategy, multi_worker, checkpoints, use_flag, signals="SIGTERM", exit_code=143):
     self._checkpoints, self._exit_code, self._multi_worker = checkpoints, exit_code, multi_worker
     self._handler = None
+    RECEIVED.clear()  # this run's signals only
     self._flag = threading.Event()
     self._received = None
     self._finished = False
@@ -76,6 +80,7 @@ class PreemptionWatcher:
   def _on_signal(self, number):
     """In the reader thread, for every signal received."""
     name = signal.Signals(number).name
+    RECEIVED.append(name)
     for listener in list(SIGNAL_LISTENERS):
       listener(name)
     interrupt = number == signal.SIGINT and self._ctrl_c
