@@ -236,7 +236,8 @@ def test_kill_9_at_several_points_then_rerun_ends_bit_identical_to_an_uninterrup
   assert final.returncode == 0, final.stderr[-3000:]
   assert f"restored {workdir}/checkpoints/ckpt-{restored}" in final.stderr
   print(f"steps lost per kill (last step logged - step resumed from): {lost}")
-  assert all(0 <= n < 20 + 5 for n in lost), lost  # at most one checkpoint interval plus one call
+  # at most two checkpoint intervals plus one call: an asynchronous save may still be in flight at the kill
+  assert all(0 <= n < 2 * 20 + 5 for n in lost), lost
   assert_bit_identical(workdir, tmp_path / "ref")
 
 
