@@ -22,7 +22,6 @@ import time
 
 import tensorflow as tf
 
-from loops.build import RunVariables
 from loops.persist import checkpoints as checkpoints_lib
 import models
 
@@ -32,7 +31,7 @@ def build_checkpoint(model_name, image_size, classes):
   optimizer = tf.keras.optimizers.SGD(learning_rate=0.1, momentum=0.9)
   optimizer.build(model.trainable_variables)
   step = tf.Variable(0, dtype=tf.int64, trainable=False)
-  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step, run=RunVariables())
+  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step)
   return checkpoint, step, model.count_params()
 
 

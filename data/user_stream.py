@@ -38,10 +38,16 @@ def is_input_function(fn):
 
 
 def load(name, fn):
-  """The Source of an input function: its splits' lengths and element specs, read from one call each."""
-  train = _call(name, fn, "train", batch_size=1, context=_WHOLE).unbatch()
-  evaluation = _call(name, fn, "eval", batch_size=_EVAL_READ, context=_WHOLE).unbatch()
-  sizes = {split: _length(name, split, fn) for split in ("train", "eval")}
+  """The Source of an input function: its splits' lengths and element specs, from three calls (train and eval
+  one example per batch, eval as it is read)."""
+  train = _call(name, fn, "train", batch_size=1, context=_WHOLE)
+  evaluation = _call(name, fn, "eval", batch_size=_EVAL_READ, context=_WHOLE)
+  sizes = {"train": _length(name, "train", train),
+           "eval": _length(name, "eval", _call(name, fn, "eval", batch_size=1, context=_WHOLE))}
+  if int(evaluation.cardinality()) * _EVAL_READ < sizes["eval"]:
+    raise ConfigError(f"data.name='{name}': the 'eval' dataset drops its last partial batch (batch(..., "
+                      f"drop_remainder=True)); the eval must see every example: batch it without dropping")
+  train, evaluation = train.unbatch(), evaluation.unbatch()
   if train.element_spec != evaluation.element_spec:
     raise ConfigError(f"data.name='{name}': the eval split's batches {evaluation.element_spec} differ from the "
                       f"train split's {train.element_spec}")
@@ -81,17 +87,12 @@ def _call(name, fn, split, *, batch_size, context, seed=0, epoch=0):
   return ds
 
 
-def _length(name, split, fn):
-  """Examples in the split (its length at batch_size=1); eval must keep a partial last batch."""
-  length = int(_call(name, fn, split, batch_size=1, context=_WHOLE).cardinality())
+def _length(name, split, ones):
+  """Examples in the split: the length of its dataset at batch_size=1."""
+  length = int(ones.cardinality())
   if length < 0:
     raise ConfigError(f"data.name='{name}': the length of the '{split}' dataset is unknown to tf.data; declare it "
                       f"with ds.apply(tf.data.experimental.assert_cardinality(number_of_batches))")
-  if split == "eval":
-    batches = int(_call(name, fn, split, batch_size=_EVAL_READ, context=_WHOLE).cardinality())
-    if batches * _EVAL_READ < length:
-      raise ConfigError(f"data.name='{name}': the 'eval' dataset drops its last partial batch (batch(..., "
-                        f"drop_remainder=True)); the eval must see every example: batch it without dropping")
   return length
 
 

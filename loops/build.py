@@ -1,7 +1,7 @@
 """build(config, task) -> Parts: everything a run is made of, built once, in the right scopes.
 
-Strategy, data source, plan (derived values), model, optimizer, step counter, loss, eval metrics, the run's
-own checkpointed variables and the checkpoint holding them; loops/check.py judges each as it appears. Nothing is
+Strategy, data source, plan (derived values), models, optimizers, step counter, loss, eval metrics and the
+checkpoint holding them (callbacks add their own state to it: loops/callbacks/states.py); loops/check.py judges each as it appears. Nothing is
 written here.
 """
 
@@ -16,6 +16,7 @@ import data
 from errors import ConfigError
 from data import mixing
 from loops import check
+from loops.callbacks import states as callback_states
 from loops import plan as plan_lib
 from loops.distribute import cluster
 from loops.distribute import execution
@@ -47,7 +48,6 @@ class Parts:
   eval_means: dict  # {name: keras.metrics.Mean} of the task's per-example eval values, "loss" first
   eval_metrics: dict  # {name: keras metric}: eval_means, then the task's own metrics
   element_spec: tuple  # (features, targets) spec of one train example after preprocessing
-  run_variables: "RunVariables"
   checkpoint: tf.train.Checkpoint
 
   @property
@@ -58,17 +58,6 @@ class Parts:
   @property
   def task_metrics(self):
     return {name: m for name, m in self.eval_metrics.items() if name not in self.eval_means}
-
-
-class RunVariables(tf.Module):
-  """Outer-loop values that must survive preemption and resume: saved in every checkpoint with the model."""
-
-  def __init__(self):
-    super().__init__(name="run")
-    self.stopped_total_steps = tf.Variable(0, dtype=tf.int64, trainable=False)  # 0 = did not stop early
-    self.early_stopping_best = tf.Variable(float("nan"), dtype=tf.float64, trainable=False)
-    self.early_stopping_best_step = tf.Variable(-1, dtype=tf.int64, trainable=False)
-    self.early_stopping_evals_since = tf.Variable(0, dtype=tf.int64, trainable=False)
 
 
 def build(config, task, kept=None):
@@ -117,8 +106,7 @@ def build(config, task, kept=None):
     check.check_model_outputs(loss_fn, model, input_shape, source.num_classes,
                               soft_labels=mixing.mixes(config.data))
   eval_means, eval_metrics = _eval_metrics(strategy, training_task, models, element_spec, plan, made)
-  run_variables = RunVariables()  # plain host values, the same on every task
-  checkpoint = tf.train.Checkpoint(step=step_counter, run=run_variables,
+  checkpoint = tf.train.Checkpoint(step=step_counter, callbacks=callback_states.container(),
                                    **_checkpointed(models, optimizers_by_model))
   logging.info("task %s: %s", config.task.name, ", ".join(
       f"{name} {m.count_params()} parameters" for name, m in models.items()))
@@ -126,8 +114,7 @@ def build(config, task, kept=None):
   parts = Parts(task=task, strategy=strategy, source=source, plan=plan, input_shape=input_shape, model=model,
                 optimizer=optimizer, step_counter=step_counter, training_task=training_task, models=models,
                 optimizers=optimizers_by_model, learning_rates=learning_rates, eval_means=eval_means,
-                eval_metrics=eval_metrics, element_spec=element_spec, run_variables=run_variables,
-                checkpoint=checkpoint)
+                eval_metrics=eval_metrics, element_spec=element_spec, checkpoint=checkpoint)
   check.check_metric_references(config, parts.eval_tags)
   return parts
 

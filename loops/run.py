@@ -16,10 +16,8 @@ import time
 from typing import Any, Iterable, Optional
 
 from absl import logging
-import tensorflow as tf
 from tensorflow.python.framework import config as tf_config
 
-import data
 from loops import build as build_lib
 from loops import callbacks as callbacks_lib
 from loops import check as check_lib
@@ -30,7 +28,6 @@ from loops.core import loop as loop_lib
 from loops.core.nan_guard import NanGuard
 from loops.distribute import cluster
 from loops.distribute import execution as execution_lib
-from loops.distribute import memory
 from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
 from loops.model import model as model_lib
@@ -106,7 +103,6 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
                                             task.is_chief, async_save=async_saves.async_save_enabled(config))
   cleanup.callback(checkpoints.close)
   restored = checkpoints.restore_latest()  # refuses a checkpoint of another model before the workdir is touched
-  _checkpoint_callback_states(parts.checkpoint, user_callbacks)
   init_table, init_counts = _warm_start(config, parts, restored)  # a refusal also stops before anything is written
   writer = writers.for_task(workdir, task.is_chief)
   writer.prepare_workdir(config)  # only once every name, value and checkpoint has been accepted
@@ -122,14 +118,19 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
   state.summary.update(init_counts)
   nan_guard = NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,
                        log=logging.warning)
-  observers, saving_phase = _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guard,
-                                                wall_started, cleanup)
-  # after every restore (TensorFlow's preemption handler restores the latest checkpoint again when it is made)
+  run = callbacks_lib.Run(config, workdir, parts, execution, checkpoints, wall_started)
+  observers, saving = callbacks_lib.make(run, callbacks_lib.OBSERVERS), callbacks_lib.make(run, callbacks_lib.SAVING)
+  callbacks_lib.states.attach(parts.checkpoint, observers + saving, user_callbacks, restored)
+  preemption = execution.preemption(checkpoints)  # TF's handler restores the latest checkpoint again here
+  for callback in [preemption, *observers, *saving]:
+    if hasattr(callback, "close"):
+      cleanup.callback(callback.close)
+  # after every restore
   for name, optimizer in parts.optimizers.items():
     optimizers.set_constant_learning_rate(optimizer, parts.learning_rates[name])
-  loop = loop_lib.Loop(execution, callbacks_lib.assemble(observers, user_callbacks, saving_phase), state,
-                       steps_per_loop=parts.plan.steps_per_loop, eval_every_steps=config.eval.every_steps,
-                       nan_guard=nan_guard)
+  ordered = callbacks_lib.assemble([nan_guard, *observers], user_callbacks, [preemption, *saving])
+  loop = loop_lib.Loop(execution, ordered, state, steps_per_loop=parts.plan.steps_per_loop,
+                       eval_every_steps=config.eval.every_steps, nan_guard=nan_guard)
   try:
     return dict(loop.run().summary)
   except execution_lib.PEER_FAILURES as e:
@@ -137,15 +138,6 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
     if lost is None:
       raise
     raise lost from e
-
-
-def _checkpoint_callback_states(checkpoint, callbacks):
-  """Each callback's `checkpointed` joins the checkpoint as callbacks/<index>_<class>, after the restore: TF's
-  deferred restoration assigns what the checkpoint holds for it (a callback new to a resumed run starts afresh)."""
-  states = {f"{index}_{type(c).__name__}": c.checkpointed for index, c in enumerate(callbacks)
-            if getattr(c, "checkpointed", None) is not None}
-  if states:
-    checkpoint.callbacks = states
 
 
 def _warm_start(config, parts, restored):
@@ -158,66 +150,3 @@ def _warm_start(config, parts, restored):
     return "", {}
   twin = lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
   return init_checkpoint.warm_start(config.init, parts.model, parts.optimizer, parts.strategy, twin)
-
-
-def _profile_folder(task):
-  """Where this task's profiler traces go: workdir/profile (the chief), workdir/profile/worker-i (the others)."""
-  return "profile" if task.is_chief else f"profile/{task.type}-{task.index}"
-
-
-def _built_in_callbacks(config, workdir, parts, execution, checkpoints, nan_guard, wall_started, cleanup):
-  """(observers, saving phase): the built-ins that run before and after the user's callbacks."""
-  best = callbacks_lib.BestCheckpoint(workdir, parts.checkpoint, parts.step_counter,
-                                      config.checkpoint.best_metric, config.checkpoint.best_mode, parts.task.is_chief,
-                                      execution.averaged_weights)
-  cleanup.callback(best.close)
-  preemption = execution.preemption(checkpoints)
-  cleanup.callback(preemption.close)
-  observers = [
-      nan_guard,
-      callbacks_lib.ProfileTrace(config.summary.profile_steps, parts.plan.steps_per_loop, _profile_folder(parts.task)),
-      callbacks_lib.Overview(config, parts.eval_tags,
-                             (lambda: _first_inputs(config, parts)) if _image_features(parts) else None),
-      callbacks_lib.TrainLog(parts.optimizer, parts.plan.global_batch_size, config.summary.progress_bar),
-      callbacks_lib.WorkerMonitor(config.summary.straggler_fraction, config.summary.straggler_calls,
-                                  memory.usage_mb),
-      callbacks_lib.Histograms(config.summary.histogram_every_steps, parts.model, execution),
-      callbacks_lib.EvalLog(),
-      best,
-  ]
-  stopping = config.early_stopping
-  if stopping.metric:
-    observers.append(callbacks_lib.EarlyStopping(stopping.metric, stopping.mode, stopping.patience,
-                                                 stopping.min_delta, parts.run_variables))
-  saving_phase = [
-      preemption,
-      callbacks_lib.Checkpointing(checkpoints, config.checkpoint.every_steps,
-                                  parts.run_variables.stopped_total_steps),
-      _export(config, parts, execution),
-      callbacks_lib.RunSummary(parts.plan, wall_started),
-  ]
-  return observers, saving_phase
-
-
-def _image_features(parts):
-  return parts.source.image_shape is not None and isinstance(parts.element_spec[0], tf.TensorSpec)
-
-
-def _export(config, parts, execution):
-  """The built-in classification serves raw images through the eval's preprocessing; a task serves its
-  features as its model takes them."""
-  if config.task.name == check_lib.task_checks.BUILT_IN:
-    return callbacks_lib.Export(parts.model, config.export, execution.averaged_weights,
-                                data.eval_images(parts.source, config.data), data.raw_image_spec(parts.source))
-  return callbacks_lib.Export(parts.model, config.export, execution.averaged_weights, None,
-                              parts.training_task.serving_spec(parts.element_spec[0]))
-
-
-def _first_inputs(config, parts):
-  """16 train and 16 eval inputs after preprocessing, from pipelines of their own (not the run's; local)."""
-  local = config.data.copy_and_resolve_references()
-  local.service = ""
-  train = data.train_dataset(parts.source, local, batch_size=min(16, parts.plan.global_batch_size),
-                             steps_per_epoch=parts.plan.steps_per_epoch, seed=config.seed)
-  evaluation = data.eval_dataset(parts.source, config.data, batch_size=16)
-  return next(iter(train)), next(iter(evaluation))

@@ -246,10 +246,7 @@ def test_a_stopped_run_remembers_it_and_a_rerun_trains_only_when_the_length_was_
     ("max", [0.5, 0.6, 0.6, 0.59], 1, 0.0, 3),
 ])
 def test_early_stopping_counts_evals_without_improvement(mode, values, patience, min_delta, stops_after):
-  variables = type("V", (), {})()
-  variables.early_stopping_best, variables.early_stopping_best_step = FakeVariable(math.nan), FakeVariable(-1)
-  variables.early_stopping_evals_since = FakeVariable(0)
-  stopping = callbacks_lib.EarlyStopping("eval/loss", mode, patience, min_delta, variables)
+  stopping = callbacks_lib.EarlyStopping("eval/loss", mode, patience, min_delta, lambda value, dtype: FakeVariable(value))
   state = loop_lib.State(step=0, total_steps=100, steps_per_epoch=10, is_chief=True, workdir="", writer=None)
   for i, value in enumerate(values, start=1):
     state.update(step=i * 10, eval={"eval/loss": value})

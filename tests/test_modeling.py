@@ -1,4 +1,4 @@
-"""loops/model/model.py and loops/distribute/steps.py forward: models by import path with kwargs, named outputs, synchronized BatchNorm."""
+"""loops/model/model.py and loops/task/classification.py forward: models by import path with kwargs, named outputs, synchronized BatchNorm."""
 
 import keras
 import numpy as np
@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from errors import ConfigError
 from loops import check
-from loops.distribute import steps
+from loops.task import classification
 from loops.model import model as model_lib
 from tests.conftest import load_config
 
@@ -24,7 +24,7 @@ def test_a_model_by_import_path_gets_its_kwargs_and_its_outputs_are_named():
   c = config_with("examples.models:cnn_with_embedding", embedding_dim=5, reconstruct=True)
   check.check(c)
   model = model_lib.build_model(c, (8, 8, 1), 10)
-  logits, outputs = steps.forward(model, tf.zeros([2, 8, 8, 1]), training=False)
+  logits, outputs = classification.forward(model, tf.zeros([2, 8, 8, 1]), training=False)
   assert logits.shape == (2, 10) and logits.dtype == tf.float32
   assert outputs["embedding"].shape == (2, 5) and outputs["reconstruction"].shape == (2, 8, 8, 1)
   exported = model_lib.logits_model(model)
@@ -33,7 +33,7 @@ def test_a_model_by_import_path_gets_its_kwargs_and_its_outputs_are_named():
 
 def test_a_plain_output_is_the_logits():
   model = model_lib.build_model(load_config("digits_cnn"), (8, 8, 1), 10)
-  logits, outputs = steps.forward(model, tf.zeros([2, 8, 8, 1]), training=False)
+  logits, outputs = classification.forward(model, tf.zeros([2, 8, 8, 1]), training=False)
   assert list(outputs) == ["logits"] and logits.shape == (2, 10)
   assert model_lib.logits_model(model) is model
 
@@ -55,7 +55,7 @@ def test_a_dict_without_logits_and_a_non_model_are_refused():
   inputs = keras.Input((4,))
   no_logits = keras.Model(inputs, {"scores": keras.layers.Dense(3)(inputs)})
   with pytest.raises(ConfigError, match=r"returned a dict without 'logits' \(keys: \['scores'\]\)"):
-    steps.forward(no_logits, tf.zeros([1, 4]), training=False)
+    classification.forward(no_logits, tf.zeros([1, 4]), training=False)
 
 
 def test_sync_batchnorm_reaches_every_batchnorm_layer_nested_ones_too():

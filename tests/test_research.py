@@ -135,14 +135,12 @@ def restored(config, directory, input_shape=(8, 8, 1), num_classes=10):
   """(model weights, optimizer moving averages) of the latest checkpoint in `directory`, restored into fresh objects
   built as a run builds them."""
   import tensorflow as tf
-  from loops import build as build_lib
   from loops.model import model as model_lib
   from loops.model import optimizers
   model = model_lib.build_model(config, input_shape, num_classes)
   optimizer = optimizers.build(config.optimizer, 0.1)
   optimizer.build(model.trainable_variables)
-  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64),
-                                   run=build_lib.RunVariables())
+  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64))
   checkpoint.restore(tf.train.latest_checkpoint(str(directory))).expect_partial()
   return [v.numpy() for v in model.trainable_variables], [a.numpy() for a in optimizers.moving_averages(optimizer)]
 

@@ -66,7 +66,6 @@ def framework_eval(config, workdir):
   moving averages): the final checkpoint restored into a model built as a run builds it."""
   import tensorflow as tf
   import data
-  from loops import build as build_lib
   from loops.model import model as model_lib
   from loops.model import optimizers
   source = data.load(config.data)
@@ -75,8 +74,7 @@ def framework_eval(config, workdir):
   model = model_lib.build_model(config, data.output_shape(source, config.data), source.num_classes)
   optimizer = optimizers.build(config.optimizer, 0.1)
   optimizer.build(model.trainable_variables)
-  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64),
-                                   run=build_lib.RunVariables())
+  checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64))
   checkpoint.restore(tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints"))).expect_partial()
   softmax = lambda: tf.nn.softmax(tf.cast(model(preprocessed, training=False), tf.float32)).numpy()
   own = softmax()

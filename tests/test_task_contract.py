@@ -47,13 +47,35 @@ def test_all_gather_lets_gradients_flow_back_so_2_replicas_give_the_one_replica_
   assert two == pytest.approx(one, rel=1e-5)
 
 
+def normal_draws(strategy, input_pipelines=1):
+  """[replica's draws] of StepContext.normal for a global batch of 8."""
+  def replica():
+    ctx = StepContext(8, tf.constant(5, tf.int64), training=True, input_pipelines=input_pipelines)
+    return ctx.normal(8 // strategy.num_replicas_in_sync, [3])
+  return [v.numpy() for v in strategy.experimental_local_results(strategy.run(tf.function(replica)))]
+
+
 def test_normal_gives_the_global_batch_the_same_draws_on_1_and_2_replicas():
-  def draws(strategy):
-    def replica():
-      return StepContext(8, tf.constant(5, tf.int64), training=True).normal(8 // strategy.num_replicas_in_sync, [3])
-    values = strategy.experimental_local_results(strategy.run(tf.function(replica)))
-    return np.concatenate([v.numpy() for v in values])
-  np.testing.assert_array_equal(draws(mirrored()), draws(tf.distribute.OneDeviceStrategy("/cpu:0")))
+  one = normal_draws(tf.distribute.OneDeviceStrategy("/cpu:0"))[0]
+  np.testing.assert_array_equal(np.concatenate(normal_draws(mirrored())), one)
+
+
+def test_normal_pairs_each_example_with_its_one_device_draw_when_workers_read_strided_shards():
+  one = normal_draws(tf.distribute.OneDeviceStrategy("/cpu:0"))[0]
+  worker_0, worker_1 = normal_draws(mirrored(), input_pipelines=2)  # 2 workers of 1 replica each
+  rows = np.arange(8)
+  shards = [list(tf.data.Dataset.from_tensor_slices(rows).shard(2, w).as_numpy_iterator()) for w in (0, 1)]
+  np.testing.assert_array_equal(worker_0, one[shards[0]])  # worker w reads rows w, w + 2, ...
+  np.testing.assert_array_equal(worker_1, one[shards[1]])
+  assert not np.array_equal(worker_0, one[:4])
+
+
+def test_normal_gives_each_micro_batch_of_gradient_accumulation_its_own_rows_draws():
+  def second_half():
+    return StepContext(8, tf.constant(5, tf.int64), training=True, micro_batch=(1, 2)).normal(4, [3])
+  one = normal_draws(tf.distribute.OneDeviceStrategy("/cpu:0"))[0]
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  np.testing.assert_array_equal(strategy.run(tf.function(second_half)).numpy(), one[4:])
 
 
 def test_log_refuses_an_undeclared_name_and_is_silent_in_eval():
@@ -90,8 +112,6 @@ def config_with(**keys):
     ({"task__name": "tests.fixtures.contract_tasks:Takes", "task__kwargs": {"depth": 2}},
      r"task.kwargs \{'depth': 2\} do not fit tests.fixtures.contract_tasks:Takes"),
     ({"task__kwargs": {"depth": 2}, "task__name": "classification"}, "task.kwargs .* are for a task of your own"),
-    ({"task__name": "tests.fixtures.contract_tasks:CollectsValues", "strategy": "parameter_server"},
-     r"collects \('value',\) over the eval set \(eval_collect\); parameter_server evaluates on the coordinator"),
 ])
 def test_task_settings_are_refused_in_one_line_before_anything_is_built(keys, message):
   config = config_with(**{k: v for k, v in keys.items() if k != "task__kwargs"})

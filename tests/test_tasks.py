@@ -5,15 +5,12 @@ after SIGTERM and trains under 2-worker MWMS like on one device."""
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import tensorflow as tf
 
-from errors import ConfigError
 from loops import replica_check
 from loops import run
 from tests.conftest import REPO, load_config, run_main
@@ -60,6 +57,22 @@ def test_each_example_trains_to_its_stated_number(name, teacher, tmp_path):
   assert exported and os.path.isdir(exported["saved_model"]), exported  # every example's model serves
   loaded = tf.saved_model.load(exported["saved_model"])
   assert "serving_default" in loaded.signatures
+  if name in ("contrastive", "regression"):  # a whole-set reduce_eval; a best checkpoint by a "min" metric
+    assert_the_sidecar_evaluator_agrees(example_config(name, teacher), str(tmp_path), summary, metric)
+
+
+def assert_the_sidecar_evaluator_agrees(config, workdir, trained, metric):
+  """The sidecar evaluator (mode=evaluate) on a finished task run's asynchronously saved checkpoints: its final
+  results are the trainer's final eval, its best checkpoint the best of what it evaluated."""
+  config.mode = "evaluate"
+  config.eval.sidecar_poll_seconds = 0.1
+  evaluated = run.train_and_evaluate(config, workdir)
+  assert evaluated["step"] == trained["step"]
+  for key in [k for k in trained if k.startswith("eval/")]:
+    assert evaluated[key] == pytest.approx(trained[key], rel=1e-5, abs=1e-6), key
+  best = json.load(open(os.path.join(workdir, "eval", "best", "best.json")))
+  assert best["metric"] == metric and best["step"] == evaluated["best_step"], best
+  assert tf.train.latest_checkpoint(os.path.join(workdir, "eval", "best")).endswith(f"ckpt-{best['step']}")
 
 
 @pytest.mark.parametrize("name", sorted(STATED) + ["classification"])
@@ -116,7 +129,8 @@ def test_a_task_run_split_by_sigterm_ends_bit_identical_to_a_straight_one(tmp_pa
 
 @pytest.mark.parametrize("config, keys", [
     ("segmentation", ("train/loss", "eval/loss", "eval/pixel_accuracy", "eval/mean_iou")),  # MeanIoU over workers
-    ("regression", ("train/loss", "eval/mae", "eval/count", "eval/value_sum")),  # reduce_eval over all workers' rows
+    # reduce_eval over all workers' rows; ctx.normal pairs each example with its one-device draw
+    ("regression", ("train/loss", "train/noise_pairing", "eval/mae", "eval/count", "eval/value_sum")),
 ])
 def test_a_task_under_two_worker_mwms_matches_one_device(config, keys, tmp_path):
   from tests.test_reliability import env
@@ -187,3 +201,20 @@ def test_a_model_keras_cannot_serialise_exports_its_weights_said_before_training
     assert json.load(f)["eval/accuracy"] == summary["eval/accuracy"]
   again = run.train_and_evaluate(subclassed("wrapped"), str(tmp_path))  # a rerun of the finished run
   assert again["step"] == 60 and set(again["export"]) == {"weights", "saved_model"}
+
+
+def test_a_task_collecting_eval_rows_under_parameter_servers_reduces_the_whole_eval_set(tmp_path):
+  from examples.tasks.regression import digit_values
+  from tests.test_reliability import env
+  result = subprocess.run(
+      [PY, "-m", "launch.local", "--workers=2", "--ps=1", "--", PY, "main.py", "--config=configs/tasks.py:regression",
+       "--config.task.name=tests.fixtures.contract_tasks:CollectsValues", "--config.strategy=parameter_server",
+       "--config.train.steps=20", "--config.train.steps_per_loop=10", "--config.eval.every_steps=20",
+       "--config.export=False", "--config.summary.progress_bar=off", "--config.checkpoint.best_metric=eval/value_sum",
+       f"--workdir={tmp_path}"], cwd=REPO, env=env(), capture_output=True, text=True, timeout=400)
+  assert result.returncode == 0, result.stdout[-3000:]
+  summary = json.load(open(tmp_path / "summary.json"))
+  values = digit_values("eval")[1]
+  assert summary["step"] == 20 and summary["eval/count"] == len(values) == 360  # on the coordinator, no padding
+  assert summary["eval/value_sum"] == pytest.approx(float(values.sum()), rel=1e-6)
+  assert summary["best_metric"] == "eval/value_sum" and "train/noise_pairing" in summary

@@ -5,7 +5,9 @@ State; subclassing `Callback` is optional. A `trigger` attribute (a `Trigger`) m
 each of its boundaries. Everything a callback writes goes through state.writer (a no-op off the chief).
 """
 
+from loops.callbacks import states
 from loops.callbacks.best_checkpoint import BestCheckpoint
+from loops.callbacks.built_in import OBSERVERS, SAVING, Run, make
 from loops.callbacks.checkpointing import Checkpointing
 from loops.callbacks.early_stopping import EarlyStopping
 from loops.callbacks.eval_log import EvalLog
@@ -22,8 +24,8 @@ from loops.core.interfaces import HOOKS, Callback
 from loops.core.loop import Trigger
 
 __all__ = ["BestCheckpoint", "Callback", "Checkpointing", "EarlyStopping", "EvalLog", "Export", "HOOKS",
-           "Histograms", "Overview", "ProfileTrace", "RunSummary", "SweepTrial", "TrainLog", "Trigger", "WorkerMonitor", "assemble",
-           "load_user"]
+           "Histograms", "OBSERVERS", "Overview", "ProfileTrace", "Run", "RunSummary", "SAVING", "SweepTrial",
+           "TrainLog", "Trigger", "WorkerMonitor", "assemble", "load_user", "make", "states"]
 
 
 def assemble(built_in_first, user, built_in_last):

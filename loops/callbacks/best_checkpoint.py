@@ -37,6 +37,13 @@ class BestCheckpoint(Callback):
         saved = json.load(f)
       self.value, self.step = saved["value"], saved["step"]
 
+
+  @classmethod
+  def for_run(cls, run):
+    parts, settings = run.parts, run.config.checkpoint
+    return cls(run.workdir, parts.checkpoint, parts.step_counter, settings.best_metric, settings.best_mode,
+               parts.task.is_chief, run.execution.averaged_weights)
+
   def update(self, step, results, writer):
     """Saves and writes best.json through `writer` when results[metric] is the best so far; returns the record
     or None."""

@@ -13,17 +13,27 @@ class Checkpointing(Callback):
   """Every checkpoint.every_steps and at the end; every task takes part (non-chief tasks into scratch dirs).
   Periodic saves are asynchronous when the Checkpoints are; the final one waits until it is on disk.
 
-  A run that stopped early keeps its length in the checkpoint (`stopped_total_steps`): rerunning it does not
-  train further unless the length was raised.
+  A run that stopped early keeps its length in the checkpoint (`stopped_total_steps`, checkpointed under
+  callbacks/checkpointing): rerunning it does not train further unless the length was raised.
 
   Args:
     checkpoints: the run's Checkpoints (loops/persist/checkpoints.py).
     every_steps: checkpoint.every_steps (0 = only at the end).
-    stopped_total_steps: RunVariables.stopped_total_steps (0 = the run did not stop early).
+    stopped_total_steps: a variable holding the length of a run that stopped early (0 = it did not); made here
+      when None (tests pass plain holders).
   """
 
-  def __init__(self, checkpoints, every_steps, stopped_total_steps):
+  state_key = "checkpointing"
+
+  def __init__(self, checkpoints, every_steps, stopped_total_steps=None):
+    if stopped_total_steps is None:
+      stopped_total_steps = tf.Variable(0, dtype=tf.int64, trainable=False)
     self.checkpoints, self.trigger, self.stopped_total_steps = checkpoints, Trigger(every_steps), stopped_total_steps
+    self.checkpointed = {"stopped_total_steps": stopped_total_steps}
+
+  @classmethod
+  def for_run(cls, run):
+    return cls(run.checkpoints, run.config.checkpoint.every_steps)
 
   def on_train_begin(self, state):
     stopped = int(self.stopped_total_steps.numpy())

@@ -6,9 +6,11 @@ training (`plan`): a model Keras cannot serialise (a subclass without get_config
 from absl import logging
 
 from errors import first_line
+import data
 from loops.core.interfaces import Callback
 from loops.model import model as model_lib
 from loops.model import serving
+from loops import task as task_lib
 
 
 class Export(Callback):
@@ -27,6 +29,17 @@ class Export(Callback):
     self.keras_file_problem = serving.keras_file_problem(model) if enabled else None
     serves = enabled and preprocess is None
     self.serving_problem = serving.serving_problem(model, input_spec) if serves else None
+
+
+  @classmethod
+  def for_run(cls, run):
+    """The built-in classification serves raw images through the eval's preprocessing; a task serves its
+    features as its model takes them."""
+    parts, enabled, weights = run.parts, run.config.export, run.execution.averaged_weights
+    if run.config.task.name == task_lib.BUILT_IN:
+      return cls(parts.model, enabled, weights, data.eval_images(parts.source, run.config.data),
+                 data.raw_image_spec(parts.source))
+    return cls(parts.model, enabled, weights, None, parts.training_task.serving_spec(parts.element_spec[0]))
 
   def on_train_begin(self, state):
     if self.serving_problem:

@@ -18,6 +18,11 @@ class Histograms(Callback):
   def __init__(self, every_steps, model, execution):
     self.trigger, self.model, self.execution = Trigger(every_steps), model, execution
 
+
+  @classmethod
+  def for_run(cls, run):
+    return cls(run.config.summary.histogram_every_steps, run.parts.model, run.execution)
+
   def after_train_call(self, state):
     if not self.trigger.due(state.call_start_step, state.step):
       return

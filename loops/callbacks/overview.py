@@ -1,5 +1,8 @@
 """Overview: at step 0, the resolved config as text, the HParams tab, grids of the first train and eval inputs."""
 
+import tensorflow as tf
+
+import data
 from loops.core.interfaces import Callback
 
 
@@ -16,6 +19,12 @@ class Overview(Callback):
   def __init__(self, config, metric_tags, first_batches):
     self.config, self.metric_tags, self.first_batches, self._batches = config, metric_tags, first_batches, None
 
+  @classmethod
+  def for_run(cls, run):
+    parts, config = run.parts, run.config
+    images = parts.source.image_shape is not None and isinstance(parts.element_spec[0], tf.TensorSpec)
+    return cls(config, parts.eval_tags, (lambda: _first_inputs(config, parts)) if images else None)
+
   def on_train_begin(self, state):
     if state.step != 0:
       return
@@ -28,3 +37,13 @@ class Overview(Callback):
   def _first_batches(self):
     self._batches = self._batches or self.first_batches()
     return self._batches
+
+
+def _first_inputs(config, parts):
+  """16 train and 16 eval inputs after preprocessing, from pipelines of their own (not the run's; local)."""
+  local = config.data.copy_and_resolve_references()
+  local.service = ""
+  train = data.train_dataset(parts.source, local, batch_size=min(16, parts.plan.global_batch_size),
+                             steps_per_epoch=parts.plan.steps_per_epoch, seed=config.seed)
+  evaluation = data.eval_dataset(parts.source, config.data, batch_size=16)
+  return next(iter(train)), next(iter(evaluation))

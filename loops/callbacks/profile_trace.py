@@ -11,6 +11,13 @@ class ProfileTrace(Callback):
     self.range, self.steps_per_loop, self.tracing = tuple(profile_steps), steps_per_loop, False
     self.folder = folder
 
+
+  @classmethod
+  def for_run(cls, run):
+    task = run.parts.task  # the chief traces into workdir/profile, the others into profile/<type>-<index>
+    folder = "profile" if task.is_chief else f"profile/{task.type}-{task.index}"
+    return cls(run.config.summary.profile_steps, run.parts.plan.steps_per_loop, folder)
+
   def on_train_begin(self, state):
     self.on_call_end(state)
 

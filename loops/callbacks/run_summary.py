@@ -15,6 +15,11 @@ class RunSummary(Callback):
   def __init__(self, plan, wall_started):
     self.plan, self.wall_started = plan, wall_started
 
+
+  @classmethod
+  def for_run(cls, run):
+    return cls(run.parts.plan, run.wall_started)
+
   def on_train_end(self, state):
     summary = {"step": state.step, "total_steps": state.total_steps, **state.train, **state.eval,
                "replicas": self.plan.replicas, "global_batch_size": self.plan.global_batch_size,

@@ -20,6 +20,11 @@ class TrainLog(Callback):
     self.optimizer, self.global_batch_size, self.progress_bar_mode = optimizer, global_batch_size, progress_bar
     self.progress = self.bar = None
 
+
+  @classmethod
+  def for_run(cls, run):
+    return cls(run.parts.optimizer, run.parts.plan.global_batch_size, run.config.summary.progress_bar)
+
   def on_train_begin(self, state):
     self.progress = progress_lib.Progress(state.step, state.total_steps, self.global_batch_size,
                                           state.steps_per_epoch)

@@ -2,6 +2,7 @@
 worker's mean busy time per call in summary.json (the per-call scalars come with the call's train results)."""
 
 from loops.core import stragglers
+from loops.distribute import memory
 from loops.core.interfaces import Callback
 
 
@@ -11,6 +12,12 @@ class WorkerMonitor(Callback):
   def __init__(self, straggler_fraction, straggler_calls, memory_usage):
     self.watch = stragglers.StragglerWatch(straggler_fraction, straggler_calls)
     self.memory_usage, self.peaks, self.busy_totals, self.calls = memory_usage, {}, None, 0
+
+
+  @classmethod
+  def for_run(cls, run):
+    summary = run.config.summary
+    return cls(summary.straggler_fraction, summary.straggler_calls, memory.usage_mb)
 
   def after_train_call(self, state):
     memory = self.memory_usage()

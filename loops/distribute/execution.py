@@ -161,7 +161,7 @@ class SyncExecution(_Execution):
     clock = steps.WorkerClock(strategy, p.task.worker_index, p.task.num_workers) if timed else None
     train_step = steps.make_task_train_step(p.training_task, p.models, p.optimizers, self.train_metrics,
                                             p.plan.global_batch_size, p.step_counter, p.plan.grad_accum_steps,
-                                            config.jit_compile, clock)
+                                            config.jit_compile, clock, p.plan.input_pipelines)
     self._train_step, self._resident_fn = train_step, None
     self._read_out = steps.CallReadOut(strategy, self.train_metrics, clock)
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter, self._read_out)
@@ -287,15 +287,22 @@ class ParameterServerExecution(_Execution):
       p.step_counter.assign_add(1)
       return result
 
+    self._worker_step = worker_step
+    self._run_eval = self._make_eval(data.eval_dataset(p.source, config.data, batch_size=p.plan.global_batch_size))
+
+  def _make_eval(self, eval_data):
+    """fn() -> the collected values (or None): one pass over the eval set on the coordinator."""
     eval_step = self._eval_step()
-    eval_data = data.eval_dataset(p.source, config.data, batch_size=p.plan.global_batch_size)
+    if self.parts.training_task.eval_collect:
+      step = tf.function(eval_step)
+      return lambda: steps.collected_rows(step(*batch) for batch in eval_data)
 
     @tf.function
     def run_eval():
       for features, targets, weights in eval_data:
         eval_step(features, targets, weights)
 
-    self._worker_step, self._run_eval = worker_step, run_eval
+    return run_eval
 
   def train(self, num_steps):
     remote = [self._coordinator.schedule(self._worker_step, args=(self._iterator,)) for _ in range(num_steps)]
@@ -312,8 +319,8 @@ class ParameterServerExecution(_Execution):
   def evaluate(self):
     self._reset(self.parts.eval_metrics)
     with self.averaged_weights():
-      self._run_eval()
-    return self._eval_results()
+      collected = self._run_eval()
+    return self._eval_results(collected)
 
   def rewind(self, step):
     raise ConfigError("parameter_server cannot rewind its per-worker datasets (nan_policy.mode='rollback')")

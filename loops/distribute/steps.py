@@ -9,9 +9,6 @@ from loops.task import classification
 from loops.task import context as context_lib
 
 
-forward = classification.forward
-
-
 def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_counter, grad_accum_steps=1,
                     jit_compile=False, clock=None):
   """The built-in classification step for one model and optimizer (benchmarks and tests build it directly)."""
@@ -21,7 +18,7 @@ def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_
 
 
 def make_task_train_step(task, models, optimizers, metrics, global_batch_size, step_counter, grad_accum_steps=1,
-                         jit_compile=False, clock=None):
+                         jit_compile=False, clock=None, input_pipelines=1):
   """Per-replica train step of a task (loops/task): returns this replica's share of the global-batch loss.
 
   metrics: {"loss", *task.train_metrics} keras.metrics.Mean updated in place, or None to return their sums instead
@@ -33,8 +30,9 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
   Step level: the task's train_step does it all (loops/check.py refuses accumulation and float16 there).
   clock: a WorkerClock that adds the step's busy time (from `started`, or the step's start, to its gradients).
   """
-  new_context = lambda: context_lib.StepContext(global_batch_size, step_counter, training=True,
-                                                declared=task.train_metrics)
+  new_context = lambda micro_batch=(0, 1): context_lib.StepContext(
+      global_batch_size, step_counter, training=True, declared=task.train_metrics, input_pipelines=input_pipelines,
+      micro_batch=micro_batch)
   if task.writes_step:
     def compute(batch):
       ctx = new_context()
@@ -62,13 +60,13 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
   lone = optimizers[trained[0]] if len(trained) == 1 else None
   scales_loss = isinstance(lone, keras.optimizers.LossScaleOptimizer)
 
-  def gradients_of(batch, with_regularization):
-    ctx = new_context()
+  def gradients_of(batch, micro_batch):
+    ctx = new_context(micro_batch)
     with tf.GradientTape() as tape:
       per_example = tf.cast(task.per_example_loss(batch, models, ctx), tf.float32)
       losses.check_per_example(type(task).__name__ + ".per_example_loss", per_example, per_example)
       loss = ctx.average(per_example)
-      if with_regularization:
+      if micro_batch[0] == 0:  # the regularization once per update
         for name in trained:
           if models[name].losses:
             loss += ctx.regularization(models[name])
@@ -77,12 +75,12 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
 
   def gradients(batch):
     if grad_accum_steps == 1:
-      return gradients_of(batch, True)
+      return gradients_of(batch, (0, 1))
     pieces = [tf.split(t, grad_accum_steps) for t in tf.nest.flatten(batch)]
     total, loss, per_example, logged = None, 0.0, [], {}
     for i in range(grad_accum_steps):
       micro = tf.nest.pack_sequence_as(batch, [split[i] for split in pieces])
-      g, l, p, named = gradients_of(micro, i == 0)
+      g, l, p, named = gradients_of(micro, (i, grad_accum_steps))
       total = g if total is None else [a + b for a, b in zip(total, g)]
       loss += l
       per_example.append(p)
@@ -305,12 +303,14 @@ def make_collecting_eval_fn(strategy, step_fn):
   def gathered(batch):
     return strategy.experimental_local_results(strategy.run(step_and_gather, args=batch))[0]
 
-  def eval_fn(dataset):
-    batches = [tf.nest.map_structure(lambda t: t.numpy(), gathered(batch)) for batch in dataset]
-    weights = np.concatenate([w for _, w in batches]) > 0
-    return {name: np.concatenate([values[name] for values, _ in batches])[weights] for name in batches[0][0]}
+  return lambda dataset: collected_rows(gathered(batch) for batch in dataset)
 
-  return eval_fn
+
+def collected_rows(batches):
+  """{name: numpy [examples, ...]} of (collected values, weights) per eval batch, weight-0 (padding) rows dropped."""
+  batches = [tf.nest.map_structure(lambda t: t.numpy(), batch) for batch in batches]
+  weights = np.concatenate([w for _, w in batches]) > 0
+  return {name: np.concatenate([values[name] for values, _ in batches])[weights] for name in batches[0][0]}
 
 
 def make_sum_over_workers(strategy, num_workers):

@@ -147,12 +147,21 @@ class Checkpoints:
 
 def restore(checkpoint, path):
   """Restores `checkpoint` (tf.train.Checkpoint) from `path`, every saved value matched to an object of this run;
-  a checkpoint of another model or shape raises ConfigError, and nothing is restored in part."""
+  a checkpoint of another model or shape raises ConfigError, and nothing is restored in part.
+
+  Callbacks' own state (checkpoint.callbacks, loops/callbacks/states.py) is restored where `path` holds it and
+  otherwise left as it is: a callback may be new to a resumed run, or a checkpoint older than it."""
+  callback_states = getattr(checkpoint, "callbacks", None)
+  if callback_states is not None:
+    del checkpoint.callbacks  # out of the match below
   try:
     checkpoint.restore(path).assert_existing_objects_matched()
   except (AssertionError, ValueError, LookupError, tf.errors.OpError) as e:
     raise ConfigError(f"checkpoint {path} does not match this model/optimizer (another model or shape?): "
                       f"{first_line(e)}; use a new --workdir") from None
+  finally:
+    if callback_states is not None:
+      checkpoint.callbacks = callback_states  # TF's deferred restoration assigns what `path` holds for them
 
 
 def scratch_directory(root=None):

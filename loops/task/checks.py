@@ -25,9 +25,6 @@ def check_task_settings(config):
   if not (isinstance(cls, type) and issubclass(cls, Task)):
     raise ConfigError(f"task.name '{name}' is {type(cls).__name__} {cls!r}, not a subclass of loops.task.Task")
   plugins.check_call(cls, (), dict(config.task.kwargs), "task.kwargs", name)
-  if cls.eval_collect and config.strategy == "parameter_server":
-    raise ConfigError(f"task '{name}' collects {tuple(cls.eval_collect)} over the eval set (eval_collect); "
-                      f"parameter_server evaluates on the coordinator without it: use a synchronous strategy")
   if cls.train_step is not Task.train_step:
     if config.train.grad_accum_steps > 1:
       raise ConfigError(f"train.grad_accum_steps={config.train.grad_accum_steps} needs a loss-level task; "

@@ -11,8 +11,11 @@ import tensorflow as tf
 class StepContext:
   """Passed to Task.per_example_loss / train_step / eval_step; valid inside the replica function only."""
 
-  def __init__(self, global_batch_size, step, training, declared=(), metrics=None, weights=None):
+  def __init__(self, global_batch_size, step, training, declared=(), metrics=None, weights=None,
+               input_pipelines=1, micro_batch=(0, 1)):
     self.global_batch_size = global_batch_size
+    self.input_pipelines = input_pipelines  # one per worker under multi_worker_mirrored (the plan's)
+    self.micro_batch = micro_batch  # (index, count) of train.grad_accum_steps' split of the replica's batch
     self.training = training
     self._step = step
     self._declared = tuple(declared)
@@ -72,17 +75,25 @@ class StepContext:
 
   def normal(self, rows, shape=(), salt=0):
     """Standard normal draws for this replica's `rows` examples, keyed on (step, salt) and on each example's row
-    of the global batch: the global batch gets the same draws however it is split over replicas.
+    of the global batch as one device reads it: an example gets the same draw however the global batch is split
+    over replicas and workers.
 
     Mistake prevented: noise keyed on the replica (or a stateful generator per replica) makes 2 replicas train
-    on other draws than 1 does. Under several workers a position of the global batch holds another example than
-    on one worker (each worker reads rows i, i + n, ... of the global order): the same draws, paired with other
-    examples.
+    on other draws than 1 does.
     """
     draws = tf.random.stateless_normal([self.global_batch_size, *shape],
                                        seed=tf.stack([tf.cast(self.step, tf.int64), tf.cast(salt, tf.int64)]))
-    first = tf.cast(self.replica_id, tf.int32) * rows
-    return draws[first:first + rows]
+    return tf.gather(draws, self._rows_as_one_device_reads(rows))
+
+  def _rows_as_one_device_reads(self, rows):
+    """Where this replica's rows sit in the global batch of one device. Several workers read strided shards of
+    it (worker w: rows w, w + W, ...), each local replica takes the next batch of its worker's shard, and gradient
+    accumulation splits a replica's batch into consecutive micro-batches."""
+    replica, pipelines = tf.cast(self.replica_id, tf.int32), self.input_pipelines
+    local_replicas = self.num_replicas // pipelines
+    worker, local = replica // local_replicas, replica % local_replicas
+    index, count = self.micro_batch
+    return ((local * count + index) * rows + tf.range(rows)) * pipelines + worker
 
   def log(self, name, value):
     """Adds `value` (a scalar, or per-example values) to train/<name>: its mean over the call's steps, every

@@ -1,0 +1,76 @@
+"""Callbacks' own checkpointed state (loops/callbacks/states.py, loops/persist/checkpoints.restore): restored where
+a checkpoint holds it, left as it is where not, and read from the run/... keys of checkpoints written before the
+built-in callbacks kept their own state."""
+
+import math
+
+import pytest
+import tensorflow as tf
+
+from errors import ConfigError
+from loops import callbacks as callbacks_lib
+from loops.persist import checkpoints as checkpoints_lib
+
+
+def _built_ins():
+  return [callbacks_lib.EarlyStopping("eval/loss", "min", 3, 0.0), callbacks_lib.Checkpointing(None, 0)]
+
+
+def _values(stopping, checkpointing):
+  return ({k: float(v.numpy()) for k, v in stopping.checkpointed.items()},
+          int(checkpointing.stopped_total_steps.numpy()))
+
+
+def _old_checkpoint(directory, step):
+  """A checkpoint as runs before callbacks kept their own state wrote it: the loop's values in one module, run/."""
+  run = tf.Module()
+  run.stopped_total_steps = tf.Variable(120, dtype=tf.int64)
+  run.early_stopping_best = tf.Variable(0.25, dtype=tf.float64)
+  run.early_stopping_best_step = tf.Variable(80, dtype=tf.int64)
+  run.early_stopping_evals_since = tf.Variable(2, dtype=tf.int64)
+  return tf.train.Checkpoint(step=step, run=run).save(str(directory / "old"))
+
+
+def test_a_checkpoint_from_before_callback_states_resumes_the_built_ins_state(tmp_path):
+  path = _old_checkpoint(tmp_path, tf.Variable(120, dtype=tf.int64))
+  step = tf.Variable(0, dtype=tf.int64)
+  checkpoint = tf.train.Checkpoint(step=step, callbacks=callbacks_lib.states.container())
+  checkpoints_lib.restore(checkpoint, path)
+  built_ins = _built_ins()
+  callbacks_lib.states.attach(checkpoint, built_ins, [], restored=path)
+  assert int(step.numpy()) == 120
+  assert _values(*built_ins) == ({"best": 0.25, "best_step": 80.0, "evals_since": 2.0}, 120)
+  saved = dict(tf.train.list_variables(checkpoint.save(str(tmp_path / "new"))))  # written under the new keys
+  assert "callbacks/early_stopping/best/.ATTRIBUTES/VARIABLE_VALUE" in saved
+  assert "callbacks/checkpointing/stopped_total_steps/.ATTRIBUTES/VARIABLE_VALUE" in saved
+  assert not any(name.startswith("run/") for name in saved)
+
+
+def test_callback_state_is_restored_where_a_checkpoint_holds_it_and_kept_where_not(tmp_path):
+  step = tf.Variable(0, dtype=tf.int64)
+  checkpoint = tf.train.Checkpoint(step=step, callbacks=callbacks_lib.states.container())
+  stopping, checkpointing = _built_ins()
+  callbacks_lib.states.attach(checkpoint, [stopping, checkpointing], [])
+  stopping.checkpointed["best"].assign(0.5)
+  checkpointing.stopped_total_steps.assign(40)
+  step.assign(40)
+  with_state = checkpoint.save(str(tmp_path / "with"))
+  stopping.checkpointed["best"].assign(0.1)
+  checkpointing.stopped_total_steps.assign(0)
+  checkpoints_lib.restore(checkpoint, with_state)  # mid-run (a NaN rollback): callbacks attached
+  assert _values(stopping, checkpointing)[0]["best"] == 0.5 and _values(stopping, checkpointing)[1] == 40
+  stopping.checkpointed["best"].assign(0.1)
+  without = tf.train.Checkpoint(step=tf.Variable(30, dtype=tf.int64)).save(str(tmp_path / "without"))
+  checkpoints_lib.restore(checkpoint, without)  # a checkpoint older than the callbacks: no error, state kept
+  assert int(step.numpy()) == 30 and stopping.checkpointed["best"].numpy() == pytest.approx(0.1)
+  assert math.isnan(float(_built_ins()[0].checkpointed["best"].numpy()))  # a new callback starts afresh
+
+
+def test_a_checkpoint_of_another_model_is_still_refused_with_callback_states_attached(tmp_path):
+  other = tf.train.Checkpoint(step=tf.Variable(1, dtype=tf.int64)).save(str(tmp_path / "other"))
+  checkpoint = tf.train.Checkpoint(step=tf.Variable(0, dtype=tf.int64), weights=tf.Variable([1.0, 2.0]),
+                                   callbacks=callbacks_lib.states.container())
+  callbacks_lib.states.attach(checkpoint, _built_ins(), [])
+  with pytest.raises(ConfigError, match=r"does not match this model/optimizer .*; use a new --workdir"):
+    checkpoints_lib.restore(checkpoint, other)
+  assert "callbacks" in dict(checkpoint._trackable_children())  # put back after the refusal
