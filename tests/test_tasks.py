@@ -1,6 +1,7 @@
 """The task contract (loops/task): every example task trains to the number its docstring states, 1 and 2 replicas
 agree on it (the replica check), the classic cross-replica mistakes are caught, a task resumes bit-identically
-after SIGTERM and trains under 2-worker MWMS like on one device."""
+after SIGTERM, trains under 2-worker MWMS like on one device and collects eval rows under parameter servers; the
+sidecar evaluator, --dry_run and a sweep (with its HParams) work on tasks."""
 
 import json
 import os
@@ -218,3 +219,48 @@ def test_a_task_collecting_eval_rows_under_parameter_servers_reduces_the_whole_e
   assert summary["step"] == 20 and summary["eval/count"] == len(values) == 360  # on the coordinator, no padding
   assert summary["eval/value_sum"] == pytest.approx(float(values.sum()), rel=1e-6)
   assert summary["best_metric"] == "eval/value_sum" and "train/noise_pairing" in summary
+
+
+@pytest.mark.parametrize("name, frozen", [("distillation", "teacher"), ("gan", None)])
+def test_dry_run_names_the_task_its_models_optimizers_and_trained_parameters(name, frozen, teacher, tmp_path):
+  config = example_config(name, teacher)
+  report = run.train_and_evaluate(config, str(tmp_path / "w"), dry_run=True)
+  assert not (tmp_path / "w").exists()
+  assert report["task"].startswith(config.task.name) and "level" in report["task"]
+  parts_by_name = {n: int(re.search(r"(\d+) parameters", line).group(1)) for n, line in report["models"].items()}
+  trained = [n for n in parts_by_name if n != frozen]
+  assert sorted(report["optimizers"]) == sorted(trained)  # one optimizer per trained model
+  assert report["trained_parameters"] == sum(parts_by_name[n] for n in trained)
+  if frozen:
+    assert report["models"][frozen].endswith(", frozen") and parts_by_name[frozen] > 0
+
+
+def test_a_sweep_over_a_tasks_settings_runs_each_trial_and_tables_its_best_metric(tmp_path):
+  import csv
+  sweep_dir = tmp_path / "sweep"
+  result = subprocess.run(
+      [PY, "-m", "launch.sweep", "--config=configs/tasks.py:regression", f"--sweep_dir={sweep_dir}",
+       "--grid", "optimizer.learning_rate=0.001,0.002", "--", "--config.train.steps=20",
+       "--config.train.steps_per_loop=10", "--config.eval.every_steps=10", "--config.export=False"],
+      cwd=REPO, capture_output=True, text=True, timeout=600)
+  assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+  with open(sweep_dir / "report.csv") as f:
+    rows = list(csv.DictReader(f))
+  assert sorted(row["optimizer.learning_rate"] for row in rows) == ["0.001", "0.002"]
+  for row in rows:
+    summary = json.load(open(sweep_dir / row["trial"] / "summary.json"))
+    assert row["status"] == "complete" and summary["best_metric"] == "eval/mae"
+    assert float(row["best eval/mae"]) == pytest.approx(summary["best_value"])  # the min over its two evals
+    trained_with = json.load(open(sweep_dir / row["trial"] / "config.json"))
+    assert trained_with["optimizer"]["learning_rate"] == float(row["optimizer.learning_rate"])
+    assert trained_with["task"]["name"] == "examples.tasks.regression:DigitValue"
+  from tensorboard.backend.event_processing import plugin_event_multiplexer
+  from tensorboard.plugins.hparams import metadata
+  multiplexer = plugin_event_multiplexer.EventMultiplexer()
+  multiplexer.AddRunsFromDirectory(str(sweep_dir))
+  multiplexer.Reload()
+  content = multiplexer.PluginRunToTagToContent(metadata.PLUGIN_NAME)
+  assert {run for run, tags in content.items() if metadata.SESSION_START_INFO_TAG in tags} == {
+      row["trial"] for row in rows}  # HParams: a session per trial, the task's eval values as its metrics
+  experiment = metadata.parse_experiment_plugin_data(content["."][metadata.EXPERIMENT_TAG])
+  assert "eval/mae" in [m.name.tag for m in experiment.metric_infos]
