@@ -38,7 +38,7 @@ class Parts:
   source: data.Source
   plan: plan_lib.Plan
   input_shape: tuple
-  model: keras.Model  # the task's model named "model" (exported, warm-started, frozen by train.freeze)
+  model: keras.Model  # the task's model named "model" (exported, warm-started)
   optimizer: keras.optimizers.Optimizer  # its optimizer (or the first one)
   step_counter: tf.Variable
   training_task: task_lib.Task  # what is trained (loops/task)
@@ -170,8 +170,8 @@ def _build_trainables(config, strategy, plan, training_task, element_spec, num_c
     check.check_models(training_task, models)
     for model in models.values():
       _ensure_built(model, element_spec)
-    if config.train.freeze and "model" in models:
-      _freeze(config, models["model"])
+    if config.train.freeze:
+      _freeze(config, list(models.values()))
     optimizers_by_model = dict(training_task.build_optimizers(context, models))
     for name, optimizer in optimizers_by_model.items():
       learning_rates[name] = made_rates.get(id(optimizer), plan.learning_rate)
@@ -205,8 +205,8 @@ def _ensure_built(model, element_spec):
   model(features, training=False)
 
 
-def _freeze(config, model):
-  frozen = freeze_lib.freeze(model, tuple(config.train.freeze), config.train.freeze_batchnorm_stats)
+def _freeze(config, models):
+  frozen = freeze_lib.freeze(models, tuple(config.train.freeze), config.train.freeze_batchnorm_stats)
   logging.info("train.freeze: %d layer(s) frozen, %d of %d parameters trained: %s", len(frozen),
-               sum(int(v.numpy().size) for v in model.trainable_variables), model.count_params(),
-               freeze_lib.compact(frozen))
+               sum(int(v.numpy().size) for m in models for v in m.trainable_variables),
+               sum(m.count_params() for m in models), freeze_lib.compact(frozen))

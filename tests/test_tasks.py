@@ -233,6 +233,10 @@ def test_dry_run_names_the_task_its_models_optimizers_and_trained_parameters(nam
   assert report["trained_parameters"] == sum(parts_by_name[n] for n in trained)
   if frozen:
     assert report["models"][frozen].endswith(", frozen") and parts_by_name[frozen] > 0
+    return
+  config.train.freeze = ("^discriminator/features",)  # train.freeze reaches every model of a task by its name
+  frozen_layer = run.train_and_evaluate(config, str(tmp_path / "w"), dry_run=True)
+  assert frozen_layer["trained_parameters"] == report["trained_parameters"] - (64 * 64 + 64)
 
 
 def test_a_sweep_over_a_tasks_settings_runs_each_trial_and_tables_its_best_metric(tmp_path):

@@ -28,8 +28,8 @@ class DigitsGan(Task):
         keras.Input((NOISE,)), keras.layers.Dense(64, activation="relu"),
         keras.layers.Dense(64, activation="sigmoid"), keras.layers.Reshape((8, 8, 1))], name="generator")
     discriminator = keras.Sequential([
-        keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(64),
-        keras.layers.LeakyReLU(0.2), keras.layers.Dense(1)], name="discriminator")
+        keras.Input((8, 8, 1)), keras.layers.Flatten(), keras.layers.Dense(64, name="features"),
+        keras.layers.LeakyReLU(0.2), keras.layers.Dense(1, name="score")], name="discriminator")
     return {"model": generator, "discriminator": discriminator}
 
   def serving_spec(self, features_spec):

@@ -14,8 +14,9 @@ def layer_paths(model):
 
 
 def freeze(model, patterns, batchnorm_stats=True):
-  """Freezes the layers of `model` whose path matches one of the regular expressions `patterns` (re.search),
-  with every layer inside them. Call before the optimizer is built.
+  """Freezes the layers of `model` (or of each model of a list: a task's) whose path matches one of the regular
+  expressions `patterns` (re.search), with every layer inside them. A path starts with its model's name
+  ("discriminator/dense"), so a pattern can pick one model's layers. Call before the optimizers are built.
 
   batchnorm_stats: True = a frozen BatchNormalization runs in inference mode (Keras' layer.trainable=False);
   False = it keeps normalising with batch statistics (moving averages updated), only gamma and beta frozen.
@@ -26,12 +27,14 @@ def freeze(model, patterns, batchnorm_stats=True):
   Raises:
     ConfigError: a pattern that matches no layer (one line listing the layers).
   """
-  layers = [l for l in model._flatten_layers(include_self=False) if l.path]  # pylint: disable=protected-access
+  models = model if isinstance(model, (list, tuple)) else [model]
+  layers = [l for m in models for l in m._flatten_layers(include_self=False) if l.path]  # pylint: disable=protected-access
   chosen = []
   for pattern in patterns:
     matched = [l for l in layers if re.search(pattern, l.path)]
     if not matched:
-      raise ConfigError(f"train.freeze pattern '{pattern}' matches no layer; layers: {compact(layer_paths(model))}")
+      raise ConfigError(f"train.freeze pattern '{pattern}' matches no layer; layers: "
+                        f"{compact(p for m in models for p in layer_paths(m))}")
     chosen.extend(matched)
   frozen = {}
   for layer in chosen:
