@@ -1,8 +1,8 @@
 """build(config, task) -> Parts: everything a run is made of, built once, in the right scopes.
 
 Strategy, data source, plan (derived values), models, optimizers, step counter, loss, eval metrics and the
-checkpoint holding them (callbacks add their own state to it: loops/callbacks/states.py); loops/check.py judges each as it appears. Nothing is
-written here.
+checkpoint holding them (callbacks add their own state to it: loops/callbacks/states.py); loops/check.py judges
+each as it appears. Nothing is written here.
 """
 
 import dataclasses

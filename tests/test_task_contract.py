@@ -197,3 +197,13 @@ def test_nested_arrays_of_any_dtype_batch_resume_and_pad_exactly():
   assert len(weights) == 24 and weights.sum() == 21 and not weights[21:].any()
   tokens = np.concatenate([f["tokens"].numpy() for f, _, _ in evaluation])
   np.testing.assert_array_equal(tokens[:21], data.load(config.data).eval.batch(21).get_single_element()[0]["tokens"])
+
+
+def test_all_gather_under_gradient_accumulation_says_it_gathers_micro_batches(caplog):
+  strategy = tf.distribute.OneDeviceStrategy("/cpu:0")
+  for micro_batch in ((0, 1), (0, 4)):
+    ctx = StepContext(8, tf.constant(0, tf.int64), training=True, micro_batch=micro_batch)
+    strategy.run(tf.function(lambda: ctx.all_gather(tf.ones([2]))))
+  said = [r.getMessage() for r in caplog.records if "ctx.all_gather" in r.getMessage()]
+  assert said == ["ctx.all_gather under train.grad_accum_steps=4 gathers each micro-batch: a loss over the gathered "
+                  "rows (contrastive negatives) sees 1/4 of the global batch at a time"]

@@ -5,6 +5,7 @@ here exists because the obvious code is silently wrong on more than one replica 
 `main.py --check=replicas`, catches it when a step does the obvious thing instead).
 """
 
+from absl import logging
 import tensorflow as tf
 
 
@@ -60,8 +61,13 @@ class StepContext:
     worker); gradients flow back to each replica's own rows.
 
     Mistake prevented: contrastive negatives, batch statistics or a global top-k taken from the replica's own
-    rows only: the loss then depends on how the global batch is split.
+    rows only: the loss then depends on how the global batch is split. Under train.grad_accum_steps = k it gathers
+    each micro-batch (1/k of the global batch): said once, when the step is traced.
     """
+    index, count = self.micro_batch
+    if count > 1 and index == 0:
+      logging.warning("ctx.all_gather under train.grad_accum_steps=%d gathers each micro-batch: a loss over the "
+                      "gathered rows (contrastive negatives) sees 1/%d of the global batch at a time", count, count)
     return tf.distribute.get_replica_context().all_gather(value, axis=0)
 
   def global_rows(self, rows):
