@@ -44,7 +44,12 @@ def load(name, fn):
   evaluation = _call(name, fn, "eval", batch_size=_EVAL_READ, context=_WHOLE)
   sizes = {"train": _length(name, "train", train),
            "eval": _length(name, "eval", _call(name, fn, "eval", batch_size=1, context=_WHOLE))}
-  if int(evaluation.cardinality()) * _EVAL_READ < sizes["eval"]:
+  read = int(evaluation.cardinality())
+  if read < 0:
+    raise ConfigError(f"data.name='{name}': the length of the 'eval' dataset at batch_size={_EVAL_READ} is unknown "
+                      f"to tf.data; declare it with ds.apply(tf.data.experimental.assert_cardinality(number_of_"
+                      f"batches))")
+  if read * _EVAL_READ < sizes["eval"]:
     raise ConfigError(f"data.name='{name}': the 'eval' dataset drops its last partial batch (batch(..., "
                       f"drop_remainder=True)); the eval must see every example: batch it without dropping")
   train, evaluation = train.unbatch(), evaluation.unbatch()

@@ -76,6 +76,7 @@ def test_the_eval_split_is_padded_to_whole_global_batches_with_weight_zero(digit
     ("unknown_length", "the length of the 'train' dataset is unknown to tf.data; declare it with ds.apply("
                        "tf.data.experimental.assert_cardinality"),
     ("eval_drops_its_tail", "the 'eval' dataset drops its last partial batch"),
+    ("eval_length_unknown_when_batched", "the length of the 'eval' dataset at batch_size=128 is unknown to tf.data"),
     ("not_a_dataset", "not_a_dataset('train', ...) must return a tf.data.Dataset of (features, targets) batches, "
                       "got tuple"),
 ])
