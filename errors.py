@@ -48,3 +48,15 @@ def unwritable_workdir(workdir, error):
   """The ConfigError for a workdir that cannot be created or written (error: an OSError or tf.errors.OpError)."""
   reason = getattr(error, "strerror", None) or getattr(error, "message", None) or str(error)
   return ConfigError(f"workdir '{workdir}' is not writable: {reason}")
+
+
+def config_error_within(error):
+  """The ConfigError `error` stands for, or None: TensorFlow's AutoGraph re-raises an error a traced step raised
+  as StagingError("in user code: ..."), keeping the original as its context."""
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, ConfigError):
+      return error
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return None

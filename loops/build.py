@@ -5,12 +5,14 @@ checkpoint holding them (callbacks add their own state to it: loops/callbacks/st
 each as it appears. Nothing is written here.
 """
 
+import contextlib
 import dataclasses
 
 from absl import logging
 import keras
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.framework import config as tf_config
 
 import data
 from errors import ConfigError
@@ -58,6 +60,18 @@ class Parts:
   @property
   def task_metrics(self):
     return {name: m for name, m in self.eval_metrics.items() if name not in self.eval_means}
+
+
+@contextlib.contextmanager
+def determinism_restored():
+  """Leaves op determinism as it was on entry (build turns it on for config.deterministic; it is process-wide:
+  notebooks and tests run several configs in one process)."""
+  enabled = tf_config.is_op_determinism_enabled()  # no public getter in TF 2.21
+  try:
+    yield
+  finally:
+    if not enabled:
+      tf_config.disable_op_determinism()
 
 
 def build(config, task, kept=None):
@@ -175,7 +189,7 @@ def _build_trainables(config, strategy, plan, training_task, element_spec, num_c
     optimizers_by_model = dict(training_task.build_optimizers(context, models))
     for name, optimizer in optimizers_by_model.items():
       learning_rates[name] = made_rates.get(id(optimizer), plan.learning_rate)
-    check.check_optimizers(training_task, models, optimizers_by_model)
+    check.check_optimizers(training_task, models, optimizers_by_model, config.mixed_precision == "float16")
     for name, optimizer in optimizers_by_model.items():
       optimizer.build(models[name].trainable_variables)
     step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",

@@ -16,8 +16,8 @@ import time
 from typing import Any, Iterable, Optional
 
 from absl import logging
-from tensorflow.python.framework import config as tf_config
 
+from errors import ConfigError, config_error_within
 from loops import build as build_lib
 from loops import callbacks as callbacks_lib
 from loops import check as check_lib
@@ -60,12 +60,14 @@ def train_and_evaluate(config: Any, workdir: str, dry_run: bool = False,
   Raises:
     errors.ConfigError: a setting, name, value, cluster or dataset the run cannot use (one line).
   """
-  determinism = tf_config.is_op_determinism_enabled()  # no public getter in TF 2.21
-  try:
-    return _train_and_evaluate(config, workdir, dry_run, callbacks)
-  finally:  # process-wide switch: leave it as it was (notebooks, tests running several configs)
-    if not determinism:
-      tf_config.disable_op_determinism()
+  with build_lib.determinism_restored():
+    try:
+      return _train_and_evaluate(config, workdir, dry_run, callbacks)
+    except Exception as e:  # pylint: disable=broad-except
+      raised_in_a_trace = None if isinstance(e, ConfigError) else config_error_within(e)
+      if raised_in_a_trace is None:
+        raise
+      raise raised_in_a_trace from None  # a task's step refused while traced: the one line, not AutoGraph's frame
 
 
 def _train_and_evaluate(config, workdir, dry_run, callback_objects):
@@ -120,11 +122,12 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
                        log=logging.warning)
   run = callbacks_lib.Run(config, workdir, parts, execution, checkpoints, wall_started)
   observers, saving = callbacks_lib.make(run, callbacks_lib.OBSERVERS), callbacks_lib.make(run, callbacks_lib.SAVING)
+  for callback in observers + saving:
+    if hasattr(callback, "close"):  # BestCheckpoint: its pending write, a non-chief's scratch directory
+      cleanup.callback(callback.close)
   callbacks_lib.states.attach(parts.checkpoint, observers + saving, user_callbacks, restored)
   preemption = execution.preemption(checkpoints)  # TF's handler restores the latest checkpoint again here
-  for callback in [preemption, *observers, *saving]:
-    if hasattr(callback, "close"):
-      cleanup.callback(callback.close)
+  cleanup.callback(preemption.close)
   # after every restore
   for name, optimizer in parts.optimizers.items():
     optimizers.set_constant_learning_rate(optimizer, parts.learning_rates[name])

@@ -74,3 +74,19 @@ def test_a_checkpoint_of_another_model_is_still_refused_with_callback_states_att
   with pytest.raises(ConfigError, match=r"does not match this model/optimizer .*; use a new --workdir"):
     checkpoints_lib.restore(checkpoint, other)
   assert "callbacks" in dict(checkpoint._trackable_children())  # put back after the refusal
+
+
+def test_an_asynchronous_periodic_save_holds_the_callbacks_state(tmp_path):
+  """TF's asynchronous writer saves what the checkpoint was constructed with: the callbacks/ node is made with it."""
+  step = tf.Variable(10, dtype=tf.int64)
+  checkpoint = tf.train.Checkpoint(step=step, callbacks=callbacks_lib.states.container())
+  stopping, checkpointing = _built_ins()
+  callbacks_lib.states.attach(checkpoint, [stopping, checkpointing], [])
+  stopping.checkpointed["best"].assign(0.75)
+  saves = checkpoints_lib.Checkpoints(str(tmp_path), checkpoint, step, keep=2, is_chief=True, async_save=True)
+  saves.save(10)  # asynchronous
+  saves.close()
+  saved = dict(tf.train.list_variables(saves.latest()))
+  assert "callbacks/early_stopping/best/.ATTRIBUTES/VARIABLE_VALUE" in saved
+  reader = tf.compat.v1.train.NewCheckpointReader(saves.latest())
+  assert reader.get_tensor("callbacks/early_stopping/best/.ATTRIBUTES/VARIABLE_VALUE") == pytest.approx(0.75)

@@ -1,6 +1,7 @@
 """The task contract's pieces in-process: the step context's cross-replica helpers on 2 replicas, a user's arrays
 as a source (nests of any dtype, exact order, eval padding), and the one-line errors of task and data settings."""
 
+import keras
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -107,8 +108,6 @@ def config_with(**keys):
     ({"task__name": "tests.fixtures.contract_tasks:Empty"}, "defines neither per_example_loss .* nor train_step"),
     ({"task__name": "tests.fixtures.contract_tasks:Stepper", "train__grad_accum_steps": 2},
      "train.grad_accum_steps=2 needs a loss-level task"),
-    ({"task__name": "tests.fixtures.contract_tasks:Stepper", "mixed_precision": "float16"},
-     "mixed_precision='float16' needs a loss-level task"),
     ({"task__name": "tests.fixtures.contract_tasks:Takes", "task__kwargs": {"depth": 2}},
      r"task.kwargs \{'depth': 2\} do not fit tests.fixtures.contract_tasks:Takes"),
     ({"task__kwargs": {"depth": 2}, "task__name": "classification"}, "task.kwargs .* are for a task of your own"),
@@ -207,3 +206,31 @@ def test_all_gather_under_gradient_accumulation_says_it_gathers_micro_batches(ca
   said = [r.getMessage() for r in caplog.records if "ctx.all_gather" in r.getMessage()]
   assert said == ["ctx.all_gather under train.grad_accum_steps=4 gathers each micro-batch: a loss over the gathered "
                   "rows (contrastive negatives) sees 1/4 of the global batch at a time"]
+
+
+def test_a_step_level_task_under_float16_must_scale_each_loss_it_applies(tmp_path):
+  from loops import run
+  config = config_with(task__name="tests.fixtures.contract_tasks:ForgetsToScale", mixed_precision="float16",
+                       export=False)
+  config.train.steps, config.train.steps_per_loop, config.eval.every_steps = 2, 2, 0
+  with pytest.raises(ConfigError, match=r"^ForgetsToScale.train_step applies optimizers \['model'\] to gradients of "
+                                        r"an unscaled loss: under mixed_precision='float16' take gradients of "
+                                        r"optimizers\[name\].scale_loss\(loss\)"):
+    run.train_and_evaluate(config, str(tmp_path / "w"))
+  assert not (tmp_path / "w" / "checkpoints").exists()  # refused while the first call was traced
+
+
+def test_float16_optimizers_must_all_scale_and_a_loss_level_task_takes_one():
+  from loops.task import checks as task_checks
+  from tests.fixtures import contract_tasks
+  models = {"model": keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]),
+            "other": keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])}
+  scaled = lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
+  with pytest.raises(ConfigError, match=r"build_optimizers: \['other'\] would not scale the loss under "
+                                        r"mixed_precision='float16'"):
+    task_checks.check_optimizers(contract_tasks.Stepper(), models, {"model": scaled(), "other": keras.optimizers.SGD()},
+                                 float16=True)
+  task_checks.check_optimizers(contract_tasks.Stepper(), models, {"model": scaled(), "other": scaled()}, float16=True)
+  with pytest.raises(ConfigError, match=r"scales one loss for one optimizer; Takes has 2 \(\['model', 'other'\]\): "
+                                        r"write a train_step that scales each optimizer's loss"):
+    task_checks.check_optimizers(contract_tasks.Takes(), models, {"model": scaled(), "other": scaled()}, float16=True)

@@ -71,17 +71,36 @@ def assert_the_sidecar_evaluator_agrees(config, workdir, trained, metric):
   assert evaluated["step"] == trained["step"]
   for key in [k for k in trained if k.startswith("eval/")]:
     assert evaluated[key] == pytest.approx(trained[key], rel=1e-5, abs=1e-6), key
+  from tests.test_sidecar import event_scalars
+  curve = event_scalars(os.path.join(workdir, "eval"), metric)  # every checkpoint the evaluator evaluated
+  step, value = (min if config.checkpoint.best_mode == "min" else max)(curve.items(), key=lambda item: item[1])
+  assert len(curve) >= 2 and curve[trained["step"]] == pytest.approx(trained[metric], rel=1e-5)
   best = json.load(open(os.path.join(workdir, "eval", "best", "best.json")))
-  assert best["metric"] == metric and best["step"] == evaluated["best_step"], best
-  assert tf.train.latest_checkpoint(os.path.join(workdir, "eval", "best")).endswith(f"ckpt-{best['step']}")
+  assert (best["metric"], best["step"]) == (metric, step) and best["value"] == pytest.approx(value), (best, curve)
+  assert tf.train.latest_checkpoint(os.path.join(workdir, "eval", "best")).endswith(f"ckpt-{step}")
+
+
+def test_the_gan_trains_under_float16_with_a_loss_scale_per_optimizer(tmp_path):
+  """A step-level task scales each loss with its optimizer (scale_loss): two dynamic loss scales, checkpointed."""
+  config = example_config("gan")
+  config.mixed_precision, config.export = "float16", False
+  summary = run.train_and_evaluate(config, str(tmp_path))
+  metric, _, bound = STATED["gan"]
+  assert summary[metric] <= bound, summary
+  reader = tf.compat.v1.train.NewCheckpointReader(summary["checkpoint"])
+  scales = {name: reader.get_tensor(f"{name}/dynamic_scale/.ATTRIBUTES/VARIABLE_VALUE")
+            for name in ("optimizer", "optimizer_discriminator")}
+  assert all(1.0 <= value <= 2.0 ** 15 for value in scales.values()), scales
 
 
 @pytest.mark.parametrize("name", sorted(STATED) + ["classification"])
 def test_the_replica_check_passes_every_example_and_the_built_in(name, teacher):
   config = load_config("digits_cnn") if name == "classification" else example_config(name, teacher)
-  lines = []
+  from tensorflow.python.framework import config as tf_config
+  lines, determinism = [], tf_config.is_op_determinism_enabled()
   assert replica_check.run(config, out=lines.append), "\n".join(lines)
   assert lines[-1].startswith("replicas: PASS: 1 and 2 replicas agree on all ")
+  assert tf_config.is_op_determinism_enabled() == determinism  # left as it was (XLA's MaxPool gradient refuses it)
 
 
 @pytest.mark.parametrize("wrong, overrides", [

@@ -47,13 +47,15 @@ class DigitsGan(Task):
       real = discriminator(images, training=True)[:, 0]
       fake = discriminator(generator(ctx.normal(rows, [NOISE], salt=0), training=True), training=True)[:, 0]
       d_loss = ctx.average(bce(real, 1.0) + bce(fake, 0.0))
+      d_scaled = optimizers["discriminator"].scale_loss(d_loss)  # float16: the loss scale; else the loss itself
     d_vars = discriminator.trainable_variables
-    optimizers["discriminator"].apply_gradients(zip(tape.gradient(d_loss, d_vars), d_vars))
+    optimizers["discriminator"].apply_gradients(zip(tape.gradient(d_scaled, d_vars), d_vars))
     with tf.GradientTape() as tape:
       fake = discriminator(generator(ctx.normal(rows, [NOISE], salt=1), training=True), training=True)[:, 0]
       g_loss = ctx.average(bce(fake, 1.0))
+      g_scaled = optimizers["model"].scale_loss(g_loss)
     g_vars = generator.trainable_variables
-    optimizers["model"].apply_gradients(zip(tape.gradient(g_loss, g_vars), g_vars))
+    optimizers["model"].apply_gradients(zip(tape.gradient(g_scaled, g_vars), g_vars))
     ctx.log("discriminator_loss", d_loss * tf.cast(ctx.num_replicas, tf.float32))
     ctx.log("real_score", tf.sigmoid(real))
     ctx.log("fake_score", tf.sigmoid(fake))

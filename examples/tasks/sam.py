@@ -32,19 +32,22 @@ class SharpnessAware(Task):
 
   def train_step(self, batch, models, optimizers, ctx):
     model, variables = models["model"], models["model"].trainable_variables
+    optimizer = optimizers["model"]
     with tf.GradientTape() as tape:
       loss, logits = self._loss(batch, model, ctx)
-    gradients = ctx.sum_over_replicas(tape.gradient(loss, variables))  # the global gradient, not this replica's
+      scaled = optimizer.scale_loss(loss)  # float16: times the loss scale (cancels in the direction); else the loss
+    gradients = ctx.sum_over_replicas(tape.gradient(scaled, variables))  # the global gradient, not this replica's
     scale = self.rho / (tf.linalg.global_norm(gradients) + 1e-12)
     steps = [g * scale for g in gradients]
     for variable, step in zip(variables, steps):
       variable.assign_add(step)
     with tf.GradientTape() as tape:
       sharp_loss, _ = self._loss(batch, model, ctx)
-    sharp_gradients = tape.gradient(sharp_loss, variables)
+      sharp_scaled = optimizer.scale_loss(sharp_loss)
+    sharp_gradients = tape.gradient(sharp_scaled, variables)
     for variable, step in zip(variables, steps):
       variable.assign_sub(step)
-    optimizers["model"].apply_gradients(zip(sharp_gradients, variables))  # sums the replicas' shares itself
+    optimizer.apply_gradients(zip(sharp_gradients, variables))  # sums the replicas' shares itself; unscales
     ctx.log("accuracy", correct(batch[1], logits))
     return loss
 

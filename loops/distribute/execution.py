@@ -113,7 +113,7 @@ class _Execution:
   def _eval_step(self):
     p = self.parts
     return steps.make_eval_step(p.training_task, p.models, p.eval_means, p.task_metrics, p.plan.global_batch_size,
-                                p.step_counter)
+                                p.step_counter, p.plan.input_pipelines)
 
   def _eval_results(self, collected=None):
     """The eval metrics' results, and the task's reduce_eval of the values collected over the whole set."""

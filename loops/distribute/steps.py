@@ -7,6 +7,7 @@ import tensorflow as tf
 from loops.model import losses
 from loops.task import classification
 from loops.task import context as context_lib
+from loops.task import scaled_step
 
 
 def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_counter, grad_accum_steps=1,
@@ -27,7 +28,8 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
   Loss level: grad_accum_steps = k splits the replica's batch into k micro-batches whose gradients are summed
   before one update; every micro-loss is divided by the GLOBAL batch, so the update equals the whole batch's.
   A lone LossScaleOptimizer (float16) gets its loss scaled here and unscales the gradients itself.
-  Step level: the task's train_step does it all (loops/check.py refuses accumulation and float16 there).
+  Step level: the task's train_step does it all (loops/check.py refuses accumulation there; under float16 it
+  scales each loss with its optimizer's scale_loss: loops/task/scaled_step.py).
   clock: a WorkerClock that adds the step's busy time (from `started`, or the step's start, to its gradients).
   """
   new_context = lambda micro_batch=(0, 1): context_lib.StepContext(
@@ -36,7 +38,7 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
   if task.writes_step:
     def compute(batch):
       ctx = new_context()
-      loss = task.train_step(batch, models, optimizers, ctx)
+      loss = scaled_step.train_step(task, batch, models, optimizers, ctx)
       return loss, None, ctx.logged(), [loss]
   else:
     compute = _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_compile)
@@ -261,7 +263,7 @@ def make_resident_train_fn(strategy, step_fn, step_counter, resident, read_out=N
   return train_fn
 
 
-def make_eval_step(task, models, means, task_metrics, global_batch_size, step_counter):
+def make_eval_step(task, models, means, task_metrics, global_batch_size, step_counter, input_pipelines=1):
   """Per-replica eval step over (features, targets, weights); weight-0 rows are padding. The task's per-example
   values go into `means` (weighted); it updates its own Keras metrics (task_metrics) itself. Returns the values
   named in task.eval_collect, with the weights, for make_collecting_eval_fn (None when there are none)."""
@@ -269,7 +271,7 @@ def make_eval_step(task, models, means, task_metrics, global_batch_size, step_co
 
   def step_fn(features, targets, weights):
     ctx = context_lib.StepContext(global_batch_size, step_counter, training=False, metrics=task_metrics,
-                                  weights=weights)
+                                  weights=weights, input_pipelines=input_pipelines)
     values = task.eval_step((features, targets), models, ctx)
     for name, value in values.items():
       if name not in collect:

@@ -13,10 +13,16 @@ def layer_paths(model):
   return [layer.path for layer in model._flatten_layers(include_self=False) if layer.path]  # pylint: disable=protected-access
 
 
+def _named_path(model, layer):
+  """The layer's path with its model's name first (a functional model's layers have bare paths in Keras 3)."""
+  return layer.path if layer.path.startswith(model.name + "/") else f"{model.name}/{layer.path}"
+
+
 def freeze(model, patterns, batchnorm_stats=True):
   """Freezes the layers of `model` (or of each model of a list: a task's) whose path matches one of the regular
-  expressions `patterns` (re.search), with every layer inside them. A path starts with its model's name
-  ("discriminator/dense"), so a pattern can pick one model's layers. Call before the optimizers are built.
+  expressions `patterns` (re.search), with every layer inside them. A pattern is searched in the layer's path and
+  in it led by its model's name ("discriminator/dense"), so it can pick one model's layers. Call before the
+  optimizers are built.
 
   batchnorm_stats: True = a frozen BatchNormalization runs in inference mode (Keras' layer.trainable=False);
   False = it keeps normalising with batch statistics (moving averages updated), only gamma and beta frozen.
@@ -28,13 +34,13 @@ def freeze(model, patterns, batchnorm_stats=True):
     ConfigError: a pattern that matches no layer (one line listing the layers).
   """
   models = model if isinstance(model, (list, tuple)) else [model]
-  layers = [l for m in models for l in m._flatten_layers(include_self=False) if l.path]  # pylint: disable=protected-access
+  named = [(_named_path(m, l), l) for m in models for l in m._flatten_layers(include_self=False) if l.path]  # pylint: disable=protected-access
   chosen = []
   for pattern in patterns:
-    matched = [l for l in layers if re.search(pattern, l.path)]
+    matched = [l for path, l in named if re.search(pattern, l.path) or re.search(pattern, path)]
     if not matched:
       raise ConfigError(f"train.freeze pattern '{pattern}' matches no layer; layers: "
-                        f"{compact(p for m in models for p in layer_paths(m))}")
+                        f"{compact(path for path, _ in named)}")
     chosen.extend(matched)
   frozen = {}
   for layer in chosen:

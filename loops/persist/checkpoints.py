@@ -152,16 +152,35 @@ def restore(checkpoint, path):
   Callbacks' own state (checkpoint.callbacks, loops/callbacks/states.py) is restored where `path` holds it and
   otherwise left as it is: a callback may be new to a resumed run, or a checkpoint older than it."""
   callback_states = getattr(checkpoint, "callbacks", None)
-  if callback_states is not None:
-    del checkpoint.callbacks  # out of the match below
+  if callback_states is None:
+    return _restore_matched(checkpoint, path)
+  _pending(callback_states).clear()  # values an earlier restore left for callbacks that never came: superseded
+  del checkpoint.callbacks  # out of the match below
+  try:
+    _restore_matched(checkpoint, path)
+  except ConfigError:
+    _pending(checkpoint).pop("callbacks", None)  # nothing from a refused checkpoint
+    checkpoint.callbacks = callback_states
+    raise
+  try:
+    checkpoint.callbacks = callback_states  # TF's deferred restoration assigns what `path` holds for them
+  except (ValueError, tf.errors.OpError) as e:
+    raise ConfigError(f"checkpoint {path}: a callback's saved state does not fit it (callbacks/...: "
+                      f"{first_line(e)}); use a new --workdir or keep the callback as it was") from None
+
+
+def _restore_matched(checkpoint, path):
   try:
     checkpoint.restore(path).assert_existing_objects_matched()
   except (AssertionError, ValueError, LookupError, tf.errors.OpError) as e:
     raise ConfigError(f"checkpoint {path} does not match this model/optimizer (another model or shape?): "
                       f"{first_line(e)}; use a new --workdir") from None
-  finally:
-    if callback_states is not None:
-      checkpoint.callbacks = callback_states  # TF's deferred restoration assigns what `path` holds for them
+
+
+def _pending(trackable):
+  """TF's {name: [restore positions]} a trackable keeps for dependencies not attached yet (no public accessor)."""
+  trackable._maybe_initialize_trackable()  # pylint: disable=protected-access
+  return trackable._deferred_dependencies  # pylint: disable=protected-access
 
 
 def scratch_directory(root=None):

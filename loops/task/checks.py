@@ -29,9 +29,6 @@ def check_task_settings(config):
     if config.train.grad_accum_steps > 1:
       raise ConfigError(f"train.grad_accum_steps={config.train.grad_accum_steps} needs a loss-level task; "
                         f"{name} writes its own train_step (accumulate inside it, or set 1)")
-    if config.mixed_precision == "float16":
-      raise ConfigError(f"mixed_precision='float16' needs a loss-level task (the framework scales the loss); "
-                        f"{name} writes its own train_step: use 'bfloat16' or 'float32'")
   elif cls.per_example_loss is Task.per_example_loss:
     raise ConfigError(f"task '{name}' defines neither per_example_loss (loss level) nor train_step (step level)")
 
@@ -46,8 +43,9 @@ def check_models(task, models):
       raise ConfigError(f"{where}: '{name}' is {type(model).__name__}, not a keras.Model")
 
 
-def check_optimizers(task, models, optimizers):
-  """build_optimizers returned {model name: optimizer} for trainable models; a loss-level task has at least one."""
+def check_optimizers(task, models, optimizers, float16=False):
+  """build_optimizers returned {model name: optimizer} for trainable models; a loss-level task has at least one;
+  under float16 each scales its loss (ctx.optimizer makes them so), one only for a loss-level task."""
   where = f"{type(task).__name__}.build_optimizers"
   for name, optimizer in optimizers.items():
     if name not in models:
@@ -56,10 +54,14 @@ def check_optimizers(task, models, optimizers):
       raise ConfigError(f"{where}: '{name}' is {type(optimizer).__name__}, not a keras optimizer")
     if not models[name].trainable_variables:
       raise ConfigError(f"{where}: model '{name}' has no trainable variables (frozen?); give it no optimizer")
-  scaled = [name for name, o in optimizers.items() if isinstance(o, keras.optimizers.LossScaleOptimizer)]
-  if scaled and len(optimizers) > 1:
+  unscaled = sorted(n for n, o in optimizers.items() if not isinstance(o, keras.optimizers.LossScaleOptimizer))
+  if float16 and unscaled:
+    raise ConfigError(f"{where}: {unscaled} would not scale the loss under mixed_precision='float16' (float16 "
+                      f"gradients underflow): make them with ctx.optimizer(...), or use 'bfloat16'")
+  if float16 and len(optimizers) > 1 and not task.writes_step:
     raise ConfigError(f"mixed_precision='float16' scales one loss for one optimizer; {type(task).__name__} has "
-                      f"{len(optimizers)} ({sorted(optimizers)}): use 'bfloat16' or 'float32'")
+                      f"{len(optimizers)} ({sorted(optimizers)}): write a train_step that scales each optimizer's "
+                      f"loss, or use 'bfloat16' or 'float32'")
   if not optimizers and not task.writes_step:
     raise ConfigError(f"{where} returned no optimizer: nothing would be trained")
 

@@ -85,7 +85,9 @@ class StepContext:
     over replicas and workers.
 
     Mistake prevented: noise keyed on the replica (or a stateful generator per replica) makes 2 replicas train
-    on other draws than 1 does.
+    on other draws than 1 does. Exact pairing under several workers holds for inputs sharded by example (arrays,
+    npz, TFRecord features, the eval split, an input function using ds.shard(context...)); streamed image records
+    (data.train_files) give each worker whole blocks: the same draws, paired with other examples.
     """
     draws = tf.random.stateless_normal([self.global_batch_size, *shape],
                                        seed=tf.stack([tf.cast(self.step, tf.int64), tf.cast(salt, tf.int64)]))
