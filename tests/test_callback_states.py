@@ -16,6 +16,15 @@ def _built_ins():
   return [callbacks_lib.EarlyStopping("eval/loss", "min", 3, 0.0), callbacks_lib.Checkpointing(None, 0)]
 
 
+def _attached(step_value=0):
+  """(checkpoint, its step, EarlyStopping, Checkpointing) with the built-ins' state attached."""
+  step = tf.Variable(step_value, dtype=tf.int64)
+  checkpoint = tf.train.Checkpoint(step=step, callbacks=callbacks_lib.states.container())
+  stopping, checkpointing = _built_ins()
+  callbacks_lib.states.attach(checkpoint, [stopping, checkpointing], [])
+  return checkpoint, step, stopping, checkpointing
+
+
 def _values(stopping, checkpointing):
   return ({k: float(v.numpy()) for k, v in stopping.checkpointed.items()},
           int(checkpointing.stopped_total_steps.numpy()))
@@ -47,10 +56,7 @@ def test_a_checkpoint_from_before_callback_states_resumes_the_built_ins_state(tm
 
 
 def test_callback_state_is_restored_where_a_checkpoint_holds_it_and_kept_where_not(tmp_path):
-  step = tf.Variable(0, dtype=tf.int64)
-  checkpoint = tf.train.Checkpoint(step=step, callbacks=callbacks_lib.states.container())
-  stopping, checkpointing = _built_ins()
-  callbacks_lib.states.attach(checkpoint, [stopping, checkpointing], [])
+  checkpoint, step, stopping, checkpointing = _attached()
   stopping.checkpointed["best"].assign(0.5)
   checkpointing.stopped_total_steps.assign(40)
   step.assign(40)
@@ -78,10 +84,7 @@ def test_a_checkpoint_of_another_model_is_still_refused_with_callback_states_att
 
 def test_an_asynchronous_periodic_save_holds_the_callbacks_state(tmp_path):
   """TF's asynchronous writer saves what the checkpoint was constructed with: the callbacks/ node is made with it."""
-  step = tf.Variable(10, dtype=tf.int64)
-  checkpoint = tf.train.Checkpoint(step=step, callbacks=callbacks_lib.states.container())
-  stopping, checkpointing = _built_ins()
-  callbacks_lib.states.attach(checkpoint, [stopping, checkpointing], [])
+  checkpoint, step, stopping, _ = _attached(10)
   stopping.checkpointed["best"].assign(0.75)
   saves = checkpoints_lib.Checkpoints(str(tmp_path), checkpoint, step, keep=2, is_chief=True, async_save=True)
   saves.save(10)  # asynchronous
