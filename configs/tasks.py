@@ -40,8 +40,9 @@ def get_config(arg="regression"):
   c.optimizer.name = "adam"
   c.optimizer.learning_rate = 3e-3 if name == "regression" else 1e-3
   c.optimizer.lr_scaling = "none"
-  c.eval.every_steps = steps // 2
-  c.checkpoint.every_steps = steps // 2  # a checkpoint per eval: the sidecar evaluator sees each
+  # halfway and at the end, also when --config.train.steps changes (references resolve at use)
+  c.eval.every_steps = c.train.get_ref("steps") // 2
+  c.checkpoint.every_steps = c.train.get_ref("steps") // 2  # a checkpoint per eval: the sidecar evaluator sees each
   c.eval.metrics = ()
   c.checkpoint.best_metric = best
   c.checkpoint.best_mode = mode

@@ -53,3 +53,13 @@ def test_parse_arg_accepts_known_keys_and_types():
 def test_parse_arg_rejects_bad_arguments(arg, message):
   with pytest.raises(ValueError, match=message.replace("(", r"\(")):
     base.parse_arg(arg, synthetic=False, steps=1)
+
+
+def test_task_configs_derive_their_eval_and_checkpoint_cadence_from_the_steps_given_on_the_command_line():
+  from tests.conftest import load_config
+  config = load_config("tasks", "gan")
+  assert config.eval.every_steps == config.checkpoint.every_steps == config.train.steps // 2
+  config.train.steps = 5000  # as --config.train.steps=5000 sets it
+  assert config.eval.every_steps == config.checkpoint.every_steps == 2500
+  config.eval.every_steps = 40  # an explicit cadence still wins
+  assert config.eval.every_steps == 40 and config.checkpoint.every_steps == 2500
