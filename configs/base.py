@@ -20,6 +20,7 @@ def get_config(arg=None):
   _eval_and_checkpoints(c)
   _monitoring(c)
   _finders(c)
+  _checks(c)
   c.lock()  # a config file that sets a key defined nowhere here (a misspelling) fails, as on the command line
   c.model.kwargs.unlock()  # the model's and the loss's own arguments: any key
   c.loss.kwargs.unlock()
@@ -332,6 +333,15 @@ def _finders(c):
   c.find.max_per_replica_batch = 4096
   c.find.memory_budget_gb = config_dict.placeholder(float)
   c.find.timed_steps = 10  # train steps timed per size (after one untimed call that compiles)
+
+
+def _checks(c):
+  """`python main.py ... --check=replicas|workers` (loops/replica_check.py): train steps on 1 replica and on 2
+  replicas (or 2 workers) from the same weights, then compare. Read by the checks only: a run ignores them."""
+  c.check = ml_collections.ConfigDict()
+  # Train steps each side runs; 0 = enough to reach every branch the task declares (Task.update_every: the
+  # least common multiple of its periods), at least 3.
+  c.check.steps = 0
 
 
 def use_cifar10(c, synthetic):

@@ -21,6 +21,7 @@ from loops.distribute import strategy as strategy_lib
 
 TOLERANCE = 1e-3  # largest relative difference of an update (float32 sums in another order stay below 1e-4)
 STEPS = 3
+SIDES = {"replicas": ("1", "2 replicas"), "workers": ("1 device", "2 workers")}
 
 
 def variant(config, replicas, steps):
@@ -79,26 +80,34 @@ def relative_differences(one, two):
   return differences
 
 
-def report(differences, steps, tolerance=TOLERANCE, shown=8):
-  """(passed, lines): the largest differences, the first beyond the tolerance, the verdict last."""
+def report(differences, steps, tolerance=TOLERANCE, shown=8, kind="replicas"):
+  """(passed, lines): the largest differences, the first beyond the tolerance, the verdict last. kind: "replicas"
+  (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker processes)."""
+  one, two = SIDES[kind]
   ordered = sorted(differences.items(), key=lambda item: -item[1])
-  lines = [f"largest relative differences of the updates after {steps} steps (1 vs 2 replicas):"]
+  lines = [f"largest relative differences of the updates after {steps} steps ({one} vs {two}):"]
   lines += [f"  {value:10.3e}  {path}" for path, value in ordered[:shown]]
   beyond = [path for path, value in differences.items() if not value <= tolerance]
   if beyond:
     lines.append(f"first variable beyond the tolerance {tolerance:g}: {beyond[0]} ({differences[beyond[0]]:.3e})")
-    lines.append(f"replicas: FAIL: {len(beyond)} of {len(differences)} variables differ on 2 replicas (largest "
+    lines.append(f"{kind}: FAIL: {len(beyond)} of {len(differences)} variables differ on {two} (largest "
                  f"{ordered[0][1]:.3e} in {ordered[0][0]}): the step reduces over the replica's own batch somewhere "
                  f"(see loops/task/context.py: ctx.average, ctx.all_gather, ctx.sum_over_replicas, ctx.normal)")
     return False, lines
   largest = f"{ordered[0][1]:.3e} in {ordered[0][0]}" if ordered else "no variables"
-  lines.append(f"replicas: PASS: 1 and 2 replicas agree on all {len(differences)} variables after {steps} steps "
+  lines.append(f"{kind}: PASS: {one} and {two} agree on all {len(differences)} variables after {steps} steps "
                f"(largest relative difference {largest}; tolerance {tolerance:g})")
   return True, lines
 
 
-def run(config, steps=STEPS, tolerance=TOLERANCE, out=print):
-  """Runs both and prints the report; returns True when they agree."""
+def steps_for(config):
+  """check.steps, or by default enough steps to reach every branch the task declares (at least STEPS)."""
+  return config.check.steps or STEPS
+
+
+def run(config, steps=None, tolerance=TOLERANCE, out=print):
+  """Runs both and prints the report; returns True when they agree. steps: default steps_for(config)."""
+  steps = steps or steps_for(config)
   strategy_lib.configure_devices(variant(config, 2, steps))  # both logical CPUs before TensorFlow starts
   with build_lib.determinism_restored():
     one = trained_values(variant(config, 1, steps), steps)
