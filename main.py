@@ -56,10 +56,11 @@ from ml_collections import config_flags
 import tensorflow
 
 from configs import base as base_config
-from errors import ConfigError, WorkerLostError
+from errors import ConfigError, WorkerLostError, config_error_within
 from loops import finders
 from loops import replica_check
 from loops import run
+from loops import worker_check
 from loops.persist import console
 from loops.persist import preemption
 
@@ -70,9 +71,12 @@ _DRY_RUN = flags.DEFINE_bool("dry_run", False, "Check the config, data, cluster 
 _FIND = flags.DEFINE_enum("find", None, ["lr", "batch_size"], "Instead of training: the LR range test or the "
                           "largest per-replica batch that fits (find.* keys; output in workdir/lr_find or "
                           "workdir/batch_size_find; never a checkpoint).")
-_CHECK = flags.DEFINE_enum("check", None, ["replicas"], "Instead of training: run a few steps on 1 and on 2 replicas "
-                           "from the same weights and compare every variable (loops/replica_check.py); exit 0 when "
-                           "they agree, 1 when not. Needs no --workdir; writes nothing.")
+_CHECK = flags.DEFINE_enum("check", None, ["replicas", "workers"], "Instead of training: run a few steps from the "
+                           "same weights on 1 and on 2 replicas (replicas: loops/replica_check.py), or on one device "
+                           "and on multi_worker_mirrored across 2 local worker processes (workers: "
+                           "loops/worker_check.py), and compare every variable; exit 0 when they agree, 1 when not. "
+                           "Needs no --workdir; writes nothing.")
+CHECKS = {"replicas": replica_check.run, "workers": worker_check.run}
 flags.mark_flags_as_required(["config"])
 
 # Errors a user can act on; anything else is a bug and keeps its traceback.
@@ -99,7 +103,7 @@ def main(argv):
   preemption.PROCESS_ENDS_AFTER_RUN = True
   try:
     if _CHECK.value:
-      sys.exit(0 if replica_check.run(_CONFIG.value) else 1)
+      sys.exit(0 if CHECKS[_CHECK.value](_CONFIG.value) else 1)
     if _FIND.value:
       finders.find(_FIND.value, _CONFIG.value, _WORKDIR.value)
     else:
@@ -110,9 +114,11 @@ def main(argv):
     print("interrupted (Ctrl-C) before training started: nothing was trained or saved", file=sys.stderr)
     sys.exit(preemption.INTERRUPTED_EXIT_CODE)
   except Exception as e:  # pylint: disable=broad-except
-    if _DEBUG.value or (_no_space_left(e) is None and not isinstance(e, USER_ERRORS + DAMAGED_DATA)):
+    refused = config_error_within(e)  # a task's step refused while traced: AutoGraph wraps it (--check, --find)
+    user_error = refused is not None or _no_space_left(e) is not None or isinstance(e, USER_ERRORS + DAMAGED_DATA)
+    if _DEBUG.value or not user_error:
       raise  # a bug: its traceback
-    _exit_with_one_line(e)
+    _exit_with_one_line(refused or e)
 
 
 def _damaged_data(error):

@@ -2,11 +2,11 @@
 
   python main.py --config=configs/tasks.py:regression --workdir=runs/regression
 
-Names (no `:<name>`: regression): regression, gan, sam, contrastive, segmentation, distillation (distillation needs a trained digits run: see
-examples/tasks/distillation.py). Expected (each example's docstring says more; measured on 2 CPU cores, 15-40 s
-each): regression eval/mae ~0.56, gan eval/mean_gap ~0.06, sam eval/accuracy ~0.98, contrastive
-eval/probe_accuracy ~0.90 and eval/knn_accuracy ~0.94, segmentation eval/mean_iou ~0.98, distillation
-eval/accuracy ~0.90.
+Names (no `:<name>`: regression): regression, gan, wgan_gp, sam, contrastive, segmentation, distillation
+(distillation needs a trained digits run: see examples/tasks/distillation.py). Expected (each example's docstring
+says more; measured on 2 CPU cores, 9-40 s each): regression eval/mae ~0.56, gan eval/mean_gap ~0.06, wgan_gp
+eval/mean_gap ~0.04, sam eval/accuracy ~0.98, contrastive eval/probe_accuracy ~0.90 and eval/knn_accuracy ~0.94,
+segmentation eval/mean_iou ~0.98, distillation eval/accuracy ~0.90.
 """
 
 from configs import base
@@ -16,6 +16,7 @@ EXAMPLES = {
     "regression": ("examples.tasks.regression:DigitValue", "examples.tasks.regression:digit_values",
                    "eval/mae", "min", 1000),
     "gan": ("examples.tasks.gan:DigitsGan", "examples.tasks.digits:batches", "eval/mean_gap", "min", 600),
+    "wgan_gp": ("examples.tasks.wgan_gp:DigitsWganGp", "examples.tasks.digits:batches", "eval/mean_gap", "min", 600),
     "sam": ("examples.tasks.sam:SharpnessAware", "digits", "eval/accuracy", "max", 600),
     "contrastive": ("examples.tasks.contrastive:NtXent", "examples.tasks.digits:batches",
                     "eval/probe_accuracy", "max", 600),

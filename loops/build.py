@@ -29,6 +29,7 @@ from loops.model import losses
 from loops.model import metrics as metrics_lib
 from loops.model import model as model_lib
 from loops.model import optimizers
+from loops.model import random_layers
 from loops.persist import console
 from loops import task as task_lib
 
@@ -182,8 +183,10 @@ def _build_trainables(config, strategy, plan, training_task, element_spec, num_c
         make_optimizer=lambda **overrides: _make_optimizer(config, plan, made_rates, overrides))
     models = dict(training_task.build_models(context))
     check.check_models(training_task, models)
-    for model in models.values():
+    for name, model in models.items():
       _ensure_built(model, element_spec)
+      model_lib.configure_batchnorm(model, config.model)  # every model of the task, not only the config's
+      _key_random_layers(name, model, config.seed)
     if config.train.freeze:
       _freeze(config, list(models.values()))
     optimizers_by_model = dict(training_task.build_optimizers(context, models))
@@ -191,10 +194,26 @@ def _build_trainables(config, strategy, plan, training_task, element_spec, num_c
       learning_rates[name] = made_rates.get(id(optimizer), plan.learning_rate)
     check.check_optimizers(training_task, models, optimizers_by_model, config.mixed_precision == "float16")
     for name, optimizer in optimizers_by_model.items():
+      clipping = optimizers.clip_after_the_sum(optimizer, name)
+      if clipping:
+        logging.info("optimizer '%s' clips by %s=%g after the cross-replica gradient sum", name, *clipping)
       optimizer.build(models[name].trainable_variables)
     step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
   return models, optimizers_by_model, step_counter
+
+
+def _key_random_layers(name, model, seed):
+  """The model's random layers draw per example, keyed on the step and the example's global row; the ones that
+  cannot be keyed are named (N replicas then draw otherwise than one)."""
+  keyed = random_layers.key(model, name, seed)
+  if keyed:
+    logging.info("model '%s': %d random layer(s) draw per example, keyed on the step and the example's row of the "
+                 "global batch (the same on any number of replicas)", name, len(keyed))
+  left = random_layers.unkeyed(model)
+  if left:
+    logging.warning("model '%s': %s draw from Keras' seed state, the same values on every replica: N replicas train "
+                    "otherwise than one (--check=replicas names them)", name, ", ".join(l.path for l in left))
 
 
 def _make_optimizer(config, plan, made_rates, overrides):

@@ -51,6 +51,20 @@ def check_task(config, task):
   elif name not in strategy_lib.MULTI_WORKER and name != "tpu" and task.is_distributed and task.num_workers > 1:
     raise ConfigError(f"strategy '{name}' runs on one machine, but this process is task {task.type}:{task.index} "
                       f"of a {task.num_workers}-worker cluster; use multi_worker_mirrored (or unset TF_CONFIG)")
+  if config.strategy in strategy_lib.MULTI_WORKER:
+    check_micro_batches_across_workers(config, task.num_workers)
   gpus = strategy_lib.gpu_count()
   if config.num_gpus is not None and not config.num_gpus <= gpus:
     raise ConfigError(f"num_gpus={config.num_gpus} but this machine has {gpus} GPU(s); valid: 0..{gpus} or None (all)")
+
+
+def check_micro_batches_across_workers(config, num_workers):
+  """Synchronized BatchNorm under gradient accumulation on several workers: refused. Micro-batch i of every
+  replica is rows i, i + k, ... of its batch; within a worker they add up to one device's micro-batch i, but workers
+  read strided shards of the global batch, so across workers the statistics would cover other examples than on
+  one device (measured: the worker check fails, 0.73)."""
+  if config.model.sync_batchnorm and config.train.grad_accum_steps > 1 and num_workers > 1:
+    raise ConfigError(f"model.sync_batchnorm with train.grad_accum_steps={config.train.grad_accum_steps} on "
+                      f"{num_workers} workers: each micro-batch's BatchNorm statistics would cover other "
+                      "examples than on one device (workers read strided shards of the global batch); set "
+                      "train.grad_accum_steps=1 or model.sync_batchnorm=False")

@@ -28,6 +28,7 @@ from loops.distribute import steps
 from loops.distribute import strategy as strategy_lib
 from loops.model import optimizers
 from loops.persist.preemption import PreemptionWatcher
+from loops.task import update_every
 
 STOP_REASON_BYTES = 256
 # What a collective raises when a peer task is gone (connection reset, missed heartbeats) or too slow (timeout).
@@ -183,6 +184,16 @@ class SyncExecution(_Execution):
       values = read_out.numpy()
     return self._train_output(*self._read_out.results(values), self._read_out.worker_seconds(values))
 
+  def train_graph_def(self, num_steps):
+    """The traced train call of num_steps (train() ran it) as a GraphDef with its function library: the step's
+    ops, which the replica check reads."""
+    steps_arg = tf.constant(num_steps, tf.int32)
+    if self._resident_fn is not None:
+      traced = self._resident_fn.get_concrete_function(steps_arg)
+    else:
+      traced = self._train_fn.get_concrete_function(self._iterator, steps_arg)
+    return traced.graph.as_graph_def()
+
   def _start_train_input(self):
     """The train split on the devices (data/resident.py decides) or the host pipeline's distributed iterator."""
     p, strategy = self.parts, self.parts.strategy
@@ -276,6 +287,10 @@ class ParameterServerExecution(_Execution):
     train_step = steps.make_task_train_step(p.training_task, p.models, p.optimizers, None,
                                             p.plan.global_batch_size, p.step_counter, p.plan.grad_accum_steps,
                                             config.jit_compile)
+    if isinstance(train_step, update_every.UpdateVariants):
+      raise ConfigError(f"{type(p.training_task).__name__}.update_every needs a synchronous strategy: "
+                        f"parameter_server workers step asynchronously, so no one step count says when a model "
+                        f"updates; use mirrored or multi_worker_mirrored")
     self._coordinator = tf.distribute.coordinator.ClusterCoordinator(p.strategy)
     start_step = self.step
     self._iterator = iter(self._coordinator.create_per_worker_dataset(lambda: self._train_dataset(

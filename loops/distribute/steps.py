@@ -1,13 +1,17 @@
 """The compiled inner loops. `step_fn`s are plain per-replica functions; the returned callables are tf.functions."""
 
+import functools
+
 import keras
 import numpy as np
 import tensorflow as tf
 
 from loops.model import losses
+from loops.model import random_layers
 from loops.task import classification
 from loops.task import context as context_lib
 from loops.task import scaled_step
+from loops.task import update_every
 
 
 def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_counter, grad_accum_steps=1,
@@ -19,7 +23,7 @@ def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_
 
 
 def make_task_train_step(task, models, optimizers, metrics, global_batch_size, step_counter, grad_accum_steps=1,
-                         jit_compile=False, clock=None, input_pipelines=1):
+                         jit_compile=False, clock=None, input_pipelines=1, updating=None):
   """Per-replica train step of a task (loops/task): returns this replica's share of the global-batch loss.
 
   metrics: {"loss", *task.train_metrics} keras.metrics.Mean updated in place, or None to return their sums instead
@@ -27,21 +31,30 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
   metric variables).
   Loss level: grad_accum_steps = k splits the replica's batch into k micro-batches whose gradients are summed
   before one update; every micro-loss is divided by the GLOBAL batch, so the update equals the whole batch's.
+  Micro-batch i takes rows i, i + k, ... of the replica's batch: together, every replica's micro-batch i is one
+  device's (what synchronized BatchNorm's statistics and ctx.all_gather see is the same on any replica count).
   A lone LossScaleOptimizer (float16) gets its loss scaled here and unscales the gradients itself.
   Step level: the task's train_step does it all (loops/check.py refuses accumulation there; under float16 it
   scales each loss with its optimizer's scale_loss: loops/task/scaled_step.py).
   clock: a WorkerClock that adds the step's busy time (from `started`, or the step's start, to its gradients).
+  Task.update_every: an UpdateVariants (loops/task/update_every.py), one such step per combination of models that
+  update (`updating`: {trained model name: updates?}, ctx.updates), each step's chosen by run_step.
   """
+  if updating is None:
+    return update_every.variants_or_step(task.update_every, list(optimizers), lambda updating: make_task_train_step(
+        task, models, optimizers, metrics, global_batch_size, step_counter, grad_accum_steps, jit_compile, clock,
+        input_pipelines, updating))
   new_context = lambda micro_batch=(0, 1): context_lib.StepContext(
       global_batch_size, step_counter, training=True, declared=task.train_metrics, input_pipelines=input_pipelines,
-      micro_batch=micro_batch)
+      micro_batch=micro_batch, updating=updating)
   if task.writes_step:
     def compute(batch):
       ctx = new_context()
-      loss = scaled_step.train_step(task, batch, models, optimizers, ctx)
+      with random_layers.keyed(ctx):
+        loss = scaled_step.train_step(task, batch, models, optimizers, ctx)
       return loss, None, ctx.logged(), [loss]
   else:
-    compute = _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_compile)
+    compute = _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_compile, updating)
 
   def step_fn(features, targets, started=None):
     if clock is not None and started is None:
@@ -54,17 +67,19 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
   return step_fn
 
 
-def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_compile):
-  """compute(batch) -> (loss, per-example losses, logged sums, gradients) after applying every optimizer."""
+def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_compile, updating):
+  """compute(batch) -> (loss, per-example losses, logged sums, gradients) after applying the optimizer of every
+  model that updates in this step (`updating`; the others' gradients are not computed: Task.update_every)."""
   trained = list(optimizers)
-  variables = [v for name in trained for v in models[name].trainable_variables]
-  sizes = [len(models[name].trainable_variables) for name in trained]
-  lone = optimizers[trained[0]] if len(trained) == 1 else None
+  applied = [name for name in trained if updating[name]]
+  variables = [v for name in applied for v in models[name].trainable_variables]
+  sizes = [len(models[name].trainable_variables) for name in applied]
+  lone = optimizers[trained[0]] if len(trained) == 1 and applied else None
   scales_loss = isinstance(lone, keras.optimizers.LossScaleOptimizer)
 
   def gradients_of(batch, micro_batch):
     ctx = new_context(micro_batch)
-    with tf.GradientTape() as tape:
+    with tf.GradientTape() as tape, random_layers.keyed(ctx):
       per_example = tf.cast(task.per_example_loss(batch, models, ctx), tf.float32)
       losses.check_per_example(type(task).__name__ + ".per_example_loss", per_example, per_example)
       loss = ctx.average(per_example)
@@ -78,10 +93,9 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
   def gradients(batch):
     if grad_accum_steps == 1:
       return gradients_of(batch, (0, 1))
-    pieces = [tf.split(t, grad_accum_steps) for t in tf.nest.flatten(batch)]
     total, loss, per_example, logged = None, 0.0, [], {}
-    for i in range(grad_accum_steps):
-      micro = tf.nest.pack_sequence_as(batch, [split[i] for split in pieces])
+    for i in range(grad_accum_steps):  # rows i, i + k, ...: micro-batch i of every replica is one device's
+      micro = tf.nest.map_structure(lambda t: t[i::grad_accum_steps], batch)
       g, l, p, named = gradients_of(micro, (i, grad_accum_steps))
       total = g if total is None else [a + b for a, b in zip(total, g)]
       loss += l
@@ -97,7 +111,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
   def compute(batch):
     grads, loss, per_example, logged = gradients(batch)
     begin = 0
-    for name, size in zip(trained, sizes):
+    for name, size in zip(applied, sizes):
       optimizers[name].apply_gradients(zip(grads[begin:begin + size], variables[begin:begin + size]))
       begin += size
     return loss, per_example, logged, grads
@@ -210,6 +224,16 @@ class CallReadOut:
     return tuple(float(v) for v in np.asarray(values, np.float64).reshape(-1)[1 + len(self.sums):])
 
 
+def run_step(strategy, step_fn, step_counter, args, kwargs=None):
+  """Cross-replica context: strategy.run(step_fn, args, kwargs); of an UpdateVariants step (Task.update_every) the
+  variant of this step, chosen here by tf.switch_case on the step counter: an optimizer's all-reduce (merge_call)
+  compiles inside control flow around strategy.run, not inside the replica function."""
+  if not isinstance(step_fn, update_every.UpdateVariants):
+    return strategy.run(step_fn, args=args, kwargs=kwargs)
+  runs = [functools.partial(strategy.run, step, args=args, kwargs=kwargs) for step in step_fn.steps]
+  return tf.switch_case(step_fn.index(step_counter.read_value()), runs)
+
+
 def make_train_fn(strategy, step_fn, step_counter, read_out=None):
   """tf.function(iterator, num_steps) -> read_out of the last step (CallReadOut; default: its global loss); runs
   num_steps steps in one call."""
@@ -224,7 +248,7 @@ def make_train_fn(strategy, step_fn, step_counter, read_out=None):
     for i in tf.range(num_steps):
       started = tf.timestamp() if timed else None  # before the batch: a worker's input waits count as its own
       batch = next(iterator)
-      per_replica_loss = strategy.run(step_fn, args=batch, kwargs={"started": started} if timed else None)
+      per_replica_loss = run_step(strategy, step_fn, step_counter, batch, {"started": started} if timed else None)
       step_counter.assign_add(1)
       if i == num_steps - 1:  # one cross-replica reduction per call, not per step (a collective per step costs)
         result = read_out(per_replica_loss)
@@ -240,8 +264,10 @@ def make_resident_train_fn(strategy, step_fn, step_counter, resident, read_out=N
   block_steps = tf.constant(resident.steps_per_block, tf.int32)
   read_out = read_out or CallReadOut(strategy)
 
-  def replica_step(block, i):
-    return step_fn(*resident.step_batch(block, i))
+  def reading_the_block(step):
+    return lambda block, i: step(*resident.step_batch(block, i))
+
+  replica_step = update_every.each_step(step_fn, reading_the_block)
 
   @tf.function
   def train_fn(num_steps):
@@ -254,7 +280,7 @@ def make_resident_train_fn(strategy, step_fn, step_counter, resident, read_out=N
       block = strategy.run(resident.replica_block,
                            args=(rows[begin:begin + size], first_step + tf.cast(begin, tf.int64)))
       for i in tf.range(size):
-        per_replica_loss = strategy.run(replica_step, args=(block, i))
+        per_replica_loss = run_step(strategy, replica_step, step_counter, (block, i))
         step_counter.assign_add(1)
         if begin + i == num_steps - 1:
           result = read_out(per_replica_loss)
@@ -272,7 +298,8 @@ def make_eval_step(task, models, means, task_metrics, global_batch_size, step_co
   def step_fn(features, targets, weights):
     ctx = context_lib.StepContext(global_batch_size, step_counter, training=False, metrics=task_metrics,
                                   weights=weights, input_pipelines=input_pipelines)
-    values = task.eval_step((features, targets), models, ctx)
+    with random_layers.keyed(ctx):
+      values = task.eval_step((features, targets), models, ctx)
     for name, value in values.items():
       if name not in collect:
         means[name].update_state(tf.cast(value, tf.float32), sample_weight=weights)

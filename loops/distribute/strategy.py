@@ -23,6 +23,12 @@ COLLECTIVES = {
 _COLLECTIVE_KEY_BASES = itertools.count(start=0, step=10_000)
 
 
+def mirrored(devices):
+  """A MirroredStrategy over `devices` whose collective keys no other strategy of this process uses."""
+  tf.distribute.MirroredStrategy._collective_key_base = next(_COLLECTIVE_KEY_BASES)  # pylint: disable=protected-access
+  return tf.distribute.MirroredStrategy(devices)
+
+
 def configure_devices(config):
   """Sets GPU memory growth, thread pools and `cpu_replicas` logical CPUs. Must run before TensorFlow initialises."""
   for key, setter, getter in (
@@ -90,8 +96,7 @@ def build(config, task):
   elif name == "mirrored":
     if devices == ["/cpu:0"]:
       logging.warning("mirrored: no GPU and cpu_replicas=0, so one CPU replica; set cpu_replicas=N for N replicas")
-    tf.distribute.MirroredStrategy._collective_key_base = next(_COLLECTIVE_KEY_BASES)
-    strategy = tf.distribute.MirroredStrategy(devices)
+    strategy = mirrored(devices)
   else:  # central_storage: variables on the CPU, compute on each device.
     strategy = tf.distribute.experimental.CentralStorageStrategy(
         compute_devices=devices, parameter_device="/cpu:0")

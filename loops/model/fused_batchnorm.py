@@ -33,8 +33,9 @@ def _last_axis(layer):
 
 
 def fuse(model):
-  """Gives every eligible BatchNormalization of `model` (nested ones too) the fused call. Returns how many."""
-  layers = [l for l in model._flatten_layers() if eligible(l)]  # pylint: disable=protected-access
+  """Gives every eligible BatchNormalization of `model` (nested ones too) the fused call. Returns how many it
+  changed (a layer already fused is left as it is)."""
+  layers = [l for l in model._flatten_layers() if eligible(l) and not getattr(l.call, "fused", False)]  # pylint: disable=protected-access
   for layer in layers:
     layer.call = fused_call(layer)  # an instance attribute: the class (and so the saved model) stays Keras'
   return len(layers)

@@ -64,20 +64,24 @@ def build_model(config, input_shape, num_classes):
 
 
 def configure_batchnorm(model, model_config):
-  """model.sync_batchnorm, then model.fused_batchnorm for the layers left (a synchronized one is never fused)."""
+  """model.sync_batchnorm, then model.fused_batchnorm for the layers left (a synchronized one is never fused), on
+  any Keras model: the config's and every model a task builds. Layers done before are left as they are."""
   if model_config.sync_batchnorm:
-    logging.info("synchronized BatchNorm: %d layers", synchronize_batchnorm(model))
+    synchronized = synchronize_batchnorm(model)
+    if synchronized:
+      logging.info("synchronized BatchNorm: %d layers of %s", synchronized, model.name)
   if model_config.fused_batchnorm:
     fused = fused_batchnorm.fuse(model)
     if fused:
-      logging.info("fused BatchNorm: %d layers", fused)
+      logging.info("fused BatchNorm: %d layers of %s", fused, model.name)
 
 
 def synchronize_batchnorm(model):
   """Makes every BatchNormalization of `model` (nested ones too) compute its batch statistics over the global
   batch: Keras' synchronized=True (one all-reduce each of sum, sum of squares and count per layer and step;
-  gradients flow through them). Returns how many layers."""
-  layers = [l for l in model._flatten_layers() if isinstance(l, keras.layers.BatchNormalization)]  # pylint: disable=protected-access
+  gradients flow through them). Returns how many layers it changed."""
+  layers = [l for l in model._flatten_layers()  # pylint: disable=protected-access
+            if isinstance(l, keras.layers.BatchNormalization) and not l.synchronized]
   for layer in layers:
     layer.synchronized = True  # read at call time by the layer's moments
   return len(layers)

@@ -4,6 +4,9 @@ import contextlib
 import math
 
 import keras
+import tensorflow as tf
+
+from errors import ConfigError
 
 
 LR_SCALING = {
@@ -80,6 +83,67 @@ def _build(opt_config, learning_rate):
     return keras.optimizers.Adam(weight_decay=opt_config.weight_decay, **common)
   assert name == "adamw", name  # loops/check.py allows only OPTIMIZERS
   return keras.optimizers.AdamW(weight_decay=opt_config.weight_decay or 0.004, **common)
+
+
+CLIP_SETTINGS = ("global_clipnorm", "clipnorm", "clipvalue")
+CLIP_SCOPE = "clip_after_cross_replica_sum"  # the replica check tells its ops from a step's own clipping
+
+
+def clip_after_the_sum(optimizer, name="model"):
+  """Moves the optimizer's clipping (global_clipnorm, clipnorm or clipvalue) after its cross-replica gradient sum.
+
+  Keras 3 clips inside apply_gradients BEFORE summing the replicas' gradients, so each replica clips its own
+  partial gradient and N replicas update otherwise than one. Here Keras is given no clip setting and its own
+  all-reduce is followed by the clipping, on the summed gradients, alike on every replica: no further collective.
+  Returns (setting, value), or None when the optimizer does not clip.
+  """
+  inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer: the one that applies
+  settings = [(key, getattr(inner, key, None)) for key in CLIP_SETTINGS if getattr(inner, key, None)]
+  if not settings:
+    return None
+  summed = getattr(inner, "_all_reduce_sum_gradients", None)  # Keras 3's TensorFlow optimizer (tests/test_clipping)
+  if summed is None:
+    raise ConfigError(f"optimizer '{name}' ({type(inner).__name__}) clips with {settings[0][0]}, which this "
+                      "Keras applies before the cross-replica gradient sum; use a keras.optimizers optimizer")
+  setting, value = settings[0]  # Keras refuses more than one
+  for key in CLIP_SETTINGS:
+    setattr(inner, key, None)
+  clip = _CLIPS[setting]
+
+  def sum_then_clip(grads_and_vars):
+    pairs = summed(grads_and_vars)
+    grads = [g for g, _ in pairs]
+    with tf.name_scope(CLIP_SCOPE):
+      clipped = iter(clip([g for g in grads if g is not None], float(value)))
+    return [(None if g is None else next(clipped), v) for g, v in pairs]
+
+  inner._all_reduce_sum_gradients = sum_then_clip  # pylint: disable=protected-access
+  return setting, float(value)
+
+
+def _scaled(gradient, factor):
+  if isinstance(gradient, tf.IndexedSlices):
+    return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.values.dtype), gradient.indices,
+                            gradient.dense_shape)
+  return gradient * tf.cast(factor, gradient.dtype)
+
+
+def _clip_global_norm(grads, clip):
+  norm = tf.linalg.global_norm(grads)
+  return [_scaled(g, clip / tf.maximum(norm, clip)) for g in grads]
+
+
+def _clip_each_norm(grads, clip):
+  return [_scaled(g, clip / tf.maximum(tf.linalg.global_norm([g]), clip)) for g in grads]
+
+
+def _clip_values(grads, clip):
+  clipped = lambda t: tf.clip_by_value(t, -clip, clip)
+  return [tf.IndexedSlices(clipped(g.values), g.indices, g.dense_shape) if isinstance(g, tf.IndexedSlices)
+          else clipped(g) for g in grads]
+
+
+_CLIPS = {"global_clipnorm": _clip_global_norm, "clipnorm": _clip_each_norm, "clipvalue": _clip_values}
 
 
 def set_constant_learning_rate(optimizer, learning_rate):

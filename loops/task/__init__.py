@@ -8,24 +8,40 @@ from loops.core import plugins
 from loops.task.context import StepContext
 from loops.task.interface import BuildContext, Task
 
-from loops.task.checks import BUILT_IN
+from loops.task import update_every
+from loops.task.checks import BUILT_IN, check_task_settings
 
 
 def load(config, loss_fn, metrics):
   """The run's task: the built-in classification (loss_fn and metrics from the config), or task.name's class
   built with task.kwargs. Checked by loops/check.py's check_task_name first."""
-  from loops.task import classification  # the built-in depends on loops/model; keep the contract importable alone
+  cls = task_class(config.task.name)
   if config.task.name == BUILT_IN:
-    task = classification.ImageClassification(loss_fn, metrics)
+    task = cls(loss_fn, metrics)
   else:
-    cls = plugins.load(config.task.name, "task.name")
-    if not (isinstance(cls, type) and issubclass(cls, Task)):
-      raise ConfigError(f"task.name '{config.task.name}' is not a subclass of loops.task.Task")
     kwargs = dict(config.task.kwargs)
     plugins.check_call(cls, (), kwargs, "task.kwargs", config.task.name)
     task = cls(**kwargs)
   task.config = config
   return task
+
+
+def task_class(name):
+  """The Task subclass task.name names (the built-in's for "classification"): imported, not built."""
+  if name == BUILT_IN:
+    from loops.task import classification  # the built-in depends on loops/model; keep the contract importable alone
+    return classification.ImageClassification
+  cls = plugins.load(name, "task.name")
+  if not (isinstance(cls, type) and issubclass(cls, Task)):
+    raise ConfigError(f"task.name '{name}' is not a subclass of loops.task.Task")
+  return cls
+
+
+def update_span(config):
+  """Steps after which the updates of task.name's Task.update_every repeat (the least common multiple of its
+  periods, 1 for none), from the class (checked first: one line for a bad task.name or update_every)."""
+  check_task_settings(config)
+  return update_every.span(task_class(config.task.name).update_every)
 
 
 def zero_batch(element_spec, batch):

@@ -4,6 +4,7 @@ import keras
 
 from errors import ConfigError
 from loops.core import plugins
+from loops.task import update_every
 
 BUILT_IN = "classification"
 
@@ -25,6 +26,7 @@ def check_task_settings(config):
   if not (isinstance(cls, type) and issubclass(cls, Task)):
     raise ConfigError(f"task.name '{name}' is {type(cls).__name__} {cls!r}, not a subclass of loops.task.Task")
   plugins.check_call(cls, (), dict(config.task.kwargs), "task.kwargs", name)
+  check_update_every(cls.__name__, getattr(cls, "update_every", {}))
   if cls.train_step is not Task.train_step:
     if config.train.grad_accum_steps > 1:
       raise ConfigError(f"train.grad_accum_steps={config.train.grad_accum_steps} needs a loss-level task; "
@@ -64,6 +66,25 @@ def check_optimizers(task, models, optimizers, float16=False):
                       f"loss, or use 'bfloat16' or 'float32'")
   if not optimizers and not task.writes_step:
     raise ConfigError(f"{where} returned no optimizer: nothing would be trained")
+  check_update_every(type(task).__name__, task.update_every, trained=optimizers)
+
+
+def check_update_every(task_name, periods, trained=None):
+  """Task.update_every is {trained model name: integer k >= 1}, at most update_every.MAX_LISTED models (the step
+  is traced once per combination of updating models). trained: the models with an optimizer, once built."""
+  where = f"{task_name}.update_every"
+  if not isinstance(periods, dict):
+    raise ConfigError(f"{where} must be a dict {{model name: k}} (update every k steps), got {periods!r:.80}")
+  if len(periods) > update_every.MAX_LISTED:
+    raise ConfigError(f"{where} lists {len(periods)} models ({sorted(periods)}); at most {update_every.MAX_LISTED} "
+                      f"(the step is traced once per combination of models that update)")
+  for name, k in periods.items():
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+      raise ConfigError(f"{where}['{name}'] must be an integer >= 1 (the model updates on the steps where "
+                        f"step % k == k - 1), got {k!r}")
+    if trained is not None and name not in trained:
+      raise ConfigError(f"{where} names '{name}', which is not a trained model of the task (models with an "
+                        f"optimizer: {sorted(trained)})")
 
 
 def check_model_outputs(loss_fn, model, input_shape, num_classes, soft_labels=False, batch=4):

@@ -8,12 +8,14 @@ here exists because the obvious code is silently wrong on more than one replica 
 from absl import logging
 import tensorflow as tf
 
+from errors import ConfigError
+
 
 class StepContext:
   """Passed to Task.per_example_loss / train_step / eval_step; valid inside the replica function only."""
 
   def __init__(self, global_batch_size, step, training, declared=(), metrics=None, weights=None,
-               input_pipelines=1, micro_batch=(0, 1)):
+               input_pipelines=1, micro_batch=(0, 1), updating=None):
     self.global_batch_size = global_batch_size
     self.input_pipelines = input_pipelines  # one per worker under multi_worker_mirrored (the plan's)
     self.micro_batch = micro_batch  # (index, count) of train.grad_accum_steps' split of the replica's batch
@@ -23,12 +25,28 @@ class StepContext:
     self._logged = {}
     self.metrics = metrics or {}  # eval: the task's Keras metrics (Task.build_metrics), by name
     self.weights = weights  # eval: per-example weights of this batch (0 = padding rows), else None
+    self._updating = updating  # {trained model name: updates in this variant of the step} (Task.update_every)
 
   @property
   def step(self):
     """The global step before this update (int64), the same on every replica and worker. Each read orders the
     step against the counter's update: read it only where it is used."""
     return tf.convert_to_tensor(self._step)
+
+  def updates(self, name):
+    """Whether the model `name`'s optimizer applies in this step: a PYTHON bool, fixed when the step is traced
+    (Task.update_every: the step is traced once per combination, each step runs its own). Branch the update on it:
+    `if ctx.updates("model"): ...` (always True for a model not in update_every, and outside the train step).
+
+    Mistake prevented: `tf.cond(step % k == k - 1, update, no_op)` applies an optimizer inside control flow, which
+    trains on one replica and cannot compile on several (its all-reduce is a merge_call).
+    """
+    if self._updating is None:
+      return True
+    if name not in self._updating:
+      raise ConfigError(f"ctx.updates('{name}'): '{name}' is not a trained model of the task (trained: "
+                        f"{sorted(self._updating)})")
+    return self._updating[name]
 
   @property
   def replica_id(self):
@@ -89,19 +107,29 @@ class StepContext:
     npz, TFRecord features, the eval split, an input function using ds.shard(context...)); streamed image records
     (data.train_files) give each worker whole blocks: the same draws, paired with other examples.
     """
-    draws = tf.random.stateless_normal([self.global_batch_size, *shape],
-                                       seed=tf.stack([tf.cast(self.step, tf.int64), tf.cast(salt, tf.int64)]))
+    seed = tf.stack([tf.cast(self.step, tf.int64), tf.cast(salt, tf.int64)])
+    return self.keyed_draws(tf.random.stateless_normal, [rows, *shape], seed)
+
+  def keyed_draws(self, draw, shape, seed):
+    """draw(shape, seed) (a tf.random.stateless_* function) for this replica's shape[0] rows, each row's values
+    those one device draws for it: the draw covers every replica's rows (shape[0] x replicas x micro-batches, the
+    global batch for a replica's own rows) and this replica keeps its own. ctx.normal and the keyed random layers
+    (loops/model/random_layers.py) draw through it."""
+    shape = tf.cast(tf.stack(shape) if isinstance(shape, (list, tuple)) else shape, tf.int32)
+    rows = shape[0]
+    every_row = rows * self.micro_batch[1] * self.num_replicas
+    draws = draw(tf.concat([[every_row], shape[1:]], 0), seed=seed)
     return tf.gather(draws, self._rows_as_one_device_reads(rows))
 
   def _rows_as_one_device_reads(self, rows):
     """Where this replica's rows sit in the global batch of one device. Several workers read strided shards of
     it (worker w: rows w, w + W, ...), each local replica takes the next batch of its worker's shard, and gradient
-    accumulation splits a replica's batch into consecutive micro-batches."""
+    accumulation's micro-batch i takes rows i, i + k, ... of the replica's batch."""
     replica, pipelines = tf.cast(self.replica_id, tf.int32), self.input_pipelines
     local_replicas = self.num_replicas // pipelines
     worker, local = replica // local_replicas, replica % local_replicas
     index, count = self.micro_batch
-    return ((local * count + index) * rows + tf.range(rows)) * pipelines + worker
+    return ((local * rows + tf.range(rows)) * count + index) * pipelines + worker
 
   def log(self, name, value):
     """Adds `value` (a scalar, or per-example values) to train/<name>: its mean over the call's steps, every

@@ -25,10 +25,15 @@ class Task:
     eval_collect: names of eval_step values gathered over the WHOLE eval set (rows of any shape [batch, ...]: every
       replica's and worker's, padding dropped) instead of averaged; reduce_eval turns them into results.
     eval_reduced: the names reduce_eval returns (eval/<name>; each may drive checkpoint.best_metric).
+    update_every: {model name: k}: that model's optimizer applies only on the steps where step % k == k - 1 (k=5:
+      steps 4, 9, ...; WGAN-GP's n_critic); models not listed update every step. A step-level task branches on
+      ctx.updates(name), a Python bool (the step is traced once per combination of updating models, at most 3
+      listed); at the loss level the framework skips the gradients of models that do not update.
     config: the run's config (set by the framework before any method is called); `self.kwargs` = task.kwargs.
   """
 
   train_metrics = ()
+  update_every = {}
   eval_collect = ()
   eval_reduced = ()
   config = None

@@ -1,0 +1,328 @@
+"""`main.py --check=workers`: does this task and config compute on 2 worker processes what it computes on one device?
+
+The proof of `--check=replicas` (loops/replica_check.py: same initial weights, op determinism, a few steps, every
+model and optimizer variable's UPDATE compared by relative difference, the verdict last) across processes: one
+device in this process against multi_worker_mirrored on 2 worker processes on this machine (TF_CONFIG on loopback
+ports, started by launch/local.py; one CPU replica each, GPUs hidden from them, so the one-device side runs on the
+CPU too), as users run several workers. What it adds to the replica check: the cross-worker reductions, each
+worker's own input shard, a state kept per process.
+
+This process writes the workers' configs (the resolved variants themselves, pickled: the workers train exactly what
+was checked here, command-line overrides included) to a private temporary directory and runs the one-device side
+while they train; the chief writes its {key: (initial, final)} there, read back once both workers have ended.
+The workers end within `timeout_seconds`, and with this process (their process group is stopped on every way out,
+SIGTERM included; a SIGKILL of this process reaches them through the kernel's parent-death signal on Linux).
+
+Worker side (hidden): `python -m loops.worker_check DIRECTORY PARENT_PID`, with TF_CONFIG set.
+"""
+
+import collections
+import contextlib
+import ctypes
+import io
+import json
+import os
+import pickle
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+import tensorflow as tf
+
+from errors import ConfigError, first_line
+from launch import local
+from loops import build as build_lib
+from loops import check as check_lib
+from loops import replica_check
+from loops.distribute import checks as distribute_checks
+from loops.distribute import cluster
+from loops.distribute import startup
+
+WORKERS = 2
+TIMEOUT_SECONDS = 600.0  # both workers, from their start to their end (TensorFlow's start, build, steps)
+ATTEMPTS = 2  # a worker whose port was taken between choosing it and binding it (the free-port race): once more
+PORT_TAKEN = re.compile(r"is in use by another process|Address already in use|Could not start gRPC server")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = "configs.pkl"
+SHOWN_LINES = 20  # a failed worker's last output lines, printed to stderr
+
+
+def run(config, steps=None, tolerance=None, out=print, timeout_seconds=TIMEOUT_SECONDS):
+  """Runs both sides and prints the report (verdict last); returns True when they agree.
+
+  Raises:
+    ConfigError: strategy=parameter_server (asynchronous: its updates are not those of one device), a setting the
+      check cannot run, or a worker that failed or did not end in time (its last lines printed to stderr first).
+  """
+  (passed, lines), = compare([config], steps, tolerance, timeout_seconds)
+  for line in lines:
+    out(line)
+  return passed
+
+
+def compare(configs, steps=None, tolerance=None, timeout_seconds=TIMEOUT_SECONDS):
+  """[(passed, report lines)] of each config: its one-device side in this process, all of them in turn, while the
+  same 2 worker processes train theirs in turn (a TensorFlow start costs seconds: a matrix of cases shares one
+  pair; each config's values equal those of a pair of its own). steps: default replica_check.steps_for(config);
+  tolerance: default replica_check.tolerance_for(config)."""
+  for config in configs:
+    refuse_asynchronous(config)
+  counts = [steps or replica_check.steps_for(config) for config in configs]
+  ones = [one_device(config, n) for config, n in zip(configs, counts)]
+  twos = [two_workers(config, n) for config, n in zip(configs, counts)]
+  for config in ones + twos:
+    check_lib.check(config)  # a setting it refuses: one line, before any worker starts
+  for config in twos:
+    distribute_checks.check_micro_batches_across_workers(config, WORKERS)
+  with build_lib.determinism_restored():
+    here, there = alongside_workers(
+        twos, lambda: [replica_check.train(c, n) for c, n in zip(ones, counts)], timeout_seconds)
+  return [_report(compared(one, two), suspects, n, tolerance or replica_check.tolerance_for(config))
+          for config, (one, suspects), two, n in zip(configs, here, there, counts)]
+
+
+def _report(differences, suspects, steps, tolerance):
+  """The replica check's report for the workers; a FAIL names the likely cause from the one-device build."""
+  failed = replica_check.beyond_tolerance(differences, tolerance)
+  cause = replica_check.diagnose(suspects) if failed else replica_check.REDUCTION
+  return replica_check.report(differences, steps, tolerance, kind="workers", cause=cause)
+
+
+def refuse_asynchronous(config):
+  """ConfigError for strategy=parameter_server: the check proves synchronous training only."""
+  if config.strategy == "parameter_server":
+    raise ConfigError("--check=workers compares one device with multi_worker_mirrored (synchronous updates); "
+                      "parameter_server applies each worker's update on its own, so no run of it equals one device: "
+                      "check the task with --config.strategy=multi_worker_mirrored (or --check=replicas)")
+
+
+def one_device(config, steps):
+  """The replica check's one-replica variant on the CPU (the workers' device): cpu_replicas=0 (this process's
+  logical devices stay as they are) and num_gpus=0."""
+  c = replica_check.variant(config, 1, steps)
+  c.cpu_replicas, c.num_gpus = 0, 0
+  return c
+
+
+def two_workers(config, steps):
+  """What each worker trains: multi_worker_mirrored, one CPU replica per worker, the same seed and batches."""
+  c = replica_check.variant(config, 1, steps)
+  c.strategy, c.cpu_replicas, c.num_gpus = "multi_worker_mirrored", 0, None
+  return c
+
+
+def compared(one, two):
+  """replica_check.relative_differences over the keys both sides have; a variable only one side made is inf."""
+  common = {key: value for key, value in one.items() if key in two}
+  differences = replica_check.relative_differences(common, two)
+  for key in set(one) ^ set(two):
+    side = one if key in one else two
+    differences[f"{side[key][2]} (only on {'1 device' if side is one else '2 workers'})"] = float("inf")
+  return differences
+
+
+def alongside_workers(configs, work, timeout_seconds=TIMEOUT_SECONDS):
+  """(work(), [each config's values on the workers]): 2 worker processes train `configs` in turn (each config
+  resolved, multi_worker_mirrored, train.steps the steps) while this process runs `work`."""
+  directory = tempfile.mkdtemp(prefix="worker_check-")
+  workers = Workers(directory)
+  try:
+    save_configs(directory, configs)
+    with stopped_by_sigterm():
+      workers.start()
+      try:
+        result = work()
+        workers.finish(time.monotonic() + timeout_seconds, timeout_seconds)
+      finally:
+        workers.stop()
+    return result, [load_values(directory, n) for n in range(len(configs))]
+  finally:
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+class Tail:
+  """The last lines written to it (launch.local's output pumps write each task's lines, prefixed)."""
+
+  def __init__(self, size=200):
+    self.lines = collections.deque(maxlen=size)
+
+  def write(self, text):
+    self.lines.extend(text.splitlines())
+
+  def flush(self):
+    pass
+
+  def of(self, name):
+    prefix = f"[{name}] "
+    return [line[len(prefix):] for line in self.lines if line.startswith(prefix)]
+
+
+class Workers:
+  """The worker processes of one check, started by launch/local.py in their own process groups."""
+
+  def __init__(self, directory, count=WORKERS):
+    self.directory, self.count = directory, count
+    self.procs, self.pumps, self.output = {}, [], Tail()
+
+  def start(self):
+    spec = local.cluster_spec(self.count)
+    command = worker_command(self.directory, os.getpid())
+    self.procs, self.pumps = local._start_tasks(command, spec, local.tasks_of(spec), worker_env(os.environ),
+                                                self.output, threading.Lock())
+
+  def finish(self, deadline, timeout_seconds):
+    """Waits for both to end with 0; starts them once more on a taken port; raises ConfigError otherwise."""
+    for attempt in range(ATTEMPTS):
+      failed, code = wait(self.procs, deadline)
+      if failed is None:
+        return
+      self.stop()
+      retry = code is not None and attempt + 1 < ATTEMPTS and PORT_TAKEN.search("\n".join(self.output.lines))
+      if not retry:
+        raise self.failure(failed, code, timeout_seconds)
+      self.output = Tail()
+      self.start()
+
+  def failure(self, name, code, timeout_seconds):
+    """ConfigError naming the worker and its last line; its last lines (every worker's past the timeout) go to
+    stderr first."""
+    for shown in (self.procs if code is None else [name]):
+      for line in [line for line in self.output.of(shown) if line.strip()][-SHOWN_LINES:]:
+        print(f"[{shown}] {line}", file=sys.stderr)
+    lines = [line for line in self.output.of(name) if line.strip()]
+    if code is None:
+      return ConfigError(f"--check=workers: the {self.count} workers did not end within {timeout_seconds:g} s "
+                         "(stopped); their last lines are above")
+    last = lines[-1].strip() if lines else "no output"
+    return ConfigError(f"--check=workers: {name.replace(':', ' ')} failed (exit code {code}): {last}")
+
+  def stop(self):
+    for proc in self.procs.values():
+      local._stop(proc)
+    for pump in self.pumps:
+      pump.join(timeout=5)
+
+
+def wait(procs, deadline, poll_seconds=0.2):
+  """(None, 0) once every process ended with 0; (name, code) of the first that did not; (name, None) at the
+  deadline (a process still running)."""
+  while True:
+    codes = {name: proc.poll() for name, proc in procs.items()}
+    failed = [name for name, code in codes.items() if code not in (None, 0)]
+    if failed:
+      first = next((name for name in failed if codes[name] < 0), failed[0])  # killed by a signal: the cause
+      return first, codes[first]
+    if all(code == 0 for code in codes.values()):
+      return None, 0
+    if time.monotonic() > deadline:
+      return next(name for name, code in codes.items() if code is None), None
+    time.sleep(poll_seconds)
+
+
+def worker_command(directory, parent_pid):
+  """The hidden worker entry: the same interpreter, `-m loops.worker_check DIRECTORY PARENT_PID`."""
+  return [sys.executable, "-m", "loops.worker_check", directory, str(parent_pid)]
+
+
+def worker_env(environ):
+  """The workers' environment: this one, without TF_CONFIG (launch.local sets each one's), GPUs hidden (one CPU
+  replica each), the repository importable (`-m loops.worker_check` from the current directory), TensorFlow's
+  C++ INFO and WARNING lines off unless set."""
+  env = {key: value for key, value in environ.items() if key != "TF_CONFIG"}
+  env["CUDA_VISIBLE_DEVICES"] = "-1"
+  env["PYTHONPATH"] = os.pathsep.join([REPO] + ([environ["PYTHONPATH"]] if environ.get("PYTHONPATH") else []))
+  env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+  return env
+
+
+@contextlib.contextmanager
+def stopped_by_sigterm():
+  """SIGTERM ends this process through Python (exit 143), so that the workers are stopped on the way out."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+
+  def terminate(signum, frame):
+    print("--check=workers: terminated (SIGTERM); its worker processes are stopped", file=sys.stderr)
+    raise SystemExit(128 + signum)
+
+  previous = signal.signal(signal.SIGTERM, terminate)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGTERM, previous)
+
+
+def save_configs(directory, configs):
+  """The workers' configs, resolved (references replaced by their values), pickled as one list."""
+  with tf.io.gfile.GFile(os.path.join(directory, CONFIGS), "wb") as f:
+    f.write(pickle.dumps([c.copy_and_resolve_references() for c in configs]))
+
+
+def load_configs(directory):
+  """What save_configs wrote."""
+  with tf.io.gfile.GFile(os.path.join(directory, CONFIGS), "rb") as f:
+    return pickle.loads(f.read())
+
+
+def values_path(directory, n):
+  """Where the chief writes config n's values."""
+  return os.path.join(directory, f"values-{n}.npz")
+
+
+def save_values(path, values):
+  """{(owner, index): (initial, final, path)} as one .npz (keys as JSON), written whole then renamed."""
+  keys = list(values)
+  arrays = {"keys": np.array(json.dumps([[owner, index, values[owner, index][2]] for owner, index in keys]))}
+  for n, key in enumerate(keys):
+    arrays[f"initial_{n}"], arrays[f"final_{n}"] = values[key][0], values[key][1]
+  buffer = io.BytesIO()
+  np.savez(buffer, **arrays)
+  with tf.io.gfile.GFile(path + ".partial", "wb") as f:
+    f.write(buffer.getvalue())
+  tf.io.gfile.rename(path + ".partial", path, overwrite=True)
+
+
+def load_values(directory, n):
+  """What save_values wrote for config n (the chief's)."""
+  with tf.io.gfile.GFile(values_path(directory, n), "rb") as f:
+    arrays = np.load(io.BytesIO(f.read()), allow_pickle=False)
+    keys = json.loads(str(arrays["keys"]))
+    return {(owner, index): (arrays[f"initial_{n}"], arrays[f"final_{n}"], path)
+            for n, (owner, index, path) in enumerate(keys)}
+
+
+def die_with_parent(parent_pid, directory):
+  """This worker is killed when the check's process ends, however it ends (Linux' PR_SET_PDEATHSIG); when that
+  process is already gone (killed while TensorFlow was imported here), removes its directory and exits."""
+  if sys.platform.startswith("linux"):
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+  if os.getppid() != parent_pid:
+    shutil.rmtree(directory, ignore_errors=True)
+    sys.exit("--check=workers: the checking process is gone")
+
+
+def worker_main(argv):
+  """The worker side: trains each config of DIRECTORY in turn; the chief writes each one's values there."""
+  directory, parent_pid = argv[1], int(argv[2])
+  die_with_parent(parent_pid, directory)
+  task = cluster.from_environment(source="tf_config")
+  startup.check_port_free(task)
+  for n, config in enumerate(load_configs(directory)):
+    check_lib.check_task(config, task)
+    values = replica_check.trained_values(config, config.train.steps, task)
+    if task.is_chief:
+      save_values(values_path(directory, n), values)
+
+
+if __name__ == "__main__":
+  try:
+    worker_main(sys.argv)
+  except ConfigError as e:
+    sys.exit(f"error: {first_line(e)}")

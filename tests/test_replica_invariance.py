@@ -1,0 +1,167 @@
+"""Where Keras breaks "N replicas compute what one computes" underneath, the framework mends it: clipping after the
+cross-replica sum (loops/model/optimizers.py), random layers keyed per example (loops/model/random_layers.py);
+and where it cannot, the replica check names the cause (loops/replica_check.py)."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from loops import replica_check
+from loops.distribute import strategy as strategy_lib
+from loops.model import optimizers
+from loops.model import random_layers
+from loops.task.context import StepContext
+from tests.conftest import load_config, run_main, set_keys
+
+TWO = ["/cpu:0", "/cpu:1"]
+
+
+def applied_update(clip, move_clipping, gradients_by_replica):
+  """The update one SGD step (lr 0.1) makes on 2 replicas when replica r's gradient is gradients_by_replica[r]."""
+  strategy = strategy_lib.mirrored(TWO)
+  with strategy.scope():
+    variable = tf.Variable(tf.zeros([2]))
+    optimizer = keras.optimizers.SGD(learning_rate=0.1, **clip)
+    if move_clipping:
+      optimizers.clip_after_the_sum(optimizer)
+    optimizer.build([variable])
+  table = tf.constant(gradients_by_replica, tf.float32)
+
+  @tf.function
+  def step():
+    def apply():
+      gradient = table[tf.distribute.get_replica_context().replica_id_in_sync_group]
+      optimizer.apply_gradients([(gradient, variable)])
+    strategy.run(apply)
+
+  step()
+  return -variable.numpy()
+
+
+@pytest.mark.parametrize("clip, gradients, summed_then_clipped", [
+    ({"global_clipnorm": 0.01}, [[1.0, 0.0], [0.0, 1.0]], [0.1 * 0.01 / np.sqrt(2)] * 2),
+    ({"clipnorm": 0.01}, [[1.0, 0.0], [0.0, 1.0]], [0.1 * 0.01 / np.sqrt(2)] * 2),
+    ({"clipvalue": 0.01}, [[0.008, 0.0], [0.008, 0.0]], [0.1 * 0.01, 0.0]),
+])
+def test_clipping_applies_to_the_gradient_summed_over_replicas(clip, gradients, summed_then_clipped):
+  """Keras clips each replica's partial gradient (the sum then exceeds the clip); moved, the sum is clipped."""
+  np.testing.assert_allclose(applied_update(clip, True, gradients), summed_then_clipped, rtol=1e-5)
+  keras_own = applied_update(clip, False, gradients)
+  assert not np.allclose(keras_own, summed_then_clipped, rtol=1e-2), keras_own  # what it mends
+
+
+def one_sgd_step(replicas):
+  """{key: (initial, final, path)} after one SGD step (lr 0.1, no momentum) with global_clipnorm=0.01."""
+  config = set_keys(load_config("digits_cnn"), {
+      "optimizer.momentum": 0.0, "optimizer.learning_rate": 0.1, "optimizer.global_clipnorm": 0.01,
+      "train.global_batch_size": 32})
+  return replica_check.trained_values(replica_check.variant(config, replicas, 1), 1)
+
+
+def test_a_clipped_run_on_two_replicas_makes_one_devices_clipped_update():
+  """The update's global norm is lr x clip on one device and on two, and the updates are the same."""
+  one, two = one_sgd_step(1), one_sgd_step(2)
+  updates = lambda values: [final - initial for key, (initial, final, _) in values.items() if key[0] == "model model"]
+  for values in (one, two):
+    assert np.sqrt(sum(np.sum(np.square(u)) for u in updates(values))) == pytest.approx(0.1 * 0.01, rel=1e-4)
+  for a, b in zip(updates(one), updates(two)):
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-9)
+
+
+def test_the_clipping_command_of_the_issue_passes_the_check():
+  result = run_main("--config=configs/digits_cnn.py", "--config.optimizer.global_clipnorm=0.01", "--check=replicas")
+  assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+  assert result.stdout.strip().splitlines()[-1].startswith("replicas: PASS: 1 and 2 replicas agree on all 17 ")
+
+
+LAYERS = {
+    "Dropout": lambda: keras.layers.Dropout(0.5),
+    "SpatialDropout1D": lambda: keras.layers.SpatialDropout1D(0.5),
+    "GaussianNoise": lambda: keras.layers.GaussianNoise(1.0),
+    "GaussianDropout": lambda: keras.layers.GaussianDropout(0.5),
+    "AlphaDropout": lambda: keras.layers.AlphaDropout(0.5),
+}
+ROWS, WIDTH = 8, 6
+
+
+def noise_by_step(strategy, layer, calls=1, steps=3):
+  """[step][call] -> the layer's output on ones [ROWS, 2, WIDTH] in a framework step (keyed), all replicas' rows."""
+  with strategy.scope():
+    model = keras.Sequential([keras.Input((2, WIDTH)), layer()])
+    assert random_layers.key(model, "model", seed=0) == [model.layers[0].path]
+    step = tf.Variable(0, dtype=tf.int64)
+  batches = iter(strategy.experimental_distribute_dataset(
+      tf.data.Dataset.from_tensors(tf.ones([ROWS, 2, WIDTH])).repeat()))
+
+  @tf.function
+  def call(batch):
+    def replica(batch):
+      with random_layers.keyed(StepContext(ROWS, step, training=True)):
+        return [model(batch, training=True) for _ in range(calls)]
+    return strategy.run(replica, args=(batch,))
+
+  outputs = []
+  for _ in range(steps):
+    per_call = call(next(batches))
+    outputs.append([np.concatenate([t.numpy() for t in strategy.experimental_local_results(c)]) for c in per_call])
+    step.assign_add(1)
+  return outputs
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_keyed_random_layers_draw_on_two_replicas_what_one_device_draws(name):
+  one = noise_by_step(tf.distribute.OneDeviceStrategy("/cpu:0"), LAYERS[name])
+  two = noise_by_step(strategy_lib.mirrored(TWO), LAYERS[name])
+  for step_one, step_two in zip(one, two):
+    np.testing.assert_allclose(step_two[0], step_one[0], rtol=1e-6)
+    first_half, second_half = step_two[0][:ROWS // 2], step_two[0][ROWS // 2:]
+    assert not np.allclose(first_half, second_half)  # Keras' own: replica 1 draws replica 0's mask
+  assert not np.allclose(one[0][0], one[1][0])  # another step, other draws
+
+
+def test_a_second_call_in_the_same_step_draws_anew_and_outside_a_step_keras_draws():
+  """R-Drop-style double calls get two masks; a user's own eager call keeps Keras' behaviour."""
+  outputs = noise_by_step(tf.distribute.OneDeviceStrategy("/cpu:0"), LAYERS["Dropout"], calls=2, steps=1)[0]
+  assert not np.array_equal(outputs[0], outputs[1])
+  model = keras.Sequential([keras.Input((WIDTH,)), keras.layers.Dropout(0.5)])
+  random_layers.key(model, "model", seed=0)
+  dropped = model(tf.ones([64, WIDTH]), training=True).numpy()
+  assert 0.2 < np.mean(dropped == 0) < 0.8 and np.all(model(tf.ones([2, WIDTH]), training=False).numpy() == 1)
+
+
+def test_layers_that_cannot_be_keyed_are_named():
+  model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.RandomFlip("horizontal"),
+                            keras.layers.Flatten(), keras.layers.Dropout(0.1)])
+  random_layers.key(model, "model", seed=0)
+  assert [layer.path for layer in random_layers.unkeyed(model)] == [model.layers[0].path]
+
+
+TASKS = "tests.fixtures.split_sensitive_tasks:"
+
+
+@pytest.mark.parametrize("task, overrides, cause", [
+    ("TwoInputsWithBatchNorm", {}, "cause: BatchNormalization with each replica's own batch statistics "
+                                   "(batch_normalization"),
+    ("WithUnkeyedNoise", {"model.sync_batchnorm": True},
+     "cause: random layers drawing the same values on every replica (Keras' seed state) (random_translation"),
+    ("ClipsInTheStep", {}, "likely cause: the step clips gradients before the cross-replica sum "
+                           "(while/clip_by_global_norm); fix: clip with optimizer.global_clipnorm"),
+])
+def test_a_fail_names_its_cause(task, overrides, cause):
+  config = set_keys(load_config("tasks", "regression"), {"task.name": TASKS + task, **overrides})
+  lines = []
+  assert not replica_check.run(config, out=lines.append)
+  verdict = lines[-1]
+  assert verdict.startswith("replicas: FAIL: ") and cause in verdict, verdict
+  assert ("confirmed" in verdict) == (not task.startswith("Clips")), verdict
+  assert replica_check.REDUCTION not in verdict, verdict
+
+
+def test_diagnosis_without_a_rerun_names_suspects_as_likely_and_a_rerun_can_rule_them_out():
+  suspects = replica_check.Suspects(batchnorm=("bn",), random=("flip",))
+  assert replica_check.diagnose(suspects).startswith("likely cause: BatchNormalization with each replica's own "
+                                                     "batch statistics (bn)")
+  ruled_out = replica_check.diagnose(suspects, agree_without=lambda kind: False)
+  assert ruled_out.startswith(replica_check.REDUCTION) and "ruled out: turned off, they still differ" in ruled_out
+  assert replica_check.diagnose(replica_check.Suspects(), agree_without=lambda kind: True) == replica_check.REDUCTION

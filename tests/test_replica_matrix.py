@@ -1,0 +1,118 @@
+"""The replica matrix: every option that touches the step, each on its own and in the combinations users run, through
+the replica check (1 vs 2 replicas from the same weights, `main.py --check=replicas`): N replicas compute what one
+computes. One row per case; a row that fails is a framework bug (fixed, or the option refused with one line).
+
+The example tasks' rows are here too (distillation, which needs a trained teacher, is in tests/test_tasks.py).
+A row of each family also goes through 2 worker processes against one device (`main.py --check=workers`), all of
+them on one pair of workers (a TensorFlow start costs seconds).
+"""
+
+import pytest
+
+from errors import ConfigError
+
+from loops import replica_check
+from loops import worker_check
+from tests.conftest import load_config, set_keys
+
+TASKS = "tests.fixtures.split_sensitive_tasks:"
+DIGITS = ("digits_cnn", None)
+RESNET = ("digits_cnn", None, {"model.name": "cifar_resnet20"})  # BatchNorm in every block
+TASK = ("tasks", "regression")
+
+MATRIX = {
+    # optimizers with clipping, weight decay, EMA and schedules
+    "sgd, global_clipnorm": (*DIGITS, {"optimizer.global_clipnorm": 0.01}),
+    "sgd nesterov, weight decay, piecewise": (*DIGITS, {
+        "optimizer.nesterov": True, "optimizer.weight_decay": 5e-4, "optimizer.schedule": "piecewise",
+        "optimizer.decay_epochs": (0.05,)}),
+    "adam, global_clipnorm, weight decay": (*DIGITS, {
+        "optimizer.name": "adam", "optimizer.learning_rate": 1e-3, "optimizer.global_clipnorm": 0.1,
+        "optimizer.weight_decay": 1e-4}),
+    "adamw, EMA, cosine with warmup": (*DIGITS, {
+        "optimizer.name": "adamw", "optimizer.learning_rate": 1e-3, "optimizer.ema_decay": 0.9,
+        "optimizer.schedule": "cosine", "optimizer.warmup_epochs": 0.05}),
+    "task: ctx.optimizer(global_clipnorm=...)": (*TASK, {"task.name": TASKS + "ClipsThroughItsOptimizer"}),
+    "task: keras SGD(clipnorm=...)": (*TASK, {"task.name": TASKS + "KerasOptimizerClipsByValue"}),
+    "task: keras SGD(clipvalue=...)": (*TASK, {"task.name": TASKS + "KerasOptimizerClipsByEachValue"}),
+    # losses
+    "label smoothing": (*DIGITS, {"loss.label_smoothing": 0.1}),
+    "focal": (*DIGITS, {"loss.name": "focal"}),
+    "multiclass hinge": (*DIGITS, {"loss.name": "multiclass_hinge"}),
+    "a user's loss (outputs, step)": (*DIGITS, {
+        "model.name": "examples.models:cnn_with_embedding", "model.kwargs.reconstruct": True,
+        "loss.name": "examples.losses:reconstruction_auxiliary"}),
+    # data
+    "mixup": (*DIGITS, {"data.mixup_alpha": 0.2}),
+    "cutmix": (*DIGITS, {"data.cutmix_alpha": 1.0}),
+    "mixup + cutmix, random flip": (*DIGITS, {"data.mixup_alpha": 0.2, "data.cutmix_alpha": 1.0,
+                                              "data.random_flip": True}),
+    "host input pipeline": (*DIGITS, {"data.device_resident": "off"}),
+    "device-resident input": (*DIGITS, {"data.device_resident": "on"}),
+    # the step
+    "gradient accumulation": (*DIGITS, {"train.grad_accum_steps": 2}),
+    "gradient accumulation, clipping": (*DIGITS, {"train.grad_accum_steps": 2, "optimizer.global_clipnorm": 0.01}),
+    "float16": (*DIGITS, {"mixed_precision": "float16"}),
+    "bfloat16": (*DIGITS, {"mixed_precision": "bfloat16"}),
+    "float16, clipping": (*DIGITS, {"mixed_precision": "float16", "optimizer.global_clipnorm": 0.01}),
+    "XLA": (*DIGITS, {"jit_compile": True}),
+    # BatchNorm
+    "sync BatchNorm": (*RESNET[:2], {**RESNET[2], "model.sync_batchnorm": True}),
+    "sync BatchNorm, unfused": (*RESNET[:2], {**RESNET[2], "model.sync_batchnorm": True,
+                                              "model.fused_batchnorm": False}),
+    # task models
+    "task model with BatchNorm, sync": (*TASK, {"task.name": TASKS + "TwoInputsWithBatchNorm",
+                                                "model.sync_batchnorm": True}),
+    "task model with BatchNorm and Dropout, sync": (*TASK, {"task.name": TASKS + "WithDropout",
+                                                            "model.sync_batchnorm": True}),
+    "task model with Dropout, accumulation": (*TASK, {"task.name": TASKS + "WithDropout",
+                                                      "model.sync_batchnorm": True, "train.grad_accum_steps": 2}),
+    # the example tasks (loops/task)
+    "example: regression": ("tasks", "regression", {}),
+    "example: gan": ("tasks", "gan", {}),
+    "example: sam": ("tasks", "sam", {}),
+    "example: contrastive": ("tasks", "contrastive", {}),
+    "example: segmentation": ("tasks", "segmentation", {}),
+}
+
+
+def case_config(name):
+  config_name, arg, overrides = MATRIX[name]
+  config = load_config(config_name, arg)
+  config.train.global_batch_size = 32 if config_name == "digits_cnn" else config.train.global_batch_size
+  return set_keys(config, overrides)
+
+
+@pytest.mark.parametrize("name", list(MATRIX))
+def test_two_replicas_compute_what_one_does(name):
+  lines = []
+  assert replica_check.run(case_config(name), out=lines.append), "\n".join(lines)
+  assert lines[-1].startswith("replicas: PASS: 1 and 2 replicas agree on all "), lines[-1]
+
+
+# one row per family: optimizer and clipping, schedule and EMA, data mixing, accumulation, a user's loss, a task's
+# model with BatchNorm and Dropout, a step-level task
+ACROSS_WORKERS = ("sgd, global_clipnorm", "adamw, EMA, cosine with warmup", "mixup + cutmix, random flip",
+                  "gradient accumulation, clipping", "a user's loss (outputs, step)",
+                  "task model with BatchNorm and Dropout, sync", "example: gan")
+
+
+@pytest.fixture(scope="module")
+def across_workers():
+  """{row: (passed, report lines)} of ACROSS_WORKERS, checked on one pair of worker processes."""
+  configs = [case_config(name) for name in ACROSS_WORKERS]
+  return dict(zip(ACROSS_WORKERS, worker_check.compare(configs, timeout_seconds=240)))
+
+
+@pytest.mark.parametrize("name", ACROSS_WORKERS)
+def test_two_workers_compute_what_one_device_does(name, across_workers):
+  passed, lines = across_workers[name]
+  assert passed, "\n".join(lines)
+  assert lines[-1].startswith("workers: PASS: 1 device and 2 workers agree on all "), lines[-1]
+
+
+def test_synchronized_batchnorm_under_accumulation_on_several_workers_is_refused_in_one_line():
+  """Workers read strided shards, so their micro-batches' statistics cannot be one device's: refused, not run."""
+  config = case_config("task model with Dropout, accumulation")
+  with pytest.raises(ConfigError, match=r"^model.sync_batchnorm with train.grad_accum_steps=2 on 2 workers: "):
+    worker_check.compare([config])

@@ -1,0 +1,152 @@
+"""`main.py --check=workers` (loops/worker_check.py): one device against multi_worker_mirrored on 2 local worker
+processes. The command-line runs and one shared worker pair train for real; the rest uses stand-in workers."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+from errors import ConfigError
+from loops import worker_check
+from tests.conftest import REPO, load_config, run_main
+
+
+def test_check_workers_from_the_command_line_passes_a_correct_task():
+  result = run_main("--config=configs/tasks.py:regression", "--check=workers")
+  assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+  last = result.stdout.strip().splitlines()[-1]
+  assert last.startswith("workers: PASS: 1 device and 2 workers agree"), result.stdout[-2000:]
+
+
+def test_check_workers_from_the_command_line_fails_a_replica_local_statistic():
+  result = run_main("--config=configs/tasks.py:regression", "--check=workers",
+                    "--config.task.name=tests.fixtures.wrong_tasks:LocallyCentred")
+  assert result.returncode == 1, (result.stdout + result.stderr)[-3000:]
+  assert result.stdout.strip().splitlines()[-1].startswith("workers: FAIL: "), result.stdout[-2000:]
+
+
+def test_one_worker_pair_checks_several_configs_in_turn():
+  right = load_config("tasks", "regression")
+  wrong = load_config("tasks", "regression")
+  wrong.task.name = "tests.fixtures.wrong_tasks:LocallyCentred"
+  results = worker_check.compare([right, wrong], steps=2)
+  assert [passed for passed, _ in results] == [True, False], [lines[-1] for _, lines in results]
+  assert results[1][1][-1].startswith("workers: FAIL: ")
+
+
+def test_parameter_server_is_refused_in_one_line():
+  config = load_config("tasks", "regression")
+  config.strategy = "parameter_server"
+  with pytest.raises(ConfigError, match=r"^--check=workers compares one device with multi_worker_mirrored "):
+    worker_check.run(config)
+
+
+def test_the_two_sides_train_the_same_batches_on_the_cpu():
+  config = load_config("tasks", "regression")
+  one, two = worker_check.one_device(config, 3), worker_check.two_workers(config, 3)
+  assert (one.strategy, one.cpu_replicas, one.num_gpus) == ("one_device", 0, 0)
+  assert (two.strategy, two.cpu_replicas, two.num_gpus) == ("multi_worker_mirrored", 0, None)
+  for c in (one, two):
+    assert c.deterministic and c.data.service == "" and c.seed == config.seed
+    assert (c.train.steps, c.train.steps_per_loop, c.train.epochs) == (3, 3, None)
+    assert c.train.global_batch_size == config.train.global_batch_size
+
+
+def test_the_workers_get_the_configs_as_checked_here(tmp_path):
+  config = load_config("tasks", "regression")  # eval.every_steps is a reference to train.steps // 2
+  config.train.steps = 40
+  config.model.kwargs = {"width": 3}  # a free key, as main.py's --config.model.kwargs.width=3 sets it
+  worker_check.save_configs(str(tmp_path), [config])
+  (loaded,) = worker_check.load_configs(str(tmp_path))
+  assert loaded == config.copy_and_resolve_references()
+  assert loaded.eval.every_steps == 20 and loaded.model.kwargs.width == 3
+
+
+def test_values_round_trip_and_keys_only_one_side_has_are_named(tmp_path):
+  values = {("model model", 0): (np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32), "model model: d/kernel"),
+            ("optimizer model", 1): (np.zeros(3), np.full(3, 2.0), "optimizer model: adam/m")}
+  path = worker_check.values_path(str(tmp_path), 0)
+  worker_check.save_values(path, values)
+  loaded = worker_check.load_values(str(tmp_path), 0)
+  assert set(loaded) == set(values) and not os.path.exists(path + ".partial")
+  for key, (initial, final, name) in values.items():
+    assert np.array_equal(loaded[key][0], initial) and np.array_equal(loaded[key][1], final)
+    assert loaded[key][0].dtype == initial.dtype and loaded[key][2] == name
+  assert set(worker_check.compared(values, loaded).values()) == {0.0}
+  fewer = dict(list(loaded.items())[:1])
+  assert worker_check.compared(values, fewer) == {"model model: d/kernel": 0.0,
+                                                  "optimizer model: adam/m (only on 1 device)": float("inf")}
+
+
+def test_worker_env_keeps_the_users_and_sets_the_checks():
+  env = worker_check.worker_env({"TF_CONFIG": "{}", "PYTHONPATH": "/mine", "TF_CPP_MIN_LOG_LEVEL": "0", "A": "1"})
+  assert "TF_CONFIG" not in env and env["A"] == "1" and env["TF_CPP_MIN_LOG_LEVEL"] == "0"
+  assert env["PYTHONPATH"] == os.pathsep.join([REPO, "/mine"]) and env["CUDA_VISIBLE_DEVICES"] == "-1"
+  assert worker_check.worker_env({})["PYTHONPATH"] == REPO
+  assert worker_check.worker_command("/d", 7)[1:] == ["-m", "loops.worker_check", "/d", "7"]
+
+
+def stand_in(monkeypatch, code):
+  """Workers that run `code` (argv: DIRECTORY PARENT_PID) instead of training."""
+  monkeypatch.setattr(worker_check, "worker_command",
+                      lambda directory, pid: [sys.executable, "-c", textwrap.dedent(code), directory, str(pid)])
+
+
+def test_a_failed_worker_is_named_with_its_last_line_and_the_other_is_stopped(monkeypatch, capsys):
+  stand_in(monkeypatch, """
+      import json, os, sys, time
+      if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
+        print("ValueError: something in the task", flush=True)
+        sys.exit(3)
+      time.sleep(60)""")
+  started = time.monotonic()
+  with pytest.raises(ConfigError, match=r"^--check=workers: worker 1 failed \(exit code 3\): ValueError: something"):
+    worker_check.alongside_workers([], lambda: None, timeout_seconds=60)
+  assert time.monotonic() - started < 20
+  assert "[worker:1] ValueError: something in the task" in capsys.readouterr().err
+
+
+def test_workers_past_the_timeout_are_stopped_with_one_line(monkeypatch):
+  stand_in(monkeypatch, "import time; time.sleep(60)")
+  with pytest.raises(ConfigError, match=r"^--check=workers: the 2 workers did not end within 1 s \(stopped\)"):
+    worker_check.alongside_workers([], lambda: None, timeout_seconds=1)
+
+
+def test_a_taken_port_starts_the_workers_once_more(monkeypatch, tmp_path):
+  stand_in(monkeypatch, f"""
+      import json, os, sys
+      if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+        with open(os.path.join({str(tmp_path)!r}, "starts"), "a") as f:
+          f.write("x")
+        if not os.path.exists(os.path.join({str(tmp_path)!r}, "failed")):
+          open(os.path.join({str(tmp_path)!r}, "failed"), "w").close()
+          sys.exit("error: port 1 of worker 0 (127.0.0.1:1) is in use by another process")""")
+  assert worker_check.alongside_workers([], lambda: "done") == ("done", [])
+  assert open(tmp_path / "starts").read() == "xx"  # worker 0 started twice
+
+
+def test_sigterm_of_the_checking_process_stops_its_workers(tmp_path):
+  script = textwrap.dedent(f"""
+      import os, sys, time
+      from loops import worker_check
+      code = "import os, sys, time; open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w'); time.sleep(120)"
+      worker_check.worker_command = lambda directory, pid: [sys.executable, "-c", code]
+      worker_check.alongside_workers([], lambda: time.sleep(120))""")
+  env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
+  proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+  deadline = time.monotonic() + 60
+  while len(os.listdir(tmp_path)) < 2 and time.monotonic() < deadline:
+    time.sleep(0.2)
+  pids = [int(name) for name in os.listdir(tmp_path)]
+  assert len(pids) == 2, proc.stderr.read() if proc.poll() is not None else "no workers within 60 s"
+  proc.send_signal(signal.SIGTERM)
+  assert proc.wait(timeout=30) == 143
+  assert "terminated (SIGTERM); its worker processes are stopped" in proc.stderr.read()
+  for pid in pids:
+    with pytest.raises(ProcessLookupError):
+      os.kill(pid, 0)
