@@ -111,7 +111,8 @@ def main(argv):
   except KeyboardInterrupt:  # Ctrl-C before training started (once it runs, the preemption watcher saves and exits)
     if _DEBUG.value:
       raise
-    print("interrupted (Ctrl-C) before training started: nothing was trained or saved", file=sys.stderr)
+    when = f"during --check={_CHECK.value}" if _CHECK.value else "before training started"
+    print(f"interrupted (Ctrl-C) {when}: nothing was trained or saved", file=sys.stderr)
     sys.exit(preemption.INTERRUPTED_EXIT_CODE)
   except Exception as e:  # pylint: disable=broad-except
     refused = config_error_within(e)  # a task's step refused while traced: AutoGraph wraps it (--check, --find)

@@ -219,12 +219,15 @@ def _key_random_layers(name, model, seed):
 def _make_optimizer(config, plan, made_rates, overrides):
   """An optimizer from config.optimizer with `overrides`; its scaled base learning rate is noted under its id."""
   opt_config = config.optimizer.copy_and_resolve_references()
-  with opt_config.unlocked():
-    opt_config.update(overrides)
+  settings = {key: value for key, value in overrides.items() if key in opt_config}
+  opt_config.update(settings)
+  keras_arguments = optimizers.keras_arguments_of(opt_config.name, {
+      key: value for key, value in overrides.items() if key not in settings}, list(opt_config))
   base = config.optimizer.learning_rate
   peak = plan.learning_rate * (opt_config.learning_rate / base if base else 1.0)
   schedule = optimizers.learning_rate_schedule(opt_config, peak, plan.total_steps, plan.steps_per_epoch)
-  optimizer = optimizers.build(opt_config, schedule, loss_scaling=config.mixed_precision == "float16")
+  optimizer = optimizers.build(opt_config, schedule, loss_scaling=config.mixed_precision == "float16",
+                               keras_arguments=keras_arguments)
   made_rates[id(optimizer)] = peak
   return optimizer
 

@@ -210,6 +210,13 @@ def steps_for(config):
   return max(STEPS, task_lib.update_span(config))
 
 
+OTHER_STRATEGIES = {
+    "multi_worker_mirrored": "; --check=workers runs it on 2 worker processes",
+    "parameter_server": ("; parameter_server applies each worker's update on its own, so no run of it equals one "
+                         "device: this proves the step, not the asynchrony"),
+}
+
+
 def tolerance_for(config):
   """TOLERANCE, or a mixed precision's (its rounding before the all-reduce)."""
   return PRECISION_TOLERANCE.get(config.mixed_precision, TOLERANCE)
@@ -220,6 +227,9 @@ def run(config, steps=None, tolerance=None, out=print):
   tolerance: default tolerance_for(config)."""
   steps = steps or steps_for(config)
   tolerance = tolerance or tolerance_for(config)
+  if config.strategy not in ("one_device", "mirrored"):
+    out(f"note: strategy={config.strategy}: this check runs the same step on one_device and on mirrored x2 in "
+        f"this process{OTHER_STRATEGIES.get(config.strategy, '')}")
   strategy_lib.configure_devices(variant(config, 2, steps))  # both logical CPUs before TensorFlow starts
   with build_lib.determinism_restored():
     differences, suspects = _compare(config, steps)

@@ -165,3 +165,11 @@ def test_diagnosis_without_a_rerun_names_suspects_as_likely_and_a_rerun_can_rule
   ruled_out = replica_check.diagnose(suspects, agree_without=lambda kind: False)
   assert ruled_out.startswith(replica_check.REDUCTION) and "ruled out: turned off, they still differ" in ruled_out
   assert replica_check.diagnose(replica_check.Suspects(), agree_without=lambda kind: True) == replica_check.REDUCTION
+
+
+def test_a_multi_worker_config_is_said_to_be_checked_on_one_process():
+  config = set_keys(load_config("digits_cnn"), {"strategy": "multi_worker_mirrored", "train.global_batch_size": 32})
+  lines = []
+  assert replica_check.run(config, out=lines.append)
+  assert lines[0] == ("note: strategy=multi_worker_mirrored: this check runs the same step on one_device and on "
+                      "mirrored x2 in this process; --check=workers runs it on 2 worker processes"), lines[0]

@@ -73,6 +73,8 @@ MATRIX = {
     "example: sam": ("tasks", "sam", {}),
     "example: contrastive": ("tasks", "contrastive", {}),
     "example: segmentation": ("tasks", "segmentation", {}),
+    "example: wgan_gp (update_every, 5 steps)": ("tasks", "wgan_gp", {}),
+    "built-in classification": (*DIGITS, {}),
 }
 
 
@@ -88,6 +90,8 @@ def test_two_replicas_compute_what_one_does(name):
   lines = []
   assert replica_check.run(case_config(name), out=lines.append), "\n".join(lines)
   assert lines[-1].startswith("replicas: PASS: 1 and 2 replicas agree on all "), lines[-1]
+  if "update_every" in name:  # every variant ran: the generator's update is at step 4
+    assert "after 5 steps" in lines[-1], lines[-1]
 
 
 # one row per family: optimizer and clipping, schedule and EMA, data mixing, accumulation, a user's loss, a task's

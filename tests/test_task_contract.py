@@ -129,6 +129,15 @@ def test_an_eval_step_that_reduces_is_refused_before_training(tmp_path):
   assert not (tmp_path / "w" / "checkpoints").exists()
 
 
+def test_a_per_example_loss_that_reduces_is_one_line_naming_its_file_before_training(tmp_path):
+  from loops import run
+  config = config_with(task__name="tests.fixtures.contract_tasks:ScalarLoss")
+  with pytest.raises(ConfigError, match=r"^loss 'ScalarLoss.per_example_loss \(.*tests/fixtures/contract_tasks.py:\d+\)' "
+                                        r"returned shape \[\]; expected one loss per example, shape \[64\]"):
+    run.train_and_evaluate(config, str(tmp_path / "w"))
+  assert not (tmp_path / "w" / "checkpoints").exists()
+
+
 @pytest.mark.parametrize("strategy, replicas", [("one_device", 0), ("mirrored", 2)])
 def test_values_collected_over_the_whole_eval_set_reach_reduce_eval_once_each(strategy, replicas, tmp_path):
   from examples.tasks.regression import digit_values
@@ -234,3 +243,24 @@ def test_float16_optimizers_must_all_scale_and_a_loss_level_task_takes_one():
   with pytest.raises(ConfigError, match=r"scales one loss for one optimizer; Takes has 2 \(\['model', 'other'\]\): "
                                         r"write a train_step that scales each optimizer's loss"):
     task_checks.check_optimizers(contract_tasks.Takes(), models, {"model": scaled(), "other": scaled()}, float16=True)
+
+
+@pytest.mark.parametrize("arguments, expected", [
+    ({"beta_1": 0.0, "epsilon": 1e-3}, {"beta_1": 0.0, "epsilon": 1e-3}),
+    ({"learning_rate": 0.5, "beta_2": 0.9}, {"beta_2": 0.9}),
+    ({"learning_rat": 5.0}, r"^ctx.optimizer\(learning_rat=...\): neither an optimizer.\* setting \(.*learning_rate.*\) "
+                            r"nor an argument of keras.optimizers.Adam \(.*beta_1.*\)$"),
+])
+def test_ctx_optimizer_passes_keras_arguments_through_and_refuses_unknown_ones(arguments, expected):
+  from loops import build as build_lib
+  from loops.distribute import cluster
+  config = config_with(task__name="tests.fixtures.contract_tasks:OptimizerArguments", optimizer__name="adam")
+  config.task.kwargs.update(arguments)
+  check.check(config)
+  if isinstance(expected, str):
+    with pytest.raises(ConfigError, match=expected):
+      build_lib.build(config, cluster.ClusterTask())
+    return
+  optimizer = build_lib.build(config, cluster.ClusterTask()).optimizers["model"]
+  for key, value in expected.items():
+    assert getattr(optimizer, key) == pytest.approx(value), key

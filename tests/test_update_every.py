@@ -46,14 +46,12 @@ def steps_changing(config, steps):
   return changed, parts
 
 
-def test_the_wgan_gp_example_trains_and_passes_the_replica_check_at_its_default_steps(tmp_path):
+def test_the_wgan_gp_example_trains_and_its_check_reaches_the_generator_step(tmp_path):
   summary = run.train_and_evaluate(wgan_gp(), str(tmp_path))
   assert summary["eval/mean_gap"] <= 0.08 and summary["eval/wasserstein"] > 0, summary  # docstring: ≈ 0.04
   config = load_config("tasks", "wgan_gp")
   assert replica_check.steps_for(config) == K  # lcm of the periods: step 4 updates the generator
-  lines = []
-  assert replica_check.run(config, out=lines.append), "\n".join(lines)
-  assert f"after {K} steps" in lines[-1] and lines[-1].startswith("replicas: PASS"), lines[-1]
+  # its replica check (those K steps) is a row of tests/test_replica_matrix.py
 
 
 def test_the_generator_changes_only_on_steps_k_minus_1_and_2k_minus_1_on_two_replicas():

@@ -1,6 +1,7 @@
 """The compiled inner loops. `step_fn`s are plain per-replica functions; the returned callables are tf.functions."""
 
 import functools
+import inspect
 
 import keras
 import numpy as np
@@ -81,7 +82,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
     ctx = new_context(micro_batch)
     with tf.GradientTape() as tape, random_layers.keyed(ctx):
       per_example = tf.cast(task.per_example_loss(batch, models, ctx), tf.float32)
-      losses.check_per_example(type(task).__name__ + ".per_example_loss", per_example, per_example)
+      losses.check_per_example(_method_name(task, "per_example_loss"), per_example, tf.nest.flatten(batch)[0])
       loss = ctx.average(per_example)
       if micro_batch[0] == 0:  # the regularization once per update
         for name in trained:
@@ -117,6 +118,16 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
     return loss, per_example, logged, grads
 
   return compute
+
+
+def _method_name(task, method):
+  """'Class.method (file:line)' of a task's method, for an error that names where to look."""
+  function = getattr(type(task), method)
+  try:
+    where = f" ({inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]})"
+  except (OSError, TypeError):
+    where = ""
+  return f"{type(task).__name__}.{method}{where}"
 
 
 def _report(loss, per_example, logged, metrics):

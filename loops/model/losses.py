@@ -91,7 +91,7 @@ def build(loss_config):
 def check_per_example(name, losses, logits):
   """Raises ConfigError (at trace time) unless `losses` has shape [batch]."""
   shape = losses.shape
-  batch = logits.shape[0]
+  batch = logits.shape[0] if logits.shape.rank else None
   if shape.rank != 1 or (batch is not None and shape[0] is not None and shape[0] != batch):
     raise ConfigError(f"loss '{name}' returned shape {shape.as_list() if shape.rank is not None else shape}; "
                       f"expected one loss per example, shape [{batch}] (do not reduce: the framework averages "

@@ -1,6 +1,7 @@
 """Optimizers by name and the learning-rate scaling rules, derived from the final batch and replica count."""
 
 import contextlib
+import inspect
 import math
 
 import keras
@@ -62,18 +63,36 @@ def scaled_learning_rate(opt_config, global_batch_size, replicas):
   return float(LR_SCALING[opt_config.lr_scaling](opt_config.learning_rate, global_batch_size, replicas))
 
 
-def build(opt_config, learning_rate, loss_scaling=False):
+CLASSES = {"sgd": keras.optimizers.SGD, "adam": keras.optimizers.Adam, "adamw": keras.optimizers.AdamW}
+
+
+def build(opt_config, learning_rate, loss_scaling=False, keras_arguments=None):
   """A Keras optimizer; create it inside strategy.scope() and build() it there before the first step.
 
   learning_rate: a float or a schedule. loss_scaling wraps it in a LossScaleOptimizer (float16 training).
+  keras_arguments: more arguments of the Keras class (checked by keras_arguments_of), e.g. beta_1.
   """
-  optimizer = _build(opt_config, learning_rate)
+  optimizer = _build(opt_config, learning_rate, dict(keras_arguments or {}))
   return keras.optimizers.LossScaleOptimizer(optimizer) if loss_scaling else optimizer
 
 
-def _build(opt_config, learning_rate):
+def keras_arguments_of(name, arguments, settings):
+  """The arguments of ctx.optimizer(...) that are not optimizer.* settings: each must be an argument of the Keras
+  class of optimizer `name` that the settings do not set; else ConfigError naming the valid ones."""
+  cls = CLASSES[name]
+  taken = {"learning_rate", "global_clipnorm", "weight_decay", "use_ema", "ema_momentum", "momentum", "nesterov"}
+  valid = sorted(set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"} - taken)
+  unknown = sorted(set(arguments) - set(valid))
+  if unknown:
+    raise ConfigError(f"ctx.optimizer({', '.join(f'{k}=...' for k in unknown)}): neither an optimizer.* setting "
+                      f"({', '.join(sorted(settings))}) nor an argument of keras.optimizers.{cls.__name__} "
+                      f"({', '.join(valid)})")
+  return dict(arguments)
+
+
+def _build(opt_config, learning_rate, keras_arguments):
   name = opt_config.name
-  common = dict(learning_rate=learning_rate, global_clipnorm=opt_config.global_clipnorm)
+  common = dict(learning_rate=learning_rate, global_clipnorm=opt_config.global_clipnorm, **keras_arguments)
   if opt_config.ema_decay:  # Keras keeps the average in optimizer variables: checkpointed with the optimizer
     common.update(use_ema=True, ema_momentum=float(opt_config.ema_decay))
   if name == "sgd":

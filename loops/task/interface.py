@@ -106,7 +106,8 @@ class BuildContext:
 
   def optimizer(self, **overrides):
     """A new optimizer from the config's optimizer settings; overrides replace optimizer.* keys (a
-    learning_rate is scaled and scheduled like optimizer.learning_rate)."""
+    learning_rate is scaled and scheduled like optimizer.learning_rate); any other keyword is an argument of the
+    Keras optimizer class (beta_1, epsilon, clipnorm, ...), one it does not take is refused in one line."""
     return self._make_optimizer(**overrides)
 
   def load_model(self, path):
