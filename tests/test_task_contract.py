@@ -264,3 +264,32 @@ def test_ctx_optimizer_passes_keras_arguments_through_and_refuses_unknown_ones(a
   optimizer = build_lib.build(config, cluster.ClusterTask()).optimizers["model"]
   for key, value in expected.items():
     assert getattr(optimizer, key) == pytest.approx(value), key
+
+
+def test_each_optimizer_logs_the_learning_rate_it_applies(tmp_path):
+  """A task with two optimizers: train/learning_rate/<name> each, train/learning_rate the model's."""
+  from loops import run
+  from tests.test_sidecar import event_scalars
+  config = load_config("tasks", "gan")
+  config.task.kwargs.d_learning_rate = 4e-4
+  config.optimizer.schedule, config.optimizer.final_lr_fraction = "cosine", 0.5
+  config.train.steps, config.train.steps_per_loop, config.export = 4, 2, False
+  run.train_and_evaluate(config, str(tmp_path))
+  rate = lambda tag: event_scalars(str(tmp_path), tag)
+  assert rate("train/learning_rate") == rate("train/learning_rate/model")
+  discriminator, generator = rate("train/learning_rate/discriminator"), rate("train/learning_rate/model")
+  assert sorted(discriminator) == [2, 4] and discriminator[2] < 4e-4 and discriminator[4] < discriminator[2]
+  for step in (2, 4):  # the same cosine, each from its own base rate
+    assert discriminator[step] / generator[step] == pytest.approx(0.4, rel=1e-5)
+
+
+def test_ctx_normal_in_eval_step_runs_and_a_vector_metric_is_refused_before_training(tmp_path):
+  from loops import run
+  config = config_with(task__name="tests.fixtures.contract_tasks:NoisyEval", export=False)
+  config.train.steps, config.train.steps_per_loop = 2, 2
+  assert run.train_and_evaluate(config, str(tmp_path / "noisy"))["eval/mae"] > 0
+  config = config_with(task__name="tests.fixtures.contract_tasks:VectorMetric")
+  with pytest.raises(ConfigError, match=r"^VectorMetric.build_metrics: metric 'f1' \(F1Score\) gives shape "
+                                        r"\[10\]; an eval metric is one number"):
+    run.train_and_evaluate(config, str(tmp_path / "vector"))
+  assert not (tmp_path / "vector" / "checkpoints").exists()

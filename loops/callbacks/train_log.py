@@ -11,19 +11,20 @@ class TrainLog(Callback):
   """Scalars and the console after each train call; train time and throughput in summary.json.
 
   Args:
-    optimizer: the run's optimizer (its learning rate is the value written).
+    optimizers: {model name: optimizer}: train/learning_rate is the rate of "model"'s (else the first), and with
+      several optimizers each one's as train/learning_rate/<name>: the rate each applies now.
     global_batch_size: examples per step.
     progress_bar: summary.progress_bar ("auto": the bar on a terminal, lines elsewhere; "on"; "off": lines).
   """
 
-  def __init__(self, optimizer, global_batch_size, progress_bar="off"):
-    self.optimizer, self.global_batch_size, self.progress_bar_mode = optimizer, global_batch_size, progress_bar
+  def __init__(self, optimizers, global_batch_size, progress_bar="off"):
+    self.optimizers, self.global_batch_size, self.progress_bar_mode = optimizers, global_batch_size, progress_bar
     self.progress = self.bar = None
 
 
   @classmethod
   def for_run(cls, run):
-    return cls(run.parts.optimizer, run.parts.plan.global_batch_size, run.config.summary.progress_bar)
+    return cls(run.parts.optimizers, run.parts.plan.global_batch_size, run.config.summary.progress_bar)
 
   def on_train_begin(self, state):
     self.progress = progress_lib.Progress(state.step, state.total_steps, self.global_batch_size,
@@ -38,8 +39,7 @@ class TrainLog(Callback):
   def after_train_call(self, state):
     steps = state.step - state.call_start_step
     finished_epochs = self.progress.record(state.step, state.call_seconds)
-    lr = float(keras.ops.convert_to_numpy(self.optimizer.learning_rate))
-    state.writer.scalars(state.step, {**state.train, "train/learning_rate": lr,
+    state.writer.scalars(state.step, {**state.train, **self._learning_rates(),
                                       "train/examples_per_sec": self.progress.examples_per_sec(),
                                       "train/step_time_sec": state.call_seconds / steps})
     for epoch, seconds in finished_epochs.items():  # at the step that ended the epoch
@@ -48,6 +48,15 @@ class TrainLog(Callback):
       self._draw_bar(state, steps)
     else:
       state.writer.info("%s", self._call_line(state, finished_epochs))
+
+  def _learning_rates(self):
+    rates = {name: float(keras.ops.convert_to_numpy(o.learning_rate)) for name, o in self.optimizers.items()}
+    if not rates:
+      return {}
+    tags = {"train/learning_rate": rates.get("model", next(iter(rates.values())))}
+    if len(rates) > 1:
+      tags.update({f"train/learning_rate/{name}": rate for name, rate in rates.items()})
+    return tags
 
   def _draw_bar(self, state, steps):
     """The bar, ETA and time per step, then every train scalar, the epoch and images/s (cut at the terminal's

@@ -76,6 +76,11 @@ def eval_names(task, models, element_spec, global_batch_size, metrics, batch=2):
     if shape != (batch,):
       raise ConfigError(f"{type(task).__name__}.eval_step value '{name}' has shape {list(shape)}; expected one "
                         f"value per example, shape [{batch}] (the framework takes the weighted mean)")
-  for metric in metrics.values():  # the probe must leave no trace in the task's metrics
+  for name, metric in metrics.items():  # the probe must leave no trace in the task's metrics
+    shape = tuple(np.shape(metric.result()))
     metric.reset_state()
+    if shape:
+      raise ConfigError(f"{type(task).__name__}.build_metrics: metric '{name}' ({type(metric).__name__}) gives "
+                        f"shape {list(shape)}; an eval metric is one number (e.g. F1Score(average='macro'), or one "
+                        f"metric per class)")
   return [name for name in values if name not in collected]

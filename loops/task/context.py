@@ -51,11 +51,14 @@ class StepContext:
   @property
   def replica_id(self):
     """This replica's index in [0, num_replicas): for per-replica randomness, never for arithmetic."""
-    return tf.distribute.get_replica_context().replica_id_in_sync_group
+    replica = tf.distribute.get_replica_context()
+    return replica.replica_id_in_sync_group if replica else 0
 
   @property
   def num_replicas(self):
-    return tf.distribute.get_replica_context().num_replicas_in_sync
+    """Replicas in sync (1 outside a replica function: the framework's zero-batch probe of eval_step)."""
+    replica = tf.distribute.get_replica_context()
+    return replica.num_replicas_in_sync if replica else 1
 
   def average(self, per_example):
     """This replica's share of the mean over the GLOBAL batch: sum(per_example) / global_batch_size.
@@ -86,7 +89,8 @@ class StepContext:
     if count > 1 and index == 0:
       logging.warning("ctx.all_gather under train.grad_accum_steps=%d gathers each micro-batch: a loss over the "
                       "gathered rows (contrastive negatives) sees 1/%d of the global batch at a time", count, count)
-    return tf.distribute.get_replica_context().all_gather(value, axis=0)
+    replica = tf.distribute.get_replica_context()
+    return replica.all_gather(value, axis=0) if replica else value
 
   def global_rows(self, rows):
     """Where this replica's `rows` examples sit in all_gather's result (and in the global batch of one worker):
@@ -95,7 +99,8 @@ class StepContext:
 
   def sum_over_replicas(self, value):
     """The sum of `value` over all replicas (a collective): e.g. a global count to normalise by."""
-    return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
+    replica = tf.distribute.get_replica_context()
+    return replica.all_reduce(tf.distribute.ReduceOp.SUM, value) if replica else value
 
   def normal(self, rows, shape=(), salt=0):
     """Standard normal draws for this replica's `rows` examples, keyed on (step, salt) and on each example's row
