@@ -19,6 +19,7 @@ where tf.data cannot tell).
 """
 
 import inspect
+import re
 
 import tensorflow as tf
 
@@ -73,10 +74,26 @@ def train_batches(source, *, batch_size, steps_per_epoch, seed, start_step, num_
     epoch_seed = decorrelated(seed) if decorrelate else seed
     ds = _call(source.name, source.input_fn, "train", batch_size=batch_size, context=context, seed=epoch_seed,
                epoch=epoch).take(per_epoch)
+    ds = ds.apply(tf.data.experimental.assert_cardinality(per_epoch))  # a shorter epoch: short_epoch's one line
     return ds.skip(tf.where(epoch == start_epoch, tf.constant(skip, tf.int64), 0))
 
   ds = tf.data.Dataset.range(start_epoch, _MAX_EPOCHS).flat_map(one_epoch)
   return ds.map(lambda features, targets: _whole_batch(source.name, batch_size, features, targets))
+
+
+_SHORT_EPOCH = re.compile(r"Input dataset was expected to contain (\d+) elements but contained only (\d+) elements")
+
+
+def short_epoch(error, name, step, steps_per_epoch):
+  """ConfigError for an input function's epoch that ended early (tf.data's assert_cardinality in train_batches), or
+  None. Without it an empty epoch was skipped for the next, forever: the run hung."""
+  found = _SHORT_EPOCH.search(str(error))
+  if not isinstance(error, tf.errors.FailedPreconditionError) or not found:
+    return None
+  expected, got = found.groups()
+  return ConfigError(f"data.name='{name}': an epoch of the input function ended after {got} of its {expected} "
+                     f"batches (in the train call from step {step}, epoch {step // steps_per_epoch}): every epoch "
+                     "must yield as many whole batches as the first, whose length the plan read at load")
 
 
 def _call(name, fn, split, *, batch_size, context, seed=0, epoch=0):

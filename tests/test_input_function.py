@@ -95,3 +95,20 @@ def test_a_short_train_batch_stops_the_run_naming_the_fix():
   stream = pipeline.train_dataset(source, config, batch_size=8, steps_per_epoch=12, seed=0)
   with pytest.raises(tf.errors.InvalidArgumentError, match=r"a train batch is not batch_size long \(use batch"):
     next(iter(stream))
+
+
+def test_an_epoch_shorter_than_the_first_stops_the_stream_with_one_line_not_a_hang():
+  """Every later epoch empty: the stream used to skip to the next epoch forever (~92 % CPU, deaf to SIGTERM)."""
+  from data import user_stream
+  config = data_config("tests.fixtures.input_functions:empty_after_the_first_epoch")
+  source = sources.load(config)
+  stream = iter(pipeline.train_dataset(source, config, batch_size=10, steps_per_epoch=10, seed=0))
+  assert len([next(stream) for _ in range(10)]) == 10  # epoch 0 whole
+  with pytest.raises(tf.errors.FailedPreconditionError) as raised:
+    next(stream)
+  error = user_stream.short_epoch(raised.value, config.name, step=10, steps_per_epoch=10)
+  assert str(error) == ("data.name='tests.fixtures.input_functions:empty_after_the_first_epoch': an epoch of the "
+                        "input function ended after 0 of its 10 batches (in the train call from step 10, epoch 1): "
+                        "every epoch must yield as many whole batches as the first, whose length the plan read at "
+                        "load")
+  assert user_stream.short_epoch(tf.errors.FailedPreconditionError(None, None, "other"), config.name, 0, 1) is None

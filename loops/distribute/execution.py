@@ -19,6 +19,7 @@ import tensorflow as tf
 import data
 from data import resident as resident_lib
 from data import service as data_service
+from data import user_stream
 from errors import ConfigError, WorkerLostError, first_line
 from loops.core import stragglers
 from loops.core.interfaces import TrainOutput
@@ -180,9 +181,19 @@ class SyncExecution(_Execution):
       if self._resident_fn is not None:
         read_out = self._resident_fn(tf.constant(num_steps, tf.int32))
       else:
-        read_out = self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))
+        read_out = self._host_input_call(num_steps)
       values = read_out.numpy()
     return self._train_output(*self._read_out.results(values), self._read_out.worker_seconds(values))
+
+  def _host_input_call(self, num_steps):
+    """The train call on the host pipeline's iterator; an input function's short epoch is one line."""
+    try:
+      return self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))
+    except tf.errors.FailedPreconditionError as e:
+      short = user_stream.short_epoch(e, self.config.data.name, self.step, self.parts.plan.steps_per_epoch)
+      if short is None:
+        raise
+      raise short from e
 
   def train_graph_def(self, num_steps):
     """The traced train call of num_steps (train() ran it) as a GraphDef with its function library: the step's
