@@ -154,7 +154,7 @@ def test_values_collected_over_the_whole_eval_set_reach_reduce_eval_once_each(st
 
 @pytest.mark.parametrize("name, message", [
     ("CollectsMissing", r"CollectsMissing.eval_collect names \['embedding'\], which eval_step does not return"),
-    ("ReducesOtherNames", r"ReducesOtherNames.reduce_eval returned \['total'\]; eval_reduced declares "
+    ("ReducesOtherNames", r"ReducesOtherNames.reduce_eval \(.*\) returned \['total'\]; eval_reduced declares "
                           r"\['count', 'value_sum'\]"),
 ])
 def test_collected_values_and_reduced_names_that_do_not_match_are_one_line(name, message, tmp_path):
@@ -293,3 +293,33 @@ def test_ctx_normal_in_eval_step_runs_and_a_vector_metric_is_refused_before_trai
                                         r"\[10\]; an eval metric is one number"):
     run.train_and_evaluate(config, str(tmp_path / "vector"))
   assert not (tmp_path / "vector" / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("returns, got", [("none", "None"), ("dict", "a dict"), ("vector", r"shape \[64\]")])
+def test_a_train_step_that_returns_no_loss_share_is_one_line_before_training(returns, got, tmp_path):
+  from loops import run
+  config = config_with(task__name="tests.fixtures.contract_tasks:StepReturns")
+  config.task.kwargs.returns = returns
+  with pytest.raises(ConfigError, match=r"^StepReturns.train_step \(.*contract_tasks.py:\d+\) returned " + got +
+                     r"; it must return this replica's share of the global loss, one number"):
+    run.train_and_evaluate(config, str(tmp_path))
+  assert not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("returns, message", [
+    ("none", r"returned NoneType; eval_reduced declares \['count', 'value_sum'\]"),
+    ("string", r"value 'value_sum' is str \(\), not one number"),
+    ("array", r"value 'value_sum' is ndarray \(2,\), not one number"),
+    ("raises", r"raised KeyError: 'count'"),
+])
+def test_a_reduce_eval_that_fails_is_one_line_naming_it(returns, message, tmp_path):
+  """Refused at the zero-batch probe before training when its form is wrong; an exception on the real set (the
+  probe cannot judge one on zero rows) is one line at the eval."""
+  from loops import run
+  config = config_with(task__name="tests.fixtures.contract_tasks:ReduceEvalReturns",
+                       checkpoint__best_metric="eval/count", export=False)
+  config.task.kwargs.returns = returns
+  config.train.steps, config.train.steps_per_loop, config.eval.every_steps = 2, 2, 2
+  with pytest.raises(ConfigError, match=r"^ReduceEvalReturns.reduce_eval \(.*contract_tasks.py:\d+\) " + message):
+    run.train_and_evaluate(config, str(tmp_path))
+  assert (tmp_path / "checkpoints").exists() == (returns == "raises")

@@ -27,6 +27,7 @@ from loops.distribute import parameter_server
 from loops.distribute import service_watch
 from loops.distribute import steps
 from loops.distribute import strategy as strategy_lib
+from loops import task as task_lib
 from loops.model import optimizers
 from loops.persist.preemption import PreemptionWatcher
 from loops.task import update_every
@@ -121,12 +122,8 @@ class _Execution:
     """The eval metrics' results, and the task's reduce_eval of the values collected over the whole set."""
     results = {f"eval/{name}": float(m.result().numpy()) for name, m in self.parts.eval_metrics.items()}
     if collected is not None:
-      task = self.parts.training_task
-      reduced = task.reduce_eval(collected)
-      if set(reduced) != set(task.eval_reduced):
-        raise ConfigError(f"{type(task).__name__}.reduce_eval returned {sorted(reduced)}; eval_reduced declares "
-                          f"{sorted(task.eval_reduced)}")
-      results.update({f"eval/{name}": float(value) for name, value in reduced.items()})
+      reduced = task_lib.reduce_eval(self.parts.training_task, collected)
+      results.update({f"eval/{name}": value for name, value in reduced.items()})
     return results
 
   def _reset(self, metrics):

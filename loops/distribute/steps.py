@@ -1,7 +1,6 @@
 """The compiled inner loops. `step_fn`s are plain per-replica functions; the returned callables are tf.functions."""
 
 import functools
-import inspect
 
 import keras
 import numpy as np
@@ -9,6 +8,7 @@ import tensorflow as tf
 
 from loops.model import losses
 from loops.model import random_layers
+from loops import task as task_lib
 from loops.task import classification
 from loops.task import context as context_lib
 from loops.task import scaled_step
@@ -52,7 +52,7 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
     def compute(batch):
       ctx = new_context()
       with random_layers.keyed(ctx):
-        loss = scaled_step.train_step(task, batch, models, optimizers, ctx)
+        loss = task_lib.checked_step_loss(task, scaled_step.train_step(task, batch, models, optimizers, ctx))
       return loss, None, ctx.logged(), [loss]
   else:
     compute = _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_compile, updating)
@@ -82,7 +82,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
     ctx = new_context(micro_batch)
     with tf.GradientTape() as tape, random_layers.keyed(ctx):
       per_example = tf.cast(task.per_example_loss(batch, models, ctx), tf.float32)
-      losses.check_per_example(_method_name(task, "per_example_loss"), per_example, tf.nest.flatten(batch)[0])
+      losses.check_per_example(task_lib.method_name(task, "per_example_loss"), per_example, tf.nest.flatten(batch)[0])
       loss = ctx.average(per_example)
       if micro_batch[0] == 0:  # the regularization once per update
         for name in trained:
@@ -118,16 +118,6 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
     return loss, per_example, logged, grads
 
   return compute
-
-
-def _method_name(task, method):
-  """'Class.method (file:line)' of a task's method, for an error that names where to look."""
-  function = getattr(type(task), method)
-  try:
-    where = f" ({inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]})"
-  except (OSError, TypeError):
-    where = ""
-  return f"{type(task).__name__}.{method}{where}"
 
 
 def _report(loss, per_example, logged, metrics):

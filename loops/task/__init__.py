@@ -1,5 +1,7 @@
 """Tasks: what a run trains (loops/task/interface.py is the contract; classification.py the built-in)."""
 
+import inspect
+
 import numpy as np
 import tensorflow as tf
 
@@ -44,6 +46,65 @@ def update_span(config):
   return update_every.span(task_class(config.task.name).update_every)
 
 
+def method_name(task, method):
+  """'Class.method (file:line)' of a task's method, for an error that names where to look."""
+  function = getattr(type(task), method)
+  try:
+    where = f" ({inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]})"
+  except (OSError, TypeError):
+    where = ""
+  return f"{type(task).__name__}.{method}{where}"
+
+
+def checked_step_loss(task, loss):
+  """A step-level train_step's return: this replica's share of the global loss, one number; else ConfigError."""
+  if loss is None or isinstance(loss, (dict, list, tuple, str)):
+    got = "None" if loss is None else f"a {type(loss).__name__}"
+  else:
+    shape = tf.convert_to_tensor(loss).shape
+    if shape.rank == 0:
+      return loss
+    got = f"shape {shape.as_list() if shape.rank is not None else 'unknown'}"
+  raise ConfigError(f"{method_name(task, 'train_step')} returned {got}; it must return this replica's share of the "
+                    "global loss, one number (ctx.average(per_example))")
+
+
+def checked_reduced(task, reduced):
+  """reduce_eval's return as {name: float}: a dict of the eval_reduced names, each a real number; else ConfigError."""
+  where = method_name(task, "reduce_eval")
+  if not isinstance(reduced, dict) or set(reduced) != set(task.eval_reduced):
+    got = sorted(reduced) if isinstance(reduced, dict) else type(reduced).__name__
+    raise ConfigError(f"{where} returned {got}; eval_reduced declares {sorted(task.eval_reduced)}: return "
+                      "{name: number} for each")
+  numbers = {}
+  for name, value in reduced.items():
+    try:
+      numbers[name] = float(np.asarray(value, np.float64).reshape(()))
+    except (TypeError, ValueError):
+      raise ConfigError(f"{where} value '{name}' is {type(value).__name__} {np.shape(value)}, not one number") from None
+  return numbers
+
+
+def reduce_eval(task, collected):
+  """task.reduce_eval(collected) checked: {name: float}; a user's exception is one line naming the method."""
+  try:
+    reduced = task.reduce_eval(collected)
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConfigError(f"{method_name(task, 'reduce_eval')} raised {type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}") from e
+  return checked_reduced(task, reduced)
+
+
+def _probe_reduce_eval(task, zero_rows):
+  """reduce_eval on the zero batch's rows: what it returns must have the declared form (an exception there is not
+  judged: zero rows may be degenerate data for it; the real eval names it)."""
+  try:
+    reduced = task.reduce_eval(zero_rows)
+  except Exception:  # pylint: disable=broad-except
+    return
+  checked_reduced(task, reduced)
+
+
 def zero_batch(element_spec, batch):
   """A (features, targets) batch of zeros shaped like `batch` examples of element_spec."""
   return tf.nest.map_structure(lambda s: tf.zeros([batch] + list(s.shape), s.dtype), element_spec)
@@ -76,6 +137,8 @@ def eval_names(task, models, element_spec, global_batch_size, metrics, batch=2):
     if shape != (batch,):
       raise ConfigError(f"{type(task).__name__}.eval_step value '{name}' has shape {list(shape)}; expected one "
                         f"value per example, shape [{batch}] (the framework takes the weighted mean)")
+  if collected:
+    _probe_reduce_eval(task, {name: np.asarray(values[name]) for name in collected})
   for name, metric in metrics.items():  # the probe must leave no trace in the task's metrics
     shape = tuple(np.shape(metric.result()))
     metric.reset_state()
