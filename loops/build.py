@@ -194,9 +194,13 @@ def _build_trainables(config, strategy, plan, training_task, element_spec, num_c
       learning_rates[name] = made_rates.get(id(optimizer), plan.learning_rate)
     check.check_optimizers(training_task, models, optimizers_by_model, config.mixed_precision == "float16")
     for name, optimizer in optimizers_by_model.items():
-      clipping = optimizers.clip_after_the_sum(optimizer, name)
+      clipping = optimizers.take_over_the_sum(optimizer, name)
       if clipping:
         logging.info("optimizer '%s' clips by %s=%g after the cross-replica gradient sum", name, *clipping)
+      if training_task.transforms_gradients and not getattr(
+          getattr(optimizer, "inner_optimizer", optimizer), "sum_taken_over", False):
+        raise ConfigError(f"{type(training_task).__name__}.transform_gradients needs keras.optimizers optimizers; "
+                          f"'{name}' is {type(optimizer).__name__}")
       optimizer.build(models[name].trainable_variables)
     step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",
                                aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)

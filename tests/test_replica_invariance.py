@@ -24,7 +24,7 @@ def applied_update(clip, move_clipping, gradients_by_replica):
     variable = tf.Variable(tf.zeros([2]))
     optimizer = keras.optimizers.SGD(learning_rate=0.1, **clip)
     if move_clipping:
-      optimizers.clip_after_the_sum(optimizer)
+      optimizers.take_over_the_sum(optimizer)
     optimizer.build([variable])
   table = tf.constant(gradients_by_replica, tf.float32)
 
@@ -173,3 +173,21 @@ def test_a_multi_worker_config_is_said_to_be_checked_on_one_process():
   assert replica_check.run(config, out=lines.append)
   assert lines[0] == ("note: strategy=multi_worker_mirrored: this check runs the same step on one_device and on "
                       "mirrored x2 in this process; --check=workers runs it on 2 worker processes"), lines[0]
+
+
+def test_transform_gradients_gets_the_sum_and_logs_it_as_one_device_does(tmp_path):
+  """The logged norm of the summed gradient is the same on one device and on 2 replicas; a hook that returns
+  another structure is one line."""
+  from errors import ConfigError
+  from loops import run
+  norms = []
+  for replicas, strategy in ((0, "one_device"), (2, "mirrored")):
+    config = set_keys(load_config("tasks", "regression"), {
+        "task.name": TASKS + "ClipsAndLogsItsGradients", "strategy": strategy, "cpu_replicas": replicas,
+        "train.steps": 2, "train.steps_per_loop": 2, "export": False, "deterministic": True})
+    norms.append(run.train_and_evaluate(config, str(tmp_path / strategy))["train/gradient_norm"])
+  assert norms[0] > 0.05 and norms[1] == pytest.approx(norms[0], rel=1e-4), norms
+  config = set_keys(load_config("tasks", "regression"), {"task.name": TASKS + "ReturnsTooFewGradients"})
+  with pytest.raises(ConfigError, match=r"^ReturnsTooFewGradients.transform_gradients \(.*\) must return \{model "
+                                        r"name: \[one gradient per trainable variable\]\} for \['model'\]"):
+    run.train_and_evaluate(config, str(tmp_path / "few"))

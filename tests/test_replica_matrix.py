@@ -35,6 +35,9 @@ MATRIX = {
     "task: ctx.optimizer(global_clipnorm=...)": (*TASK, {"task.name": TASKS + "ClipsThroughItsOptimizer"}),
     "task: keras SGD(clipnorm=...)": (*TASK, {"task.name": TASKS + "KerasOptimizerClipsByValue"}),
     "task: keras SGD(clipvalue=...)": (*TASK, {"task.name": TASKS + "KerasOptimizerClipsByEachValue"}),
+    "task: transform_gradients clips and logs": (*TASK, {"task.name": TASKS + "ClipsAndLogsItsGradients"}),
+    "task: transform_gradients, float16, accumulation": (*TASK, {
+        "task.name": TASKS + "ClipsAndLogsItsGradients", "mixed_precision": "float16", "train.grad_accum_steps": 2}),
     # losses
     "label smoothing": (*DIGITS, {"loss.label_smoothing": 0.1}),
     "focal": (*DIGITS, {"loss.name": "focal"}),

@@ -1,12 +1,15 @@
 """The compiled inner loops. `step_fn`s are plain per-replica functions; the returned callables are tf.functions."""
 
+import contextlib
 import functools
 
 import keras
 import numpy as np
 import tensorflow as tf
 
+from errors import ConfigError
 from loops.model import losses
+from loops.model import optimizers as optimizers_lib
 from loops.model import random_layers
 from loops import task as task_lib
 from loops.task import classification
@@ -101,9 +104,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
       total = g if total is None else [a + b for a, b in zip(total, g)]
       loss += l
       per_example.append(p)
-      for name, (s, c) in named.items():
-        before = logged.get(name, (0.0, 0.0))
-        logged[name] = (before[0] + s, before[1] + c)
+      logged = _added(logged, named)
     return total, loss, tf.concat(per_example, 0), logged
 
   if jit_compile:
@@ -111,13 +112,49 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
 
   def compute(batch):
     grads, loss, per_example, logged = gradients(batch)
-    begin = 0
-    for name, size in zip(applied, sizes):
-      optimizers[name].apply_gradients(zip(grads[begin:begin + size], variables[begin:begin + size]))
-      begin += size
+    summed_here = task.transforms_gradients and applied
+    if summed_here:
+      unscale = lone.scale_loss(tf.constant(1.0)) if scales_loss else None
+      grads, named = _transformed_sum(task, dict(zip(applied, sizes)), grads, new_context(), unscale)
+      logged = _added(logged, named)
+    with optimizers_lib.gradients_already_summed() if summed_here else contextlib.nullcontext():
+      begin = 0
+      for name, size in zip(applied, sizes):
+        optimizers[name].apply_gradients(zip(grads[begin:begin + size], variables[begin:begin + size]))
+        begin += size
     return loss, per_example, logged, grads
 
   return compute
+
+
+def _added(logged, more):
+  """{name: (sum, count)} of two steps' ctx.log sums."""
+  total = dict(logged)
+  for name, (value, count) in more.items():
+    before = total.get(name, (0.0, 0.0))
+    total[name] = (before[0] + value, before[1] + count)
+  return total
+
+
+def _transformed_sum(task, sizes, grads, ctx, loss_scale=None):
+  """(flat gradients, ctx.log sums): the gradients summed over every replica and worker in one all-reduce, given
+  to task.transform_gradients by model ({name: [...]}, unscaled under float16), and its result flattened back."""
+  present = [i for i, g in enumerate(grads) if g is not None]
+  summed = tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, [grads[i] for i in present])
+  flat = list(grads)
+  for i, g in zip(present, summed):
+    flat[i] = g if loss_scale is None else g / loss_scale
+  by_model, begin = {}, 0
+  for name, size in sizes.items():
+    by_model[name], begin = flat[begin:begin + size], begin + size
+  returned = task.transform_gradients(by_model, ctx)
+  where = task_lib.method_name(task, "transform_gradients")
+  lengths = lambda gradients: {name: len(values) for name, values in gradients.items()}
+  if not isinstance(returned, dict) or lengths(returned) != lengths(by_model):
+    raise ConfigError(f"{where} must return {{model name: [one gradient per trainable variable]}} for "
+                      f"{sorted(by_model)}, as it got them")
+  out = [g for name in sizes for g in returned[name]]
+  return (out if loss_scale is None else [None if g is None else g * loss_scale for g in out]), ctx.logged()
 
 
 def _report(loss, per_example, logged, metrics):

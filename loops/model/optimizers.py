@@ -3,6 +3,7 @@
 import contextlib
 import inspect
 import math
+import threading
 
 import keras
 import tensorflow as tf
@@ -108,36 +109,58 @@ CLIP_SETTINGS = ("global_clipnorm", "clipnorm", "clipvalue")
 CLIP_SCOPE = "clip_after_cross_replica_sum"  # the replica check tells its ops from a step's own clipping
 
 
-def clip_after_the_sum(optimizer, name="model"):
-  """Moves the optimizer's clipping (global_clipnorm, clipnorm or clipvalue) after its cross-replica gradient sum.
+# Steps tracing an apply of gradients they summed themselves, process-wide and not per thread: MirroredStrategy
+# traces each replica in a thread of its own, and Keras' LossScaleOptimizer applies every replica's gradients from
+# the thread of its merge_call.
+_SUMMED = {"depth": 0}
+_SUMMED_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def gradients_already_summed():
+  """Inside, optimizers taken over by take_over_the_sum apply the gradients they get as they are: the step summed
+  them over the replicas itself (Task.transform_gradients)."""
+  with _SUMMED_LOCK:
+    _SUMMED["depth"] += 1
+  try:
+    yield
+  finally:
+    with _SUMMED_LOCK:
+      _SUMMED["depth"] -= 1
+
+
+def take_over_the_sum(optimizer, name="model"):
+  """Takes over the optimizer's cross-replica gradient sum: its clipping (global_clipnorm, clipnorm or clipvalue)
+  moves after the sum, and inside gradients_already_summed() it sums nothing.
 
   Keras 3 clips inside apply_gradients BEFORE summing the replicas' gradients, so each replica clips its own
   partial gradient and N replicas update otherwise than one. Here Keras is given no clip setting and its own
   all-reduce is followed by the clipping, on the summed gradients, alike on every replica: no further collective.
-  Returns (setting, value), or None when the optimizer does not clip.
+  Returns (setting, value) of the clipping, or None when the optimizer does not clip.
   """
   inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer: the one that applies
   settings = [(key, getattr(inner, key, None)) for key in CLIP_SETTINGS if getattr(inner, key, None)]
-  if not settings:
-    return None
-  summed = getattr(inner, "_all_reduce_sum_gradients", None)  # Keras 3's TensorFlow optimizer (tests/test_clipping)
+  summed = getattr(inner, "_all_reduce_sum_gradients", None)  # Keras 3's TensorFlow optimizer (private: tested)
   if summed is None:
-    raise ConfigError(f"optimizer '{name}' ({type(inner).__name__}) clips with {settings[0][0]}, which this "
-                      "Keras applies before the cross-replica gradient sum; use a keras.optimizers optimizer")
-  setting, value = settings[0]  # Keras refuses more than one
+    if settings:
+      raise ConfigError(f"optimizer '{name}' ({type(inner).__name__}) clips with {settings[0][0]}, which this "
+                        "Keras applies before the cross-replica gradient sum; use a keras.optimizers optimizer")
+    return None
+  setting, value = settings[0] if settings else (None, None)  # Keras refuses more than one
   for key in CLIP_SETTINGS:
     setattr(inner, key, None)
-  clip = _CLIPS[setting]
 
   def sum_then_clip(grads_and_vars):
-    pairs = summed(grads_and_vars)
-    grads = [g for g, _ in pairs]
+    pairs = list(grads_and_vars) if _SUMMED["depth"] else summed(grads_and_vars)
+    if setting is None:
+      return pairs
     with tf.name_scope(CLIP_SCOPE):
-      clipped = iter(clip([g for g in grads if g is not None], float(value)))
+      clipped = iter(_CLIPS[setting]([g for g, _ in pairs if g is not None], float(value)))
     return [(None if g is None else next(clipped), v) for g, v in pairs]
 
   inner._all_reduce_sum_gradients = sum_then_clip  # pylint: disable=protected-access
-  return setting, float(value)
+  inner.sum_taken_over = True
+  return (setting, float(value)) if setting else None
 
 
 def _scaled(gradient, factor):

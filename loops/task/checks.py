@@ -31,6 +31,9 @@ def check_task_settings(config):
     if config.train.grad_accum_steps > 1:
       raise ConfigError(f"train.grad_accum_steps={config.train.grad_accum_steps} needs a loss-level task; "
                         f"{name} writes its own train_step (accumulate inside it, or set 1)")
+    if cls.transform_gradients is not Task.transform_gradients:
+      raise ConfigError(f"{name} writes its own train_step, so transform_gradients is never called: sum its "
+                        "gradients with ctx.sum_over_replicas there, or drop train_step (loss level)")
   elif cls.per_example_loss is Task.per_example_loss:
     raise ConfigError(f"task '{name}' defines neither per_example_loss (loss level) nor train_step (step level)")
 

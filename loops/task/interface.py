@@ -56,6 +56,19 @@ class Task:
     """Step level: the whole update; returns this replica's share of the global loss (ctx.average(...))."""
     raise NotImplementedError
 
+  def transform_gradients(self, gradients, ctx):
+    """Loss level, optional: {model name: [gradient of each trainable variable]} summed over every replica and
+    worker (the same on each: whatever you compute from them is replica-correct), before the optimizers (their
+    clipping included); return the same structure. Clip one model's, log norms (ctx.log), zero an update by
+    ctx.step. Only a task that overrides it pays its one all-reduce of the gradients (the optimizers then sum
+    nothing); under float16 it gets and returns unscaled gradients."""
+    return gradients
+
+  @property
+  def transforms_gradients(self):
+    """True when the task overrides transform_gradients."""
+    return type(self).transform_gradients is not Task.transform_gradients
+
   def eval_step(self, batch, models, ctx):
     """{name: per-example values [replica batch]}, each reported as eval/<name> (the weighted mean over the eval
     set). Update the task's Keras metrics (build_metrics) here with ctx.metrics[name].update_state(...,
