@@ -30,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 import numpy as np
 import tensorflow as tf
@@ -66,10 +67,11 @@ def run(config, steps=None, tolerance=None, out=print, timeout_seconds=TIMEOUT_S
 
 
 def compare(configs, steps=None, tolerance=None, timeout_seconds=TIMEOUT_SECONDS):
-  """[(passed, report lines)] of each config: its one-device side in this process, all of them in turn, while the
-  same 2 worker processes train theirs in turn (a TensorFlow start costs seconds: a matrix of cases shares one
-  pair; each config's values equal those of a pair of its own). steps: default replica_check.steps_for(config);
-  tolerance: default replica_check.tolerance_for(config)."""
+  """[(passed, report lines)] of each config: its one-device side in this process while a pair of worker processes
+  of its own trains it (one pair per config: a process that builds a second multi-worker strategy re-enables its
+  collective ops while its peer may already call on them, measured under load: 'Socket closed' in CompleteGroup).
+  Every config is checked before any worker starts. steps: default replica_check.steps_for(config); tolerance:
+  default replica_check.tolerance_for(config)."""
   for config in configs:
     refuse_asynchronous(config)
   counts = [steps or replica_check.steps_for(config) for config in configs]
@@ -79,11 +81,12 @@ def compare(configs, steps=None, tolerance=None, timeout_seconds=TIMEOUT_SECONDS
     check_lib.check(config)  # a setting it refuses: one line, before any worker starts
   for config in twos:
     distribute_checks.check_micro_batches_across_workers(config, WORKERS)
-  with build_lib.determinism_restored():
-    here, there = alongside_workers(
-        twos, lambda: [replica_check.train(c, n) for c, n in zip(ones, counts)], timeout_seconds)
-  return [_report(compared(one, two), suspects, n, tolerance or replica_check.tolerance_for(config))
-          for config, (one, suspects), two, n in zip(configs, here, there, counts)]
+  reports = []
+  for config, one, two, n in zip(configs, ones, twos, counts):
+    with build_lib.determinism_restored():
+      (values, suspects), (there,) = alongside_workers([two], lambda: replica_check.train(one, n), timeout_seconds)
+    reports.append(_report(compared(values, there), suspects, n, tolerance or replica_check.tolerance_for(config)))
+  return reports
 
 
 def _report(differences, suspects, steps, tolerance):
@@ -326,3 +329,7 @@ if __name__ == "__main__":
     worker_main(sys.argv)
   except ConfigError as e:
     sys.exit(f"error: {first_line(e)}")
+  except BaseException:  # pylint: disable=broad-except
+    traceback.print_exc()
+    sys.stderr.flush()
+    os._exit(1)  # TensorFlow's collective threads can hang an ordinary exit after a failed collective

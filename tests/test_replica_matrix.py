@@ -3,8 +3,7 @@ the replica check (1 vs 2 replicas from the same weights, `main.py --check=repli
 computes. One row per case; a row that fails is a framework bug (fixed, or the option refused with one line).
 
 The example tasks' rows are here too (distillation, which needs a trained teacher, is in tests/test_tasks.py).
-A row of each family also goes through 2 worker processes against one device (`main.py --check=workers`), all of
-them on one pair of workers (a TensorFlow start costs seconds).
+A row of each family also goes through 2 worker processes against one device (`main.py --check=workers`).
 """
 
 import pytest
@@ -97,16 +96,15 @@ def test_two_replicas_compute_what_one_does(name):
     assert "after 5 steps" in lines[-1], lines[-1]
 
 
-# one row per family: optimizer and clipping, schedule and EMA, data mixing, accumulation, a user's loss, a task's
-# model with BatchNorm and Dropout, a step-level task
-ACROSS_WORKERS = ("sgd, global_clipnorm", "adamw, EMA, cosine with warmup", "mixup + cutmix, random flip",
-                  "gradient accumulation, clipping", "a user's loss (outputs, step)",
-                  "task model with BatchNorm and Dropout, sync", "example: gan")
+# one row per family, each on a pair of worker processes of its own: optimizer and clipping, data mixing,
+# accumulation, a task's model with BatchNorm and keyed Dropout (step-level tasks under 2 workers: test_tasks.py)
+ACROSS_WORKERS = ("sgd, global_clipnorm", "mixup + cutmix, random flip", "gradient accumulation, clipping",
+                  "task model with BatchNorm and Dropout, sync")
 
 
 @pytest.fixture(scope="module")
 def across_workers():
-  """{row: (passed, report lines)} of ACROSS_WORKERS, checked on one pair of worker processes."""
+  """{row: (passed, report lines)} of ACROSS_WORKERS, each checked on 2 worker processes of its own."""
   configs = [case_config(name) for name in ACROSS_WORKERS]
   return dict(zip(ACROSS_WORKERS, worker_check.compare(configs, timeout_seconds=240)))
 

@@ -30,15 +30,6 @@ def test_check_workers_from_the_command_line_fails_a_replica_local_statistic():
   assert result.stdout.strip().splitlines()[-1].startswith("workers: FAIL: "), result.stdout[-2000:]
 
 
-def test_one_worker_pair_checks_several_configs_in_turn():
-  right = load_config("tasks", "regression")
-  wrong = load_config("tasks", "regression")
-  wrong.task.name = "tests.fixtures.wrong_tasks:LocallyCentred"
-  results = worker_check.compare([right, wrong], steps=2)
-  assert [passed for passed, _ in results] == [True, False], [lines[-1] for _, lines in results]
-  assert results[1][1][-1].startswith("workers: FAIL: ")
-
-
 def test_parameter_server_is_refused_in_one_line():
   config = load_config("tasks", "regression")
   config.strategy = "parameter_server"
