@@ -233,7 +233,7 @@ def test_a_summary_counts_only_for_the_settings_it_ran(tmp_path):
   summary = {"step": 100, "total_steps": 100, "sweep_settings": "old"}
   (workdir / "summary.json").write_text(json.dumps(summary))
   assert sweep_report.is_complete(str(workdir), "old") and not sweep_report.is_complete(str(workdir), "new")
-  assert sweep_report.trial_status(str(workdir), "new")["status"] == "unfinished"
+  assert sweep_report.trial_status(str(workdir), "new")["status"] == "pending"  # never started with "new"
   from launch import sweep_local
   one = sweep_local.settings_of("c.py", {"a": "1"}, ["--config.train.steps=100"])
   assert one != sweep_local.settings_of("c.py", {"a": "1"}, ["--config.train.steps=200"])
