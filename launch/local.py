@@ -15,6 +15,8 @@ command, so the train input's work runs there; they are stopped when the job end
 """
 
 import argparse
+import ctypes
+import functools
 import json
 import os
 import signal
@@ -26,6 +28,7 @@ import time
 
 LOOPBACK = "127.0.0.1"
 PREEMPTED = 143  # the default preemption.exit_code (configs/base.py)
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def free_ports(count):
@@ -178,6 +181,36 @@ def signal_name(number):
     return signal.Signals(number).name
   except ValueError:
     return ""
+
+
+def die_with_parent(parent_pid, signum=signal.SIGKILL):
+  """Has the kernel send this process `signum` when its parent ends, however it ends, kill -9 included (Linux's
+  PR_SET_PDEATHSIG, kept across exec; nothing elsewhere; strictly: when the parent's thread that started this
+  process ends). False when the parent is gone already (it ended before this call): the caller should exit."""
+  if sys.platform.startswith("linux"):
+    _libc().prctl(PR_SET_PDEATHSIG, int(signum))
+  return os.getppid() == parent_pid
+
+
+def dying_with_this_process(signum, then=None):
+  """A preexec_fn for subprocess.Popen: the child gets `signum` when this process ends (die_with_parent), exits at
+  once when this process has ended already, then runs `then()`. libc is loaded here, before the fork."""
+  parent = os.getpid()
+  if sys.platform.startswith("linux"):
+    _libc()
+
+  def setup():
+    if not die_with_parent(parent, signum):
+      os._exit(1)  # pylint: disable=protected-access
+    if then is not None:
+      then()
+
+  return setup
+
+
+@functools.lru_cache(maxsize=None)
+def _libc():
+  return ctypes.CDLL(None, use_errno=True)
 
 
 def _verdict(failed, code, preempted):

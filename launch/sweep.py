@@ -27,6 +27,7 @@ import tempfile
 from launch import sweep_grid
 from launch import sweep_hparams
 from launch import sweep_local
+from launch import sweep_lock
 from launch import sweep_report
 from launch import sweep_slurm
 from launch import sweep_study
@@ -142,25 +143,36 @@ def report(sweep_dir, trials, out):
 
 
 def main(argv=None, out=sys.stdout):
+  """The sweep (or --report); returns the exit code. One sweep per directory: the lock is taken before anything is
+  written, and a sweep error of any phase is one `error:` line."""
   args = parse(sys.argv[1:] if argv is None else argv)
   trials_path = os.path.join(args.sweep_dir, TRIALS)
+  lock = None
   try:
     if args.report:
       return _report_only(args.sweep_dir, trials_path, out)
     sweep, grid = plan(args)
-    previous = sweep_report.read_json(trials_path)
-    _judged_by(sweep, grid, previous)
-    study = None
-    if sweep_study.uses_study(sweep["search"], sweep["prune"]):
-      os.makedirs(args.sweep_dir, exist_ok=True)
-      study = sweep_study.open_study(os.path.join(args.sweep_dir, sweep_study.STUDY_FILE), sweep_study.record_of(sweep))
+    lock = sweep_lock.SweepLock(args.sweep_dir).acquire(out)  # one sweep per directory, before anything is written
+    return _sweep(args, sweep, grid, trials_path, out)
   except sweep_grid.SweepError as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+  finally:
+    if lock is not None:
+      lock.release()
+
+
+def _sweep(args, sweep, grid, trials_path, out):
+  """Checks the first trial (or finds it checked before), opens the study, writes trials.json, runs the trials (or
+  writes the SLURM script) and reports; returns the exit code."""
+  previous = sweep_report.read_json(trials_path)
+  _judged_by(sweep, grid, previous)
+  study = None
+  if sweep_study.uses_study(sweep["search"], sweep["prune"]):
+    study = sweep_study.open_study(os.path.join(args.sweep_dir, sweep_study.STUDY_FILE), sweep_study.record_of(sweep))
   if previous and any(previous.get(k) != sweep[k] for k in ("config", "extra_args")):
     out.write("[sweep] the config or the flags after -- differ from the recorded sweep's: every trial starts again "
               "(a complete one trains on if its length grew, else evaluates again)\n")
-  os.makedirs(args.sweep_dir, exist_ok=True)
   if study is not None:
     sweep["trials"] = _study_trials(study, sweep, args.sweep_dir, assign=True)
   sweep_report.write_json(trials_path, sweep)

@@ -4,7 +4,8 @@ pinned to its share of the CPU cores (and its own GPUs when there are GPUs).
 A trial's stdout and stderr are appended to DIR/<trial>/sweep.log; each attempt (start, pid, exit code, seconds,
 the `error: ...` line) is recorded in DIR/<trial>/sweep.json. A failed trial does not stop the others. SIGTERM or
 Ctrl-C to the sweep forwards SIGTERM to the running trials: they save a checkpoint and exit (143); rerunning the
-sweep resumes them.
+sweep resumes them. A sweep that ends otherwise (kill -9) takes its trials with it: the kernel sends each SIGTERM
+(PR_SET_PDEATHSIG). A trial whose earlier run is still alive is waited for, not started beside it.
 """
 
 import datetime
@@ -12,6 +13,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOP_GRACE_SECONDS = 120
 # Every trial: its HParams session only; the sweep writes the one experiment (the swept keys) at its directory.
 TRIAL_FLAGS = ("--config.summary.hparams_experiment=False",)
+RUN_LOCK = "run.lock"  # a running main.py's workdir lock: {"host", "pid", ...} (loops/persist/workdir_lock.py)
 
 
 def visible_gpus():
@@ -125,9 +128,12 @@ class Attempt:
     if slot["gpus"]:
       env["CUDA_VISIBLE_DEVICES"] = ",".join(slot["gpus"])
     cores = slot["cores"]
+    # Its own process group (the sweep stops it on its way out, Ctrl-C reaches it only through the sweep), and
+    # SIGTERM from the kernel when the sweep ends however it ends, kill -9 included: it saves and exits.
     self.proc = subprocess.Popen(  # pylint: disable=consider-using-with
         command, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores else None)
+        preexec_fn=local.dying_with_this_process(signal.SIGTERM,
+                                                 (lambda: os.sched_setaffinity(0, cores)) if cores else None))
     log.close()
     self.started = time.monotonic()
     record = sweep_report.read_json(self.record_path) or {"attempts": []}
@@ -165,6 +171,52 @@ class Attempt:
         pass
 
 
+def earlier_run(workdir):
+  """The pid of a run of this trial still alive that this sweep did not start (an earlier sweep's trial: one killed
+  with -9 before trials died with their sweep, or a run by hand): the workdir lock's holder on this host, or the
+  last attempt in sweep.json not recorded as ended; None when there is none."""
+  lock = sweep_report.read_json(os.path.join(workdir, RUN_LOCK)) or {}
+  attempts = (sweep_report.read_json(os.path.join(workdir, sweep_report.ATTEMPTS)) or {}).get("attempts", [])
+  pids = [lock.get("pid")] if lock.get("host") == socket.gethostname() else []
+  if attempts and attempts[-1].get("exit_code") is None:
+    pids.append(attempts[-1].get("pid"))
+  return next((pid for pid in pids if isinstance(pid, int) and runs_in(pid, workdir)), None)
+
+
+def runs_in(pid, workdir):
+  """Process `pid` is alive and runs in `workdir`: its command line names it (where /proc tells: not a reused pid,
+  not a zombie)."""
+  try:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+      return f"--workdir={workdir}".encode() in f.read()
+  except FileNotFoundError:
+    return not os.path.isdir("/proc") and sweep_report.alive(pid)
+  except OSError:
+    return sweep_report.alive(pid)
+
+
+class EarlierRun:
+  """A trial's earlier run still alive (not this sweep's child): it holds a slot until it ends; then the trial
+  starts (and resumes) unless that run completed it. Ctrl-C leaves it alone."""
+
+  def __init__(self, trial, pid, slot, out):
+    self.trial, self.slot, self.pid = trial, slot, pid
+    out.write(f"[sweep] {trial['name']}: its earlier run (pid {pid}) is still running; waiting for it to end\n")
+    out.flush()
+
+  def poll(self):
+    """None while the run is alive, else 0 (its exit code is its parent's to know)."""
+    return None if runs_in(self.pid, self.trial["workdir"]) else 0
+
+  def ended(self, out):
+    """Says how the earlier run left the trial; True when it is complete."""
+    complete = sweep_report.is_complete(self.trial["workdir"], self.trial.get("settings"))
+    then = _verdict(self.trial) if complete else "unfinished: starting it again"
+    out.write(f"[sweep] {self.trial['name']}: its earlier run ended ({then})\n")
+    out.flush()
+    return complete
+
+
 def _now():
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
@@ -199,25 +251,43 @@ def run(config, trials, extra_args, parallel, out=sys.stdout, poll_seconds=0.5, 
         if not todo:
           trials.append(ask(missing.pop(0)))
           todo.append(trials[-1])
-        slot, trial = free.pop(0), todo.pop(0)
-        command = trial_command(config, trial, resource_flags(slot, taken | set(trial["overrides"])) + extra_args)
-        running.append(Attempt(trial, command, slot, out))
+        running.append(_start(config, todo.pop(0), free.pop(0), taken, extra_args, out))
       time.sleep(poll_seconds)
-      for attempt in [a for a in running if a.proc.poll() is not None]:
+      for attempt in [a for a in running if _poll(a) is not None]:
         running.remove(attempt)
-        codes.append(attempt.finish(out))
         free.append(attempt.slot)
+        if isinstance(attempt, EarlierRun):
+          if not attempt.ended(out):
+            todo.insert(0, attempt.trial)
+          continue
+        codes.append(attempt.finish(out))
         if on_end:
           on_end(attempt.trial, codes[-1])
   except KeyboardInterrupt:
-    _stop_all(running, out)
+    _stop_all([a for a in running if isinstance(a, Attempt)], out)
     return sweep_report.PREEMPTED
+  except Exception:  # e.g. the study refused a trial's values: the running trials save and stop
+    _stop_all([a for a in running if isinstance(a, Attempt)], out)
+    raise
   finally:
     _on_sigterm(previous)
   if any(code not in (0, sweep_report.PREEMPTED) for code in codes):
     return 1
   complete = all(sweep_report.is_complete(t["workdir"], t.get("settings")) for t in trials)
   return 0 if complete else sweep_report.PREEMPTED
+
+
+def _start(config, trial, slot, taken, extra_args, out):
+  """The trial's attempt in this slot; or its earlier run, when one is still alive, to wait for."""
+  pid = earlier_run(trial["workdir"])
+  if pid is not None:
+    return EarlierRun(trial, pid, slot, out)
+  command = trial_command(config, trial, resource_flags(slot, taken | set(trial["overrides"])) + extra_args)
+  return Attempt(trial, command, slot, out)
+
+
+def _poll(running):
+  return running.poll() if isinstance(running, EarlierRun) else running.proc.poll()
 
 
 def _on_sigterm(handler):

@@ -3,7 +3,9 @@ checkpoint.best_metric in its direction (checkpoint.best_mode, read from the tri
 
 Reads what the runs write: summary.json (written last: the run is complete when its step reached total_steps or it
 stopped early), best/best.json (the best value and its step), checkpoints/checkpoint (the last saved step), and the
-sweep's own record of each attempt, DIR/<trial>/sweep.json. Pure Python; the sweep directory is a local path.
+sweep's own record of each attempt, DIR/<trial>/sweep.json, and the run's starts (starts.jsonl) - each trial by what
+ran its current settings only (an earlier sweep's flags say nothing about it). Pure Python; the sweep directory is a
+local path.
 """
 
 import csv
@@ -50,7 +52,8 @@ def pruned(summary):
   return reason if reason.startswith("pruned at") else None
 
 
-def _alive(pid):
+def alive(pid):
+  """Process `pid` exists (a zombie too: the caller reaps its own children)."""
   try:
     os.kill(pid, 0)
   except (OSError, TypeError):
@@ -68,25 +71,56 @@ def _last_checkpoint_step(workdir):
   return int(found.group(1)) if found else None
 
 
-def trial_status(workdir, settings=None):
-  """{'status', 'error', 'stopped', 'step', 'total_steps', 'best', 'best_step', 'wall_seconds'} of one trial's
-  workdir; status: complete, pruned, running, failed or unfinished."""
+def current_attempts(workdir, settings):
+  """The sweep's attempts of the trial that ran `settings` (their command's --config.sweep.settings; all without)."""
   attempts = (read_json(os.path.join(workdir, ATTEMPTS)) or {}).get("attempts", [])
+  flag = f"--config.sweep.settings={settings}"
+  return [a for a in attempts if not settings or flag in (a.get("command") or [])]
+
+
+def current_starts(workdir, settings):
+  """The run's starts (starts.jsonl: step, plan, config) since it last started with other settings than `settings`
+  (config.sweep.settings; every start without)."""
+  try:
+    with open(os.path.join(workdir, "starts.jsonl")) as f:
+      lines = f.read().splitlines()
+  except OSError:
+    return []
+  starts = []
+  for line in reversed(lines):
+    try:
+      start = json.loads(line)
+    except ValueError:
+      continue
+    if settings and ((start.get("config") or {}).get("sweep") or {}).get("settings") != settings:
+      break
+    starts.insert(0, start)
+  return starts
+
+
+def trial_status(workdir, settings=None):
+  """{'status', 'error', 'stopped', 'step', 'from_step', 'total_steps', 'best', 'best_step', 'wall_seconds'} of one
+  trial's workdir, from what ran its current `settings` only; status: complete, pruned, running, failed,
+  unfinished, or pending (not started with these settings: an earlier sweep's record says nothing about them)."""
+  attempts, starts = current_attempts(workdir, settings), current_starts(workdir, settings)
   summary = read_json(os.path.join(workdir, "summary.json")) or {}
-  best = read_json(os.path.join(workdir, "best", "best.json")) or {}
-  last = attempts[-1] if attempts else {}
-  error = ""
+  if settings and summary.get("sweep_settings") != settings:
+    summary = {}
+  last, error = (attempts[-1] if attempts else {}), ""
   if is_complete(workdir, settings):
     status = "pruned" if pruned(summary) else "complete"
-  elif last and last.get("exit_code") is None and _alive(last.get("pid")):
+  elif last and last.get("exit_code") is None and alive(last.get("pid")):
     status = "running"
   elif last.get("exit_code") not in (None, 0) and not last.get("preempted"):
     status, error = "failed", last.get("error", "")
   else:
-    status = "unfinished"
-  step = summary.get("step") if status in ("complete", "pruned") else _last_checkpoint_step(workdir)
-  stopped = summary.get("stopped_early", "") if status in ("complete", "pruned") else ""
-  return {"status": status, "error": error, "stopped": stopped, "step": step, "total_steps": summary.get("total_steps"),
+    status = "unfinished" if attempts or starts else "pending"
+  ended = status in ("complete", "pruned")
+  best = (read_json(os.path.join(workdir, "best", "best.json")) or {}) if attempts or starts else {}
+  total = summary.get("total_steps") or ((starts[-1].get("plan") or {}).get("total_steps") if starts else None)
+  return {"status": status, "error": error, "stopped": summary.get("stopped_early", "") if ended else "",
+          "step": summary.get("step") if ended else _last_checkpoint_step(workdir) if starts else None,
+          "from_step": starts[0].get("step", 0) if starts else 0, "total_steps": total,
           "best": best.get("value"), "best_step": best.get("step"),
           "wall_seconds": round(sum(a.get("seconds") or 0 for a in attempts), 1)}
 
@@ -110,7 +144,7 @@ def rows(sweep_dir, trials):
     table.append({"trial": trial["name"], **trial["overrides"], f"best {metric}": status["best"],
                   "best_step": status["best_step"], "step": status["step"], "wall_seconds": status["wall_seconds"],
                   "status": status["status"], "stopped": status["stopped"], "error": status["error"],
-                  "_index": trial["index"], "_total_steps": status["total_steps"]})
+                  "_index": trial["index"], "_total_steps": status["total_steps"], "_from_step": status["from_step"]})
   sign = -1 if mode == "max" else 1
   best = f"best {metric}"
   table.sort(key=lambda r: (r[best] is None, 0 if r[best] is None else sign * r[best], r["_index"]))
@@ -118,9 +152,10 @@ def rows(sweep_dir, trials):
 
 
 def steps_spent(table):
-  """(steps the trials reached, steps of as many full-length trials): what pruning saved."""
+  """(steps trained with the current settings: from each trial's first start with them to the step it reached,
+  steps of as many full-length trials, 0 while no trial has started with them): what pruning saved."""
   full = max((row["_total_steps"] or 0 for row in table), default=0)
-  return sum(row["step"] or 0 for row in table), full * len(table)
+  return sum(max(0, (row["step"] or 0) - row["_from_step"]) for row in table), full * len(table)
 
 
 def best_curve(table, mode):
@@ -163,7 +198,7 @@ def write(sweep_dir, trials):
   spent, full = steps_spent(table)
   plot(os.path.join(sweep_dir, "best_by_trial.png"), best_curve(table, mode), metric)
   for row in table:
-    del row["_index"], row["_total_steps"]
+    del row["_index"], row["_total_steps"], row["_from_step"]
   columns = list(table[0]) if table else ["trial"]
   text = io.StringIO()
   writer = csv.DictWriter(text, columns, lineterminator="\n")
@@ -172,9 +207,8 @@ def write(sweep_dir, trials):
   _write_text(os.path.join(sweep_dir, "report.csv"), text.getvalue())
   states = [row["status"] for row in table]
   counts = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
-  share = f" ({100 * spent / full:.0f} %)" if full else ""
-  markdown = _markdown(table, columns) + (f"\n{len(table)} trials: {counts}; steps spent {spent} of {full} for "
-                                          f"{len(table)} full-length trials{share}\n")
+  of = f" of {full} for {len(table)} full-length trials ({100 * spent / full:.0f} %)" if full else ""
+  markdown = _markdown(table, columns) + f"\n{len(table)} trials: {counts}; steps spent {spent}{of}\n"
   _write_text(os.path.join(sweep_dir, "report.md"), markdown)
   return markdown
 

@@ -4,11 +4,12 @@ The study lives in Optuna's journal file storage (`JournalStorage(JournalFileBac
 safe for several processes and nodes on a shared filesystem, no database server). Trial i of the sweep is the Optuna
 trial whose user attribute `index` is i (and `name`, its workdir's name): asked once, by the local sweep when a slot
 frees or by the SLURM array task i, then found again by every rerun or requeue. A failed trial (told FAIL) gets a
-new Optuna trial with the same values on the next rerun. grid and random points are fixed in advance (asked with a
-one-value distribution per key); tpe asks Optuna's TPE sampler (seeded, `constant_liar` for the trials still
-running) over the space: `loguniform:a:b`, `uniform:a:b`, `int:a:b` and lists (categorical). The runs report to
-the trial and are pruned inside (loops/callbacks/sweep_trial.py). The recorded space, metric, direction, search and
-pruner are checked on every rerun: a change is one error line.
+new Optuna trial with the same values (and distributions) on the next rerun. grid and random points are fixed in
+advance (asked with the space's distributions, a sampler giving the point's values); tpe asks Optuna's TPE sampler
+(seeded, `constant_liar` for the trials still running) over the space: `loguniform:a:b`, `uniform:a:b`, `int:a:b`
+and lists (categorical). Every trial gets the same distribution per key (Optuna refuses another kind, or other
+choices, for a parameter name). The runs report to the trial and are pruned inside (loops/callbacks/sweep_trial.py).
+The recorded space, metric, direction, search and pruner are checked on every rerun: a change is one error line.
 """
 
 import warnings
@@ -100,24 +101,23 @@ def _text(value):
 
 
 def assign(study, sweep_dir, index, grid, point=None):
-  """Sweep trial `index`: the Optuna trial recorded for it (not failed), else a new one (`point`'s fixed values for
-  grid and random, else the sampler's over `grid`); {'index', 'name', 'overrides', 'workdir', 'number'}."""
-  import optuna  # pylint: disable=import-outside-toplevel
-
+  """Sweep trial `index`: the Optuna trial recorded for it (not failed), else a new one: a failed one's values again
+  (with its own distributions: Optuna refuses a parameter whose kind changes), `point`'s fixed values for grid and
+  random, else the sampler's over `grid` (both with the distributions of `grid`, the same for every trial);
+  {'index', 'name', 'overrides', 'workdir', 'number'}."""
   mine = [t for t in study.get_trials(deepcopy=False) if t.user_attrs.get("index") == index]
-  kept = [t for t in mine if t.state != optuna.trial.TrialState.FAIL]
+  kept = [t for t in mine if t.state.name != "FAIL"]
   if kept:
     return _record(kept[-1], sweep_dir, index)
-  if mine:  # failed before: the same values again, in a new Optuna trial
-    point = mine[-1].user_attrs["overrides"]
-  if point is not None:
-    fixed = {key: optuna.distributions.CategoricalDistribution([value]) for key, value in point.items()}
-    trial = study.ask(fixed)
+  if mine:
+    trial = _ask(study, index, mine[-1].distributions, mine[-1].params)
+  elif point is not None:
+    trial = _ask(study, index, distributions(grid), point)
   else:  # seeded by (seed, index): the same proposal in whichever process asks (an array task, a rerun)
     recorded = study.user_attrs
     study.sampler = _sampler(recorded["search"], recorded.get("seed", 0) * 100003 + index, recorded.get("trials", 10))
-    trial = study.ask(distributions(grid))
-  overrides = {key: _text(value) for key, value in trial.params.items()}
+    trial = _ask(study, index, distributions(grid))
+  overrides = mine[-1].user_attrs["overrides"] if mine else {key: _text(value) for key, value in trial.params.items()}
   names = {t.user_attrs.get("name") for t in study.get_trials(deepcopy=False) if t.user_attrs.get("index") != index}
   name = mine[-1].user_attrs["name"] if mine else sweep_grid.trial_name(overrides)
   if name in names:  # another trial rounds to the same values (tpe): its own workdir anyway
@@ -126,6 +126,61 @@ def assign(study, sweep_dir, index, grid, point=None):
   trial.set_user_attr("name", name)
   trial.set_user_attr("index", index)
   return _record(study.get_trials(deepcopy=False)[trial.number], sweep_dir, index)
+
+
+def _ask(study, index, space, values=None):
+  """A new Optuna trial with a value for each key of `space` ({KEY: distribution}): `values`' (a fixed point, a
+  failed trial again) or the study's sampler's. When the study refuses them, the new trial is told FAIL (never left
+  RUNNING without parameters) and a SweepError says so in one line."""
+  import optuna  # pylint: disable=import-outside-toplevel
+
+  sampler = study.sampler
+  if values is not None:
+    study.sampler = _fixed_sampler(values)
+  trial = study.ask()
+  try:
+    for key, distribution in space.items():
+      _suggest(trial, key, distribution)
+  except ValueError as e:
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    raise sweep_grid.SweepError(f"the sweep's study refuses trial {index}'s values (Optuna: {e}): use another "
+                                "--sweep_dir") from None
+  finally:
+    study.sampler = sampler
+  return trial
+
+
+def _suggest(trial, key, distribution):
+  """trial.suggest_* for an Optuna distribution (the public way to give a trial a value of that distribution)."""
+  import optuna  # pylint: disable=import-outside-toplevel
+
+  if isinstance(distribution, optuna.distributions.CategoricalDistribution):
+    return trial.suggest_categorical(key, distribution.choices)
+  if isinstance(distribution, optuna.distributions.IntDistribution):
+    return trial.suggest_int(key, distribution.low, distribution.high, step=distribution.step, log=distribution.log)
+  return trial.suggest_float(key, distribution.low, distribution.high, step=distribution.step, log=distribution.log)
+
+
+def _fixed_sampler(values):
+  """An Optuna sampler that proposes `values` ({KEY: value}, typed as each distribution's values). Optuna's own
+  ways would let another process take them (enqueue_trial) or record a distribution of another kind (one-value)."""
+  import optuna  # pylint: disable=import-outside-toplevel
+
+  class Fixed(optuna.samplers.BaseSampler):
+
+    def infer_relative_search_space(self, study, trial):
+      return {}
+
+    def sample_relative(self, study, trial, search_space):
+      return {}
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+      value = values[param_name]
+      if isinstance(param_distribution, optuna.distributions.IntDistribution):
+        return int(value)
+      return float(value) if isinstance(param_distribution, optuna.distributions.FloatDistribution) else value
+
+  return Fixed()
 
 
 def known(study, sweep_dir):

@@ -18,7 +18,6 @@ Worker side (hidden): `python -m loops.worker_check DIRECTORY PARENT_PID`, with 
 
 import collections
 import contextlib
-import ctypes
 import io
 import json
 import os
@@ -303,10 +302,7 @@ def load_values(directory, n):
 def die_with_parent(parent_pid, directory):
   """This worker is killed when the check's process ends, however it ends (Linux' PR_SET_PDEATHSIG); when that
   process is already gone (killed while TensorFlow was imported here), removes its directory and exits."""
-  if sys.platform.startswith("linux"):
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-  if os.getppid() != parent_pid:
+  if not local.die_with_parent(parent_pid, signal.SIGKILL):
     shutil.rmtree(directory, ignore_errors=True)
     sys.exit("--check=workers: the checking process is gone")
 

@@ -233,7 +233,7 @@ def test_a_summary_counts_only_for_the_settings_it_ran(tmp_path):
   summary = {"step": 100, "total_steps": 100, "sweep_settings": "old"}
   (workdir / "summary.json").write_text(json.dumps(summary))
   assert sweep_report.is_complete(str(workdir), "old") and not sweep_report.is_complete(str(workdir), "new")
-  assert sweep_report.trial_status(str(workdir), "new")["status"] == "unfinished"
+  assert sweep_report.trial_status(str(workdir), "new")["status"] == "pending"  # never started with "new"
   from launch import sweep_local
   one = sweep_local.settings_of("c.py", {"a": "1"}, ["--config.train.steps=100"])
   assert one != sweep_local.settings_of("c.py", {"a": "1"}, ["--config.train.steps=200"])
@@ -244,7 +244,8 @@ def test_study_trials_are_assigned_once_and_a_failed_one_again_with_its_values(t
   record = {"space": {"lr": "loguniform:0.001:1"}, "metric": "eval/accuracy", "mode": "max", "search": "grid",
             "prune": "asha", "seed": 0, "trials": 2}
   study = sweep_study.open_study(str(tmp_path / "study.log"), record)
-  first = sweep_study.assign(study, str(tmp_path), 0, None, {"lr": "0.1"})
+  space = sweep_grid.parse_grid(["lr=loguniform:1e-3:1"])
+  first = sweep_study.assign(study, str(tmp_path), 0, space, {"lr": "0.1"})
   assert first["overrides"] == {"lr": "0.1"} and first["name"] == "lr=0.1" and first["number"] == 0
   assert sweep_study.assign(study, str(tmp_path), 0, None, {"lr": "0.5"})["number"] == 0  # found, not asked again
   sweep_study.fail(study, 0)
