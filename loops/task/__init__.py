@@ -24,6 +24,7 @@ def load(config, loss_fn, metrics):
     kwargs = dict(config.task.kwargs)
     plugins.check_call(cls, (), kwargs, "task.kwargs", config.task.name)
     task = cls(**kwargs)
+    task.kwargs = kwargs
   task.config = config
   return task
 

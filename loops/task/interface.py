@@ -29,7 +29,8 @@ class Task:
       steps 4, 9, ...; WGAN-GP's n_critic); models not listed update every step. A step-level task branches on
       ctx.updates(name), a Python bool (the step is traced once per combination of updating models, at most 3
       listed); at the loss level the framework skips the gradients of models that do not update.
-    config: the run's config (set by the framework before any method is called); `self.kwargs` = task.kwargs.
+    config: the run's config (set by the framework before any method is called).
+    kwargs: task.kwargs as a dict (also passed to the constructor; set before any method is called).
   """
 
   train_metrics = ()
@@ -37,6 +38,7 @@ class Task:
   eval_collect = ()
   eval_reduced = ()
   config = None
+  kwargs = {}
 
   def build_models(self, ctx):
     """{name: keras.Model}. The model named "model" is the one exported, warm-started and frozen by
