@@ -97,9 +97,9 @@ def test_two_replicas_compute_what_one_does(name):
 
 
 # one row per family, each on a pair of worker processes of its own: optimizer and clipping, data mixing,
-# accumulation, a task's model with BatchNorm and keyed Dropout (step-level tasks under 2 workers: test_tasks.py)
+# accumulation, a task's model with BatchNorm and keyed Dropout, a step-level task updating a model every k steps
 ACROSS_WORKERS = ("sgd, global_clipnorm", "mixup + cutmix, random flip", "gradient accumulation, clipping",
-                  "task model with BatchNorm and Dropout, sync")
+                  "task model with BatchNorm and Dropout, sync", "example: wgan_gp (update_every, 5 steps)")
 
 
 @pytest.fixture(scope="module")
