@@ -129,8 +129,9 @@ def compared(one, two):
 
 
 def alongside_workers(configs, work, timeout_seconds=TIMEOUT_SECONDS):
-  """(work(), [each config's values on the workers]): 2 worker processes train `configs` in turn (each config
-  resolved, multi_worker_mirrored, train.steps the steps) while this process runs `work`."""
+  """(work(), [each config's values on the workers]): 2 worker processes train `configs` (each config resolved,
+  multi_worker_mirrored, train.steps the steps) while this process runs `work`. compare gives one config per
+  pair: a worker cannot build a second multi-worker strategy safely (see compare)."""
   directory = tempfile.mkdtemp(prefix="worker_check-")
   workers = Workers(directory)
   try:

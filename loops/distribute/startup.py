@@ -20,7 +20,6 @@ from loops.distribute import rendezvous
 from loops.distribute import startup_watchdog
 
 WATCHDOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup_watchdog.py")
-_JOINED = set()  # (type, index, cluster) of every cluster this process's TensorFlow server joined
 
 
 def check_port_free(task):
@@ -53,17 +52,13 @@ def bounded_start(task, timeout_seconds):
   from every peer; past the timeout, WorkerLostError names the peers nothing listens for. Then TensorFlow's start
   runs under a watchdog process that ends it (SIGKILL: TensorFlow's own SIGTERM handler swallows SIGTERM while it
   waits) with one line when it takes longer. Only for a task of a multi-worker cluster; otherwise the body just
-  runs. An MPI rank's address file (rendezvous.py) is removed once every peer answers. A second start of a
-  cluster this process already joined (another strategy on it: loops/worker_check.py's configs in turn) skips the
-  wait: TensorFlow's server holds the port, and the peers answered before; the watchdog still bounds it.
+  runs. An MPI rank's address file (rendezvous.py) is removed once every peer answers.
   """
   if not task.is_distributed:
     yield
     return
-  joined = (task.type, task.index, json.dumps(task.cluster, sort_keys=True))
-  if joined not in _JOINED:
-    _wait_for_peers(task, timeout_seconds)
-    rendezvous.forget(task.rendezvous_file)  # every peer listens: each has read this task's address (MPI)
+  _wait_for_peers(task, timeout_seconds)
+  rendezvous.forget(task.rendezvous_file)  # every peer listens: each has read this task's address (MPI)
   watchdog = subprocess.Popen([sys.executable, WATCHDOG, str(os.getpid()), str(timeout_seconds),
                                json.dumps(peers(task))], stdin=subprocess.PIPE)
   try:
@@ -71,7 +66,6 @@ def bounded_start(task, timeout_seconds):
   finally:
     watchdog.stdin.close()  # end of input: the start is over
     watchdog.wait()
-  _JOINED.add(joined)  # only after a start that succeeded
 
 
 def _wait_for_peers(task, timeout_seconds, poll_seconds=0.5):
