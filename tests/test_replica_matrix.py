@@ -97,9 +97,11 @@ def test_two_replicas_compute_what_one_does(name):
 
 
 # one row per family, each on a pair of worker processes of its own: optimizer and clipping, data mixing,
-# accumulation, a task's model with BatchNorm and keyed Dropout, a step-level task updating a model every k steps
+# accumulation, a task's model with BatchNorm and keyed Dropout, a step-level task updating a model every k steps,
+# a task's own transform of the summed gradients
 ACROSS_WORKERS = ("sgd, global_clipnorm", "mixup + cutmix, random flip", "gradient accumulation, clipping",
-                  "task model with BatchNorm and Dropout, sync", "example: wgan_gp (update_every, 5 steps)")
+                  "task model with BatchNorm and Dropout, sync", "example: wgan_gp (update_every, 5 steps)",
+                  "task: transform_gradients clips and logs")
 
 
 @pytest.fixture(scope="module")
