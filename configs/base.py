@@ -19,6 +19,7 @@ def get_config(arg=None):
   _init(c)
   _eval_and_checkpoints(c)
   _monitoring(c)
+  _tracking(c)
   _finders(c)
   _checks(c)
   c.lock()  # a config file that sets a key defined nowhere here (a misspelling) fails, as on the command line
@@ -312,6 +313,21 @@ def _monitoring(c):
   # At the end write workdir/export/model.keras (the final model) and workdir/export/saved_model (serving_default:
   # raw images in, the eval's preprocessing inside, probabilities and classes out; WORKSPACE "Serving the export").
   c.export = True
+
+
+def _tracking(c):
+  """MLflow and Weights & Biases (loops/persist/tracking.py): from the chief only, the flattened config and the
+  plan as params, every train/eval scalar at its step (what TensorBoard gets), tags (task, strategy, replicas,
+  workers, git commit), summary.json and best.json as artifacts; a resumed run continues the same tracker run."""
+  c.tracking = ml_collections.ConfigDict()
+  c.tracking.mlflow = ""  # "" = off; a store (file:/abs/dir, sqlite:///abs/mlflow.db) or a server (http://host:port)
+  c.tracking.wandb = ""  # "" = off; a W&B project (WANDB_MODE=offline: kept in workdir/wandb for `wandb sync`)
+  c.tracking.experiment = ""  # MLflow experiment; "" = the name of the folder holding the workdir (runs/r50 -> runs)
+  c.tracking.log_export = False  # also send workdir/export (model.keras, saved_model) as artifacts
+  c.tracking.close_timeout_seconds = 30.0  # at the end, wait at most this long for values still being sent
+  # Set by `python -m launch.sweep` (never by hand): the sweep's MLflow parent run and W&B group.
+  c.tracking.parent_run = ""
+  c.tracking.group = ""
 
 
 def _finders(c):

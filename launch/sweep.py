@@ -31,6 +31,7 @@ from launch import sweep_lock
 from launch import sweep_report
 from launch import sweep_slurm
 from launch import sweep_study
+from launch import sweep_tracking
 
 TRIALS = "trials.json"
 RESERVED = ("--config=", "--workdir=", "--config ", "--workdir ")
@@ -93,7 +94,7 @@ def absolute_config(config):
 
 def dry_run(config, trial, extra_args):
   """main.py --dry_run of one trial in a throw-away workdir: SweepError with main.py's error line if it fails;
-  else (checkpoint.best_metric, best_mode) as the run reports them."""
+  else (checkpoint.best_metric, best_mode, the trackers it turns on) as the run reports them."""
   with tempfile.TemporaryDirectory(prefix="sweep-dry-run-") as scratch:
     command = sweep_local.trial_command(config, {**trial, "workdir": os.path.join(scratch, "w")},
                                         [*extra_args, "--dry_run"])
@@ -103,7 +104,8 @@ def dry_run(config, trial, extra_args):
     what = errors[-1][len("error: "):] if errors else (done.stderr.strip().splitlines() or ["?"])[-1]
     raise sweep_grid.SweepError(f"{what} (main.py --dry_run of trial {trial['name']})")
   found = re.search(r"^\s*best_metric: (\S+) \((max|min)\)$", done.stdout, re.M)
-  return (found.group(1), found.group(2)) if found else (None, None)
+  tracking = sweep_tracking.from_dry_run(done.stdout)
+  return (found.group(1), found.group(2), tracking) if found else (None, None, tracking)
 
 
 def probe(grid):
@@ -117,7 +119,8 @@ def _checked_before(sweep, previous):
   """A rerun with the same config, extra flags, space and search as the recorded sweep (whose dry run passed then;
   each trial's main.py checks everything again anyway)."""
   keys = ("config", "extra_args", "grid", "search", "prune")
-  return bool(previous) and all(previous.get(k) == sweep[k] for k in keys) and "metric" in previous
+  return bool(previous) and all(previous.get(k) == sweep[k] for k in keys) and "metric" in previous and (
+      "tracking" in previous)
 
 
 def plan(args):
@@ -178,10 +181,13 @@ def _sweep(args, sweep, grid, trials_path, out):
   sweep_report.write_json(trials_path, sweep)
   _write_experiment(args.sweep_dir, sweep, grid)
   if args.slurm:
+    sweep_tracking.open_parent(args.sweep_dir, sweep["tracking"], sweep)
     return _slurm(args, sweep, trials_path, out)
   more, on_end = _study_hooks(study, sweep, grid, trials_path)
+  sweep_tracking.open_parent(args.sweep_dir, sweep["tracking"], sweep)
   code = sweep_local.run(sweep["config"], sweep["trials"], sweep["extra_args"], args.parallel, out,
                          more=more, on_end=on_end)
+  sweep_tracking.close_parent(args.sweep_dir, code)
   _write_experiment(args.sweep_dir, sweep, grid)  # again: checkpoint.best_metric is known from the trials now
   report(args.sweep_dir, sweep["trials"], out)
   return code
@@ -191,10 +197,10 @@ def _judged_by(sweep, grid, previous):
   """Sets sweep['metric'] and ['mode'] (checkpoint.best_metric): from main.py --dry_run of the first trial (a
   point of the space for tpe), or as recorded when the dry run passed before with the same settings."""
   if _checked_before(sweep, previous):
-    sweep["metric"], sweep["mode"] = previous["metric"], previous["mode"]
+    sweep["metric"], sweep["mode"], sweep["tracking"] = previous["metric"], previous["mode"], previous["tracking"]
     return
   first = sweep["trials"][0] if sweep["trials"] else probe(grid)
-  sweep["metric"], sweep["mode"] = dry_run(sweep["config"], first, sweep["extra_args"])
+  sweep["metric"], sweep["mode"], sweep["tracking"] = dry_run(sweep["config"], first, sweep["extra_args"])
   if not sweep["metric"] and sweep_study.uses_study(sweep["search"], sweep["prune"]):
     raise sweep_grid.SweepError(f"--search={sweep['search']} --prune={sweep['prune']} judges trials by "
                                 "checkpoint.best_metric, which is off: set it (e.g. -- --config.checkpoint.best_metric"

@@ -22,6 +22,7 @@ import time
 from launch import local
 from launch import sweep_report
 from launch import sweep_study
+from launch import sweep_tracking
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 STOP_GRACE_SECONDS = 120
@@ -81,8 +82,10 @@ def settle(trial, sweep_dir, config, extra_args):
 
 
 def sweep_flags(trial):
-  """The trial's config.sweep.* flags: its settings' fingerprint, and its Optuna study and trial number if any."""
+  """The trial's config.sweep.* flags: its settings' fingerprint, and its Optuna study and trial number if any;
+  the sweep's tracker parent run and group (config.tracking.*) when its trials are tracked."""
   flags = [f"--config.sweep.settings={trial['settings']}"] if trial.get("settings") else []
+  flags += sweep_tracking.trial_flags(os.path.dirname(trial["workdir"]))
   if trial.get("number") is not None:
     study = os.path.join(os.path.dirname(trial["workdir"]), sweep_study.STUDY_FILE)
     flags += [f"--config.sweep.study={study}", f"--config.sweep.trial={trial['number']}"]

@@ -21,6 +21,7 @@ from loops.distribute import checks as distribute_checks
 from loops.model import checks as model_checks
 from loops.model import optimizers
 from loops.persist import preemption
+from loops.persist import tracking
 from loops.task import checks as task_checks
 
 PROGRESS_BAR = ("auto", "on", "off")
@@ -54,6 +55,7 @@ def check(config):
   _check_init(config.init, config.train)
   _check_cadence(config)
   _check_outputs(config)
+  tracking.check_settings(config.tracking)
   task_checks.check_task_settings(config)
   if tags is not None and config.task.name == task_checks.BUILT_IN:  # else known once built (build.py checks them)
     check_metric_references(config, tags)

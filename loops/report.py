@@ -16,6 +16,7 @@ from loops.distribute import strategy as strategy_lib
 from loops.model import fused_batchnorm
 from loops.model import model as model_lib
 from loops.persist import init_checkpoint
+from loops.persist import tracking
 
 
 def dry_run(config, workdir, parts, user_callbacks):
@@ -57,6 +58,7 @@ def dry_run(config, workdir, parts, user_callbacks):
       "best_metric": f"{config.checkpoint.best_metric} ({config.checkpoint.best_mode})" if config.checkpoint.best_metric
                      else "off",
       "callbacks": [type(c).__name__ for c in user_callbacks],
+      "tracking": _tracking_line(config, workdir),
       "workdir": _absolute(workdir),
       "checkpoints": posixpath.join(_absolute(workdir), "checkpoints"),
       "resumes_from": tf.train.latest_checkpoint(posixpath.join(workdir, "checkpoints")),
@@ -72,6 +74,20 @@ def dry_run(config, workdir, parts, user_callbacks):
   for key, value in report.items():
     print(f"  {key}: {value}")
   return report
+
+
+def _tracking_line(config, workdir):
+  """'mlflow=URI experiment=NAME wandb=PROJECT' (launch/sweep.py reads it), or 'off'. The experiment is named
+  only when set: a sweep's trials default to the sweep directory's name, not the dry run's scratch folder's."""
+  kinds = tracking.configured_in(config.tracking)
+  if not kinds:
+    return "off"
+  words = [f"{kind}={setting}" for kind, setting in kinds.items()]
+  if "mlflow" in kinds:
+    words.insert(1, f"(experiment {config.tracking.experiment or tracking.experiment_of(workdir)})")
+  if config.tracking.experiment:
+    words.append(f"experiment={config.tracking.experiment}")
+  return " ".join(words)
 
 
 def _data_checks(d):

@@ -35,6 +35,7 @@ from loops.model import optimizers
 from loops.persist import async_saves
 from loops.persist import checkpoints as checkpoints_lib
 from loops.persist import init_checkpoint
+from loops.persist import tracking
 from loops.persist import workdir_lock
 from loops.persist import writers
 
@@ -110,8 +111,12 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
   writer.prepare_workdir(config)  # only once every name, value and checkpoint has been accepted
   if init_table:
     writer.info("%s", init_table)
-  writer.write_json("plan.json", dataclasses.asdict(parts.plan))  # the derived values (the evaluator's end step)
   cleanup.callback(writer.close)
+  trackers = tracking.start(config, workdir, parts.plan, task)
+  if trackers:
+    cleanup.push(trackers.on_exit)
+    writer.track(trackers)
+  writer.write_json("plan.json", dataclasses.asdict(parts.plan))  # the derived values (the evaluator's end step)
   execution = execution_lib.make(parts, config)
   resume_lib.record(resume, config, parts.plan, execution.step, workdir, task)
   state = loop_lib.State(step=execution.step, total_steps=parts.plan.total_steps,

@@ -3,6 +3,8 @@ workdir/export/saved_model (the serving SavedModel); EMA weights when kept. What
 training (`plan`): a model Keras cannot serialise (a subclass without get_config) gets its weights
 (export/model.weights.h5) instead of a .keras file, said in one line; a failing export never loses the summary."""
 
+import posixpath
+
 from absl import logging
 
 from errors import first_line
@@ -75,6 +77,8 @@ class Export(Callback):
     if not model_path:
       return None
     state.writer.info("exported %s%s", model_path, f" and {saved_model}" if saved_model else "")
+    if state.writer.trackers:
+      state.writer.trackers.export(posixpath.dirname(model_path))
     return {kind: model_path, "saved_model": saved_model}
 
   def _write_saved_model(self, path):

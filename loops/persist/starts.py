@@ -34,7 +34,7 @@ ACCEPTED = (
     "cluster.", "intra_op_threads", "inter_op_threads", "jit_compile", "deterministic", "model.fused_batchnorm",
     "data.data_dir", "data.download", "data.pipeline_threads", "data.device_resident", "data.service",
     "init.",  # read at a run's first start only: a resume restores its own checkpoint and ignores init.*
-    "find.", "check.", "sweep.",
+    "find.", "check.", "sweep.", "tracking.",
 )
 # The settings the global batch and the peak learning rate are derived from (besides the replica count).
 BATCH_AND_LR = ("train.global_batch_size", "train.per_replica_batch_size", "optimizer.learning_rate",

@@ -27,12 +27,19 @@ def read_json(path):
     return None
 
 
+def copy_file(source, destination):
+  """Copies one file (any tf.io.gfile path to any other)."""
+  tf.io.gfile.copy(source, destination, overwrite=True)
+
+
 def for_task(workdir, is_chief):
   return Writer(workdir) if is_chief else NullWriter(workdir)
 
 
 class NullWriter:
   """The writer of a non-chief task: accepts every call, writes nothing."""
+
+  trackers = None
 
   def __init__(self, workdir):
     self.workdir = workdir
@@ -99,9 +106,17 @@ class NullWriter:
 class Writer(NullWriter):
   """The chief's writer. The TensorBoard event file is opened lazily, after prepare_workdir accepted the workdir."""
 
+  # JSON records that also go to the trackers as artifacts (plan.json goes as parameters).
+  TRACKED_JSON = ("summary.json", "best.json")
+
   def __init__(self, workdir):
     super().__init__(workdir)
     self._summary_writer = None
+    self.trackers = None  # loops/persist/tracking.Trackers: MLflow, W&B (tracking.*), when configured
+
+  def track(self, trackers):
+    """From now on every scalar, the plan and the JSON records also go to `trackers` (or None)."""
+    self.trackers = trackers
 
   @property
   def _events(self):
@@ -125,6 +140,8 @@ class Writer(NullWriter):
     with self._events.as_default(step=step):
       for tag, value in values.items():
         tf.summary.scalar(tag, value)
+    if self.trackers:
+      self.trackers.metrics(step, values)
 
   def text(self, step, tag, markdown):
     with self._events.as_default(step=step):
@@ -169,6 +186,12 @@ class Writer(NullWriter):
     with tf.io.gfile.GFile(path + ".tmp", "w") as f:
       f.write(json.dumps(value, indent=2, sort_keys=True) + "\n")
     tf.io.gfile.rename(path + ".tmp", path, overwrite=True)
+    if self.trackers and name == "plan.json":
+      self.trackers.params({f"plan.{key}": item for key, item in flatten(value).items()})
+    elif self.trackers and posixpath.basename(name) in self.TRACKED_JSON:
+      self.trackers.json_artifact(posixpath.basename(name), path)
+      if name == "summary.json":
+        self.trackers.outcome(value)
     return path
 
   def save_model(self, model, name):

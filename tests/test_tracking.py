@@ -1,0 +1,308 @@
+"""Tracking: MLflow (a sqlite store, a real `mlflow server`) and W&B offline get what TensorBoard gets, one tracker
+run per workdir across a preemption, a sweep as a parent with its trials as children, and a tracker that is down or
+slow costs one warning and never the run."""
+
+import glob
+import json
+import logging
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
+import pytest
+
+from errors import ConfigError
+from launch import sweep_tracking
+from loops.persist import tracking
+from tests.conftest import REPO
+from tests.test_reliability import env, start_and_sigterm
+from tests.test_sidecar import event_scalars
+
+PY = sys.executable
+RUN = ["--config=configs/digits_cnn.py", "--config.train.steps_per_loop=10", "--config.eval.every_steps=30",
+       "--config.summary.progress_bar=off", "--config.export=False"]
+
+
+def mlflow_client(uri):
+  from mlflow.tracking import MlflowClient
+  return MlflowClient(tracking_uri=uri)
+
+
+def only_run(client):
+  """The one MLflow run of the store's experiments (asserting there is exactly one)."""
+  runs = [r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])]
+  assert len(runs) == 1, [(r.info.run_name, r.info.status) for r in runs]
+  return runs[0]
+
+
+def history(client, run_id, key):
+  return {m.step: m.value for m in client.get_metric_history(run_id, key)}
+
+
+def wandb_records(workdir):
+  """Every record of the W&B offline runs in workdir/wandb (their .wandb files: LevelDB-style log blocks of
+  protobuf Records), oldest run first, as (kind, record)."""
+  from wandb.proto import wandb_internal_pb2
+  records = []
+  for path in sorted(glob.glob(os.path.join(workdir, "wandb", "offline-run-*", "run-*.wandb"))):
+    for data in _log_records(open(path, "rb").read()):
+      record = wandb_internal_pb2.Record()
+      record.ParseFromString(data)
+      records.append((record.WhichOneof("record_type"), record))
+  return records
+
+
+def _log_records(blob, block=32768, header=7):
+  """The payloads of a LevelDB log (W&B's datastore: a 7-byte ':W&B' header, then blocks of chunks, each chunk a
+  crc32 (4), a length (2) and a type (1: full, 2: first, 3: middle, 4: last))."""
+  assert blob[:4] == b":W&B"
+  position, pending = header, b""
+  while position + 7 <= len(blob):
+    if block - position % block < 7:  # a block's tail too short for a chunk header is padding
+      position += block - position % block
+      continue
+    _, length, kind = struct.unpack("<IHB", blob[position:position + 7])
+    payload = blob[position + 7:position + 7 + length]
+    position += 7 + length
+    if kind == 0 and length == 0:
+      break
+    pending += payload
+    if kind in (1, 4):
+      yield pending
+      pending = b""
+
+
+def wandb_history(records, key):
+  """{step: value} of key in the W&B history records."""
+  values = {}
+  for kind, record in records:
+    if kind == "history":
+      items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
+      if key in items:
+        values[int(items[tracking_step()])] = items[key]
+  return values
+
+
+def tracking_step():
+  from loops.persist import wandb_tracker
+  return wandb_tracker.STEP
+
+
+def test_a_digits_run_is_one_mlflow_run_and_one_wandb_run_across_a_sigterm(tmp_path, monkeypatch):
+  """Both trackers at once: the config and plan as params, train and eval scalars at their steps (TensorBoard's
+  values), tags, summary.json as an artifact; preempted and rerun, still one run in each."""
+  store, workdir = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "runs" / "digits"
+  command = [PY, "main.py", *RUN, f"--workdir={workdir}", "--config.train.epochs=2000",
+             f"--config.tracking.mlflow={store}", "--config.tracking.wandb=loops-test"]
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  environment = env()
+  code, output = start_and_sigterm(command, lambda proc, _: proc.pid, tmp_path, wait_for=r"eval at step 30")
+  assert code == 143, output[-3000:]
+  client = mlflow_client(store)
+  first = only_run(client)
+  assert first.info.status == "KILLED"
+  resumed = subprocess.run(command[:-3] + ["--config.train.steps=90", *command[-2:]], cwd=REPO, env=environment,
+                           capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  run = only_run(client)
+  assert run.info.run_id == first.info.run_id and run.info.status == "FINISHED"
+  assert run.info.run_name == "digits" and client.get_experiment(run.info.experiment_id).name == "runs"
+  params = run.data.params
+  assert params["optimizer.learning_rate"] == "0.05" and params["plan.global_batch_size"] == "64"
+  assert params["plan.replicas"] == "1" and run.data.tags["changed.train.steps"] == "90"
+  assert {k: run.data.tags[k] for k in ("task", "strategy", "replicas", "workers")} == {
+      "task": "classification", "strategy": "one_device", "replicas": "1", "workers": "1"}
+  assert len(run.data.tags["git_commit"].split("-")[0]) == 40
+  board_eval, board_loss = event_scalars(str(workdir), "eval/accuracy"), event_scalars(str(workdir), "train/loss")
+  assert history(client, run.info.run_id, "eval/accuracy") == pytest.approx(board_eval, rel=1e-6)
+  assert history(client, run.info.run_id, "train/loss") == pytest.approx(board_loss, rel=1e-6)
+  assert 90 in board_eval and len(board_loss) >= 9
+  summary = json.loads((workdir / "summary.json").read_text())
+  artifacts = client.download_artifacts(run.info.run_id, "summary.json", str(tmp_path))
+  assert json.load(open(artifacts)) == summary
+  assert "best.json" in [a.path for a in client.list_artifacts(run.info.run_id)]
+
+  records = wandb_records(workdir)
+  run_ids = {record.run.run_id for kind, record in records if kind == "run"}
+  assert run_ids == {json.loads((workdir / "tracking.json").read_text())["wandb"]["run_id"]}
+  assert wandb_history(records, "eval/accuracy") == pytest.approx(board_eval, rel=1e-6)
+  configs = {item.key: json.loads(item.value_json) for kind, r in records if kind == "config" for item in r.config.update}
+  assert configs["optimizer.learning_rate"] == 0.05 and configs["plan.replicas"] == 1
+  saved = [f.path for kind, r in records if kind == "files" for f in r.files.files]
+  assert "summary.json" in saved
+
+
+def free_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def test_a_tracking_server_that_is_down_costs_one_warning_and_the_count_of_what_was_not_sent(tmp_path):
+  uri = f"http://127.0.0.1:{free_port()}"
+  done = subprocess.run([PY, "main.py", *RUN, f"--workdir={tmp_path / 'w'}", "--config.train.steps=40",
+                         f"--config.tracking.mlflow={uri}"], cwd=REPO, env=env(),
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-3000:]
+  warnings = [line.split("] ", 1)[1] for line in done.stderr.splitlines() if "tracking.py" in line]
+  assert len(warnings) == 2, warnings
+  assert warnings[0].startswith(f"mlflow: {uri}: not reachable (") and "training goes on" in warnings[0]
+  assert re.fullmatch(r"mlflow: \d+ values not sent \(not reachable \(.*\)\)", warnings[1]), warnings[1]
+  assert json.loads((tmp_path / "w" / "summary.json").read_text())["step"] == 40
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+  """A real `mlflow server` on a loopback port (its own sqlite store and artifact folder); yields its URI."""
+  port = free_port()
+  server = subprocess.Popen(
+      [os.path.join(os.path.dirname(PY), "mlflow"), "server", "--host", "127.0.0.1", "--port", str(port),
+       "--workers", "1", "--backend-store-uri", f"sqlite:///{tmp_path}/server.db",
+       "--artifacts-destination", str(tmp_path / "server-artifacts")],
+      cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+  uri = f"http://127.0.0.1:{port}"
+  try:
+    for _ in range(240):
+      try:
+        if urllib.request.urlopen(f"{uri}/health", timeout=2).status == 200:
+          break
+      except OSError:
+        time.sleep(0.5)
+    else:
+      pytest.fail("mlflow server did not answer /health within 120 s")
+    yield uri
+  finally:
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(timeout=30)
+
+
+def test_a_sweep_tracked_by_a_real_mlflow_server_is_a_parent_run_with_its_trials_as_children(tmp_path,
+                                                                                              mlflow_server):
+  sweep_dir = tmp_path / "lr-sweep"
+  done = subprocess.run([PY, "-m", "launch.sweep", "--config=configs/digits_cnn.py", f"--sweep_dir={sweep_dir}",
+                         "--grid", "optimizer.learning_rate=0.02,0.1", "--", "--config.train.steps=20",
+                         "--config.export=False", f"--config.tracking.mlflow={mlflow_server}"],
+                        cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
+  assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+  client = mlflow_client(mlflow_server)
+  experiment = client.get_experiment_by_name("lr-sweep")
+  runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+  assert sorted(runs) == ["learning_rate=0.02", "learning_rate=0.1", "lr-sweep"]
+  parent = runs.pop("lr-sweep")
+  assert parent.info.status == "FINISHED" and parent.data.params["sweep.grid.optimizer.learning_rate"] == "0.02,0.1"
+  for name, child in runs.items():
+    assert child.data.tags["mlflow.parentRunId"] == parent.info.run_id and child.info.status == "FINISHED"
+    assert child.data.params["optimizer.learning_rate"] == name.split("=")[1]
+    summary = json.loads((sweep_dir / name / "summary.json").read_text())
+    assert history(client, child.info.run_id, "eval/accuracy")[20] == pytest.approx(summary["eval/accuracy"])
+    assert "summary.json" in [a.path for a in client.list_artifacts(child.info.run_id)]
+
+
+class FakeTracker:
+  """Records its calls; `failures` calls raise ConnectionError first; `gate` (an Event) holds every metrics call."""
+
+  def __init__(self, failures=0, gate=None):
+    self.calls, self.failures, self.gate = [], failures, gate
+
+  def open(self, run_id):
+    self._maybe_fail()
+    return run_id or "new-run"
+
+  def _maybe_fail(self):
+    if self.failures:
+      self.failures -= 1
+      raise ConnectionError("connection refused")
+
+  def metrics(self, step, values, timestamp):
+    if self.gate is not None:
+      self.gate.wait()
+    self._maybe_fail()
+    self.calls.append(("metrics", step, values))
+
+  def finish(self, status):
+    self.calls.append(("finish", status))
+
+
+def trackers_with(fake, tmp_path):
+  trackers = tracking.Trackers(str(tmp_path), close_timeout_seconds=5)
+  trackers.add("fake", "setting", fake, None)
+  return trackers
+
+
+def test_a_tracker_that_fails_is_one_warning_its_values_are_counted_and_it_is_tried_again(tmp_path, caplog,
+                                                                                           monkeypatch):
+  caplog.set_level(logging.INFO)
+  monkeypatch.setattr(tracking, "RETRY_SECONDS", 3600.0)
+  fake = FakeTracker(failures=1)
+  trackers = trackers_with(fake, tmp_path)
+  for step in (10, 20, 30):
+    trackers.metrics(step, {"train/loss": 1.0, "train/accuracy": 0.5})
+  trackers.close("FINISHED")
+  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fake:")]
+  assert lines == ["fake: setting: not reachable (ConnectionError); training goes on (what it cannot send is counted, and "
+                   "it is tried again every 3600 s)", "fake: 6 values not sent (not reachable (ConnectionError))"]
+  assert fake.calls == []  # down for the rest of the hour: nothing sent, the finish neither
+
+  caplog.clear()
+  monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.0)
+  fake = FakeTracker(failures=1)
+  trackers = trackers_with(fake, tmp_path)
+  for step in (10, 20):
+    trackers.metrics(step, {"train/loss": float(step)})
+  trackers.close("FINISHED")
+  assert fake.calls == [("metrics", 20, {"train/loss": 20.0}), ("finish", "FINISHED")]
+  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fake:")]
+  assert lines[1:] == ["fake: reachable again (1 values not sent while it was down)",
+                       "fake: 1 values not sent (not reachable (ConnectionError))"]
+  assert json.loads((tmp_path / tracking.FILE).read_text()) == {"fake": {"run_id": "new-run", "setting": "setting"}}
+
+
+def test_a_slow_tracker_never_holds_up_the_caller_and_the_end_waits_only_so_long(tmp_path, caplog):
+  caplog.set_level(logging.INFO)
+  gate = threading.Event()
+  fake = FakeTracker(gate=gate)
+  trackers = tracking.Trackers(str(tmp_path), close_timeout_seconds=0.5)
+  trackers.add("slow", "setting", fake, "run-1")
+  for step in (10, 20, 30):  # would block here if a call waited for the tracker
+    trackers.metrics(step, {"train/loss": 1.0})
+  trackers.close("FINISHED")
+  gate.set()
+  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("slow:")]
+  assert lines == ["slow: still sending after 0 s (tracking.close_timeout_seconds): 2 values not sent"]
+  assert not (tmp_path / tracking.FILE).exists()  # the recorded run id was kept: nothing to rewrite
+
+
+@pytest.mark.parametrize("key,value,message", [
+    ("mlflow", "mlruns", "tracking.mlflow 'mlruns' is not an MLflow tracking URI; valid: file:/abs/dir, "
+                         "sqlite:///abs/mlflow.db, http(s)://host:port, databricks, or '' (off)"),
+    ("wandb", "team/project", "tracking.wandb must be a W&B project name (no '/', at most 128 characters), got "
+                              "'team/project'"),
+    ("close_timeout_seconds", -1.0, "tracking.close_timeout_seconds must be >= 0, got -1.0"),
+])
+def test_tracker_settings_are_refused_in_one_line(key, value, message):
+  from configs import base
+  config = base.get_config()
+  config.tracking[key] = value
+  with pytest.raises(ConfigError) as raised:
+    tracking.check_settings(config.tracking)
+  assert str(raised.value) == message
+
+
+def test_a_sweep_reads_its_trackers_from_the_dry_run_report():
+  report = "  callbacks: []\n  tracking: mlflow=sqlite:////x/m.db (experiment lr=0.1) wandb=proj\n  workdir: /w\n"
+  assert sweep_tracking.from_dry_run(report) == {"mlflow": "sqlite:////x/m.db", "wandb": "proj"}
+  assert sweep_tracking.from_dry_run("  tracking: off\n") == {}
+
+
+def test_nothing_of_a_tracker_is_imported_unless_the_config_asks_for_it():
+  code = ("import sys; from loops import run; from launch import sweep; "
+          "print([m for m in ('mlflow', 'wandb') if m in sys.modules])")
+  done = subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+  assert done.stdout.strip() == "[]", done.stderr[-2000:]
