@@ -46,10 +46,14 @@ def _runtime(c):
   c.inter_op_threads = 0  # ops run in parallel (0 = default)
 
   c.cluster = ml_collections.ConfigDict()
-  c.cluster.source = "auto"  # auto | tf_config | slurm | mpi | local (see loops/distribute/cluster.py)
+  # auto | tf_config | slurm | mpi | k8s | local (see loops/distribute/cluster.py). k8s: a Kubernetes Indexed Job's or
+  # JobSet's pods (JOB_COMPLETION_INDEX, K8S_JOB_COMPLETIONS, ...: launch/k8s/README.md); auto takes it when no
+  # TF_CONFIG, MPI launcher or srun step of several tasks is found and both those variables are set.
+  c.cluster.source = "auto"
   # SLURM: task i of a node listens on port_base + i. None = 20000 + (SLURM_JOB_ID % 199) * 64 (ports 20000-32735,
   # below Linux's ephemeral range): distinct for jobs and array tasks sharing a node (loops/distribute/cluster.py).
   c.cluster.slurm_port_base = config_dict.placeholder(int)
+  c.cluster.k8s_port = 2222  # cluster.source k8s: the port every pod listens on (each pod has its own network)
   c.cluster.collective = "auto"  # multi_worker_mirrored all-reduce: auto | ring | nccl
   # multi_worker_mirrored: the gradient all-reduce in packs of about this many bytes, the last layers' first, so
   # a pack can travel while the backward pass computes the layers before it (not with jit_compile, float16 loss

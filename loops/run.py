@@ -76,7 +76,8 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   check_lib.check(config)
   strategy_lib.configure_devices(config)
   task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
-                                  workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds)
+                                  workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
+                                  k8s_port=config.cluster.k8s_port)
   if config.mode == "evaluate" and not task.is_evaluator:
     task = cluster.ClusterTask(type="evaluator", cluster=task.cluster)
   check_lib.check_task(config, task)

@@ -100,7 +100,7 @@ def test_cluster_source_mpi_is_a_valid_setting():
   check.check(config)
   config.cluster.source = "mpii"
   with pytest.raises(ConfigError, match=r"unknown cluster.source 'mpii' \(did you mean 'mpi'\?\); valid: auto, "
-                                        r"tf_config, slurm, mpi, local"):
+                                        r"tf_config, slurm, mpi, k8s, local"):
     check.check(config)
 
 

@@ -15,6 +15,9 @@ def check_settings(config):
   if config.num_gpus is not None:
     at_least("num_gpus", config.num_gpus, 0, "None (all) or an integer")
   one_of("cluster.source", config.cluster.source, cluster.SOURCES)
+  port = config.cluster.k8s_port
+  if not isinstance(port, int) or isinstance(port, bool) or not 1 <= port <= 65535:
+    raise ConfigError(f"cluster.k8s_port must be a port number in 1..65535, got {port!r}")
   one_of("cluster.collective", config.cluster.collective, strategy_lib.COLLECTIVES)
   at_least("cluster.bytes_per_pack", config.cluster.bytes_per_pack, 0, "a number of bytes (0 = one pack)")
   timeout = config.cluster.collective_timeout_seconds

@@ -1,4 +1,5 @@
-"""Who am I? The task of this process from TF_CONFIG, SLURM or an MPI launcher: type, index, cluster, chief or not."""
+"""Who am I? The task of this process from TF_CONFIG, SLURM, an MPI launcher or a Kubernetes Indexed Job: type,
+index, cluster, chief or not."""
 
 import dataclasses
 import json
@@ -7,6 +8,7 @@ import os
 from absl import logging
 
 from errors import ConfigError
+from loops.distribute import k8s
 from loops.distribute import mpi
 from loops.distribute import rendezvous
 
@@ -48,22 +50,25 @@ class ClusterTask:
     return len(self.cluster.get("worker", [])) + len(self.cluster.get("chief", [])) or 1
 
 
-SOURCES = ("auto", "tf_config", "slurm", "mpi", "local")
+SOURCES = ("auto", "tf_config", "slurm", "mpi", "k8s", "local")
 # Derived SLURM ports: 199 blocks of 64 in 20000-32735, below Linux's ephemeral range (32768-60999); a job's block
 # follows from its SLURM_JOB_ID (each array task has its own), so 199 consecutive jobs on one node never share one.
 SLURM_PORT_FIRST, SLURM_PORTS_PER_JOB, SLURM_PORT_BLOCKS = 20000, 64, 199
 
 
-def from_environment(environ=None, source="auto", slurm_port_base=None, workdir=None, startup_timeout_seconds=600.0):
+def from_environment(environ=None, source="auto", slurm_port_base=None, workdir=None, startup_timeout_seconds=600.0,
+                     k8s_port=k8s.DEFAULT_PORT):
   """The ClusterTask of this process.
 
-  source: "tf_config" reads TF_CONFIG, "slurm" reads srun's variables, "mpi" an MPI launcher's (mpi.py), "local"
-  ignores them all; "auto" takes TF_CONFIG when it is set, else an MPI launcher's variables (an mpirun inside an
-  sbatch allocation: its SLURM step variables describe mpirun's daemons, not the ranks), else SLURM when this
-  process is one task of an srun step of several tasks, else local (a batch script's own shell, even with
-  --ntasks=2, is one process: it trains locally).
+  source: "tf_config" reads TF_CONFIG, "slurm" reads srun's variables, "mpi" an MPI launcher's (mpi.py), "k8s" a
+  Kubernetes Indexed Job's or JobSet's (k8s.py), "local" ignores them all; "auto" takes TF_CONFIG when it is set,
+  else an MPI launcher's variables (an mpirun inside an sbatch allocation: its SLURM step variables describe
+  mpirun's daemons, not the ranks), else SLURM when this process is one task of an srun step of several tasks,
+  else Kubernetes when JOB_COMPLETION_INDEX and K8S_JOB_COMPLETIONS are set, else local (a batch script's own
+  shell, even with --ntasks=2, is one process: it trains locally).
   slurm_port_base: task i of a node listens on base + i; None = derived from SLURM_JOB_ID (slurm_port_base()).
   workdir, startup_timeout_seconds: where and how long MPI ranks exchange their addresses (rendezvous.py).
+  k8s_port: the port every pod of a Kubernetes Job listens on.
   """
   environ = os.environ if environ is None else environ
   if source == "local":
@@ -73,6 +78,8 @@ def from_environment(environ=None, source="auto", slurm_port_base=None, workdir=
     return from_mpi(environ, workdir, startup_timeout_seconds)
   if source == "slurm" or (source == "auto" and no_tf_config and in_srun_step_of_several_tasks(environ)):
     return from_slurm(environ, slurm_port_base)
+  if source == "k8s" or (source == "auto" and no_tf_config and k8s.detect(environ)):
+    return from_k8s(environ, k8s_port)
   return from_tf_config(environ)
 
 
@@ -95,6 +102,17 @@ def from_mpi(environ, workdir, timeout_seconds):
   addresses, own_file = rendezvous.exchange(workdir, launch.job_key, launch.rank, launch.size, timeout_seconds)
   logging.info("%s rank %d of %d: cluster %s", mpi.NAMES[launch.launcher], launch.rank, launch.size, addresses)
   return ClusterTask(type="worker", index=launch.rank, cluster={"worker": addresses}, rendezvous_file=own_file)
+
+
+def from_k8s(environ, port=k8s.DEFAULT_PORT):
+  """One worker per pod of an Indexed Job or JobSet (k8s.py), index 0 the chief-like worker 0, all on `port`; one
+  pod is no cluster (a local run)."""
+  pods = k8s.from_environment(environ)
+  if len(pods.hosts) == 1:
+    return ClusterTask()
+  addresses = [f"{host}:{port}" for host in pods.hosts]
+  logging.info("Kubernetes pod %d of %d: cluster %s", pods.index, len(addresses), addresses)
+  return ClusterTask(type="worker", index=pods.index, cluster={"worker": addresses})
 
 
 def _gpu_count():

@@ -44,7 +44,8 @@ def task_of(config, workdir=None):
   check_lib.check(config)
   strategy_lib.configure_devices(config)
   task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
-                                  workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds)
+                                  workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
+                                  k8s_port=config.cluster.k8s_port)
   check_lib.check_task(config, task)
   if task.is_distributed:
     startup.check_port_free(task)
