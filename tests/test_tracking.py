@@ -20,6 +20,7 @@ import pytest
 
 from errors import ConfigError
 from launch import sweep_tracking
+from loops.persist import tracker_process
 from loops.persist import tracking
 from tests.conftest import REPO
 from tests.test_reliability import env, start_and_sigterm
@@ -151,7 +152,8 @@ def test_a_tracking_server_that_is_down_costs_one_warning_and_the_count_of_what_
                          f"--config.tracking.mlflow={uri}"], cwd=REPO, env=env(),
                         capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
-  warnings = [line.split("] ", 1)[1] for line in done.stderr.splitlines() if "tracking.py" in line]
+  warnings = [line.split("] ", 1)[1] for line in done.stderr.splitlines() if "tracker_process.py" in line]
+  assert "connectionpool" not in done.stderr and "before flag parsing" not in done.stderr
   assert len(warnings) == 2, warnings
   assert warnings[0].startswith(f"mlflow: {uri}: not reachable (") and "training goes on" in warnings[0]
   assert re.fullmatch(r"mlflow: \d+ values not sent \(not reachable \(.*\)\)", warnings[1]), warnings[1]
@@ -230,53 +232,45 @@ class FakeTracker:
     self.calls.append(("finish", status))
 
 
-def trackers_with(fake, tmp_path):
-  trackers = tracking.Trackers(str(tmp_path), close_timeout_seconds=5)
-  trackers.add("fake", "setting", fake, None)
-  return trackers
-
-
-def test_a_tracker_that_fails_is_one_warning_its_values_are_counted_and_it_is_tried_again(tmp_path, caplog,
-                                                                                           monkeypatch):
+def test_a_tracker_that_fails_is_one_warning_its_values_are_counted_and_it_is_tried_again(caplog, monkeypatch):
   caplog.set_level(logging.INFO)
-  monkeypatch.setattr(tracking, "RETRY_SECONDS", 3600.0)
-  fake = FakeTracker(failures=1)
-  trackers = trackers_with(fake, tmp_path)
+  monkeypatch.setattr(tracker_process, "RETRY_SECONDS", 3600.0)
+  fake, reported = FakeTracker(failures=1), []
+  senders = [tracker_process.Sender("fake", fake, None, reported.append, "setting")]
   for step in (10, 20, 30):
-    trackers.metrics(step, {"train/loss": 1.0, "train/accuracy": 0.5})
-  trackers.close("FINISHED")
+    senders[0].put("metrics", (step, {"train/loss": 1.0, "train/accuracy": 0.5}, 0), 2)
+  tracker_process.close_all(senders, "FINISHED", 5)
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fake:")]
-  assert lines == ["fake: setting: not reachable (ConnectionError); training goes on (what it cannot send is counted, and "
-                   "it is tried again every 3600 s)", "fake: 6 values not sent (not reachable (ConnectionError))"]
-  assert fake.calls == []  # down for the rest of the hour: nothing sent, the finish neither
+  assert lines == ["fake: setting: not reachable (ConnectionError); training goes on (what it cannot send is "
+                   "counted, and it is tried again every 3600 s)",
+                   "fake: 6 values not sent (not reachable (ConnectionError))"]
+  assert fake.calls == [] and reported == []  # down for the rest of the hour: nothing sent, the finish neither
 
   caplog.clear()
-  monkeypatch.setattr(tracking, "RETRY_SECONDS", 0.0)
+  monkeypatch.setattr(tracker_process, "RETRY_SECONDS", 0.0)
   fake = FakeTracker(failures=1)
-  trackers = trackers_with(fake, tmp_path)
+  senders = [tracker_process.Sender("fake", fake, None, reported.append, "setting")]
   for step in (10, 20):
-    trackers.metrics(step, {"train/loss": float(step)})
-  trackers.close("FINISHED")
+    senders[0].put("metrics", (step, {"train/loss": float(step)}, 0), 1)
+  tracker_process.close_all(senders, "FINISHED", 5)
   assert fake.calls == [("metrics", 20, {"train/loss": 20.0}), ("finish", "FINISHED")]
+  assert reported == ["new-run"]
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fake:")]
   assert lines[1:] == ["fake: reachable again (1 values not sent while it was down)",
                        "fake: 1 values not sent (not reachable (ConnectionError))"]
-  assert json.loads((tmp_path / tracking.FILE).read_text()) == {"fake": {"run_id": "new-run", "setting": "setting"}}
 
 
-def test_a_slow_tracker_never_holds_up_the_caller_and_the_end_waits_only_so_long(tmp_path, caplog):
+def test_a_slow_tracker_never_holds_up_the_caller_and_the_end_waits_only_so_long(caplog):
   caplog.set_level(logging.INFO)
   gate = threading.Event()
   fake = FakeTracker(gate=gate)
-  trackers = tracking.Trackers(str(tmp_path), close_timeout_seconds=0.5)
-  trackers.add("slow", "setting", fake, "run-1")
+  senders = [tracker_process.Sender("slow", fake, "run-1", None, "setting")]
   for step in (10, 20, 30):  # would block here if a call waited for the tracker
-    trackers.metrics(step, {"train/loss": 1.0})
-  trackers.close("FINISHED")
+    senders[0].put("metrics", (step, {"train/loss": 1.0}, 0), 1)
+  tracker_process.close_all(senders, "FINISHED", 0.5)
   gate.set()
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("slow:")]
   assert lines == ["slow: still sending after 0 s (tracking.close_timeout_seconds): 2 values not sent"]
-  assert not (tmp_path / tracking.FILE).exists()  # the recorded run id was kept: nothing to rewrite
 
 
 @pytest.mark.parametrize("key,value,message", [
@@ -301,7 +295,10 @@ def test_a_sweep_reads_its_trackers_from_the_dry_run_report():
   assert sweep_tracking.from_dry_run("  tracking: off\n") == {}
 
 
-def test_nothing_of_a_tracker_is_imported_unless_the_config_asks_for_it():
+def test_the_tracker_process_imports_no_tensorflow_and_a_run_imports_no_tracker():
+  code = "import sys; from loops.persist import tracker_process; print('tensorflow' in sys.modules)"
+  done = subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+  assert done.stdout.strip() == "False", done.stderr[-2000:]
   code = ("import sys; from loops import run; from launch import sweep; "
           "print([m for m in ('mlflow', 'wandb') if m in sys.modules])")
   done = subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)

@@ -11,7 +11,9 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BA
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter's value
 BATCH = 100  # params or tags per log_batch (MLflow takes at most 100 params, 1000 metrics)
-NOISY_LOGGERS = ("alembic", "mlflow", "urllib3.connectionpool")  # its retry lines: the one warning says it
+# MLflow's start-up chatter (database migrations) and urllib3's retry warnings: the tracker's one warning says it.
+NOISY_LOGGERS = {"alembic": python_logging.WARNING, "mlflow": python_logging.WARNING,
+                 "urllib3.connectionpool": python_logging.ERROR}
 
 
 class MlflowTracker:
@@ -79,8 +81,8 @@ def client(uri):
     os.environ.setdefault(name, value)
   from mlflow.tracking import MlflowClient  # pylint: disable=import-outside-toplevel
 
-  for name in NOISY_LOGGERS:  # after the import: MLflow sets its own logger's level when imported
-    python_logging.getLogger(name).setLevel(python_logging.WARNING)
+  for name, level in NOISY_LOGGERS.items():  # after the import: MLflow sets its own logger's level when imported
+    python_logging.getLogger(name).setLevel(level)
   return MlflowClient(tracking_uri=uri)
 
 

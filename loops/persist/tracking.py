@@ -1,23 +1,25 @@
 """Tracking: what the chief writes for TensorBoard and the workdir also goes to MLflow and/or Weights & Biases
-(config keys tracking.*), sent by one background thread per tracker so that a slow or unreachable server never
-holds up a train call.
+(config keys tracking.*), through a process of its own (loops/persist/tracker_process.py), so that a slow,
+unreachable or crashing tracker never holds up, slows or ends a train call.
 
+  check_settings(config.tracking)      before anything is trained or written
   start(config, workdir, plan, task)   the chief's Trackers (None elsewhere, or when no tracker is configured)
   Trackers.metrics / params / tags     the values the writer writes (loops/persist/writers.py forwards them)
-  Trackers.json_artifact / artifact    summary.json, best.json, the export
-  Trackers.close(status)               waits up to tracking.close_timeout_seconds, then says what was not sent
+  Trackers.json_artifact / export      summary.json, best.json, the export
+  Trackers.close(status)               the tracker process sends what is queued (at most close_timeout_seconds)
 
 Each tracker's run id is kept in workdir/tracking.json, so a resumed run (a requeue, a preemption, a rerun)
-continues the same tracker run. A tracker that fails costs one warning line; its values are counted while it
-is down (it is tried again every RETRY_SECONDS) and the end names how many were not sent.
+continues the same tracker run.
 """
 
 import importlib.util
+import json
 import os
 import posixpath
 import queue
 import shutil
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -29,7 +31,7 @@ from loops.persist import writers
 
 FILE = "tracking.json"
 KINDS = ("mlflow", "wandb")
-RETRY_SECONDS = 60.0
+GRACE_SECONDS = 15.0  # how long after its close timeout the tracker process is waited for before it is stopped
 REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
@@ -70,20 +72,19 @@ def start(config, workdir, plan, task):
   for kind, setting in kinds.items():
     previous = recorded.get(kind) or {}
     run_id = previous.get("run_id") if previous.get("setting") == setting else None
-    trackers.add(kind, setting, _make(kind, config, workdir, setting), run_id)
+    trackers.add(kind, setting, _options(kind, config, workdir, setting), run_id)
   trackers.tags(run_tags(config, plan, task))
   trackers.params(writers.flatten(config))  # at every start: a value changed since is tagged 'changed.<key>'
   return trackers
 
 
-def _make(kind, config, workdir, setting):
+def _options(kind, config, workdir, setting):
+  """The keyword arguments of the tracker's class (tracker_process.KINDS)."""
   run_name = posixpath.basename(workdir.rstrip("/"))
   if kind == "mlflow":
-    from loops.persist import mlflow_tracker  # pylint: disable=import-outside-toplevel
-    return mlflow_tracker.MlflowTracker(setting, config.tracking.experiment or experiment_of(workdir), run_name,
-                                        config.tracking.parent_run)
-  from loops.persist import wandb_tracker  # pylint: disable=import-outside-toplevel
-  return wandb_tracker.WandbTracker(setting, run_name, config.tracking.group, workdir)
+    return {"uri": setting, "experiment": config.tracking.experiment or experiment_of(workdir), "run_name": run_name,
+            "parent_run": config.tracking.parent_run}
+  return {"project": setting, "run_name": run_name, "group": config.tracking.group, "workdir": workdir}
 
 
 def experiment_of(workdir):
@@ -118,43 +119,67 @@ def git_commit():
 
 
 class Trackers:
-  """The configured trackers of a run, each behind its own Sender."""
+  """The run's side of tracking: every call is a line queued for the tracker process (loops/persist/
+  tracker_process.py, started here), written to its stdin by a thread of its own. The run never waits for a
+  tracker, nor shares its interpreter with one: MLflow's and W&B's imports, SQL and HTTP run in that process."""
 
   def __init__(self, workdir, close_timeout_seconds, log_export=False):
     self.workdir, self.close_timeout_seconds, self.log_export = workdir, close_timeout_seconds, log_export
-    self.senders = []
-    self._record_lock = threading.Lock()
+    self.specs = {}
     self._scratch = tempfile.mkdtemp(prefix="tracking-")
+    self.process = subprocess.Popen([sys.executable, "-m", "loops.persist.tracker_process"], cwd=REPOSITORY,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    self.lines = queue.Queue()
+    self.writer = threading.Thread(target=self._write_lines, name="tracking-writer", daemon=True)
+    self.reader = threading.Thread(target=self._read_run_ids, name="tracking-reader", daemon=True)
+    self.writer.start()
+    self.reader.start()
 
-  def add(self, kind, setting, tracker, run_id):
-    remember = lambda new_id: self._record(kind, setting, new_id)
-    self.senders.append(Sender(kind, tracker, run_id, remember, setting))
+  def add(self, kind, setting, options, run_id):
+    """A tracker (`options`: the keyword arguments of its class in tracker_process.KINDS), continuing run_id."""
+    self.specs[kind] = setting
+    self._put({"op": "add", "kind": kind, "setting": setting, "options": options, "run_id": run_id})
 
-  def _record(self, kind, setting, run_id):
-    """Keeps the tracker's run id in workdir/tracking.json (from its sender's thread)."""
-    with self._record_lock:
+  def _put(self, message):
+    self.lines.put(json.dumps(message) + "\n")
+
+  def _write_lines(self):
+    while True:
+      line = self.lines.get()
+      try:
+        self.process.stdin.write(line)
+        self.process.stdin.flush()
+      except (OSError, ValueError):  # the tracker process is gone: its own last lines said why
+        return
+      if line.startswith('{"op": "close"'):
+        self.process.stdin.close()
+        return
+
+  def _read_run_ids(self):
+    """Keeps each tracker's run id in workdir/tracking.json as the tracker process reports it."""
+    for line in self.process.stdout:
+      reported = json.loads(line)
       path = posixpath.join(self.workdir, FILE)
       recorded = writers.read_json(path) or {}
-      recorded[kind] = {"setting": setting, "run_id": run_id}
+      recorded[reported["kind"]] = {"setting": self.specs[reported["kind"]], "run_id": reported["run_id"]}
       writers.Writer(self.workdir).write_json(FILE, recorded)
 
   def metrics(self, step, values):
-    stamp = int(time.time() * 1000)
     values = {tag: float(value) for tag, value in values.items()}
-    self._send("metrics", step, values, stamp, count=len(values))
+    self._put({"op": "metrics", "args": [step, values, int(time.time() * 1000)], "count": len(values)})
 
   def params(self, values):
-    self._send("params", dict(values), count=len(values))
+    self._put({"op": "params", "args": [values], "count": len(values)})
 
   def tags(self, values):
-    self._send("tags", dict(values), count=len(values))
+    self._put({"op": "tags", "args": [values], "count": len(values)})
 
   def json_artifact(self, name, path):
     """A copy of workdir/name (just written at `path`) as an artifact: copied now, sent later."""
     copy = os.path.join(self._scratch, str(len(os.listdir(self._scratch))), name)
     os.makedirs(os.path.dirname(copy))
     writers.copy_file(path, copy)
-    self._send("artifact", copy, "", count=1)
+    self._put({"op": "artifact", "args": [copy, ""], "count": 1})
 
   def outcome(self, summary):
     """Tags of how the run ended: 'stopped_early' (its reason) and 'pruned' for a sweep trial its study pruned."""
@@ -169,20 +194,18 @@ class Trackers:
     if "://" in path:
       logging.warning("tracking.log_export: the export at %s is not sent (only a local workdir's is)", path)
       return
-    self._send("artifact", path, "export", count=1)
-
-  def _send(self, method, *args, count):
-    for sender in self.senders:
-      sender.put(method, args, count)
+    self._put({"op": "artifact", "args": [path, "export"], "count": 1})
 
   def close(self, status):
-    """Ends every tracker run with `status` (FINISHED, KILLED, FAILED), waiting for what is queued at most
-    close_timeout_seconds in all; one warning per tracker that could not send everything."""
-    deadline = time.monotonic() + self.close_timeout_seconds
-    for sender in self.senders:
-      sender.put("finish", (status,), 0)
-    for sender in self.senders:
-      sender.close(max(0.0, deadline - time.monotonic()))
+    """Ends every tracker run with `status` (FINISHED, KILLED, FAILED): the tracker process sends what is queued
+    for at most close_timeout_seconds, says what it could not send, and exits."""
+    self._put({"op": "close", "status": status, "timeout": self.close_timeout_seconds})
+    try:
+      self.process.wait(self.close_timeout_seconds + GRACE_SECONDS)
+    except subprocess.TimeoutExpired:
+      self.process.kill()
+      logging.warning("tracking: the tracker process did not end %.0f s after the run; stopped", GRACE_SECONDS)
+    self.reader.join(GRACE_SECONDS)
     shutil.rmtree(self._scratch, ignore_errors=True)
 
   def on_exit(self, error_type, error, traceback):
@@ -191,89 +214,3 @@ class Trackers:
     interrupted = error_type is not None and issubclass(error_type, (SystemExit, KeyboardInterrupt))
     self.close("FINISHED" if error_type is None else "KILLED" if interrupted else "FAILED")
     return False
-
-
-class Sender:
-  """One tracker's calls, made in order by a daemon thread. The first failure is one warning; while the tracker is
-  down its calls are counted as not sent, and it is tried again every RETRY_SECONDS."""
-
-  def __init__(self, kind, tracker, run_id, remember, setting=""):
-    self.kind, self.tracker, self.run_id, self.remember, self.setting = kind, tracker, run_id, remember, setting
-    self.opened = False
-    self.not_sent, self.first_error, self.down_since = 0, None, None
-    self.calls = queue.Queue()
-    self.thread = threading.Thread(target=self._drain, name=f"tracking-{kind}", daemon=True)
-    self.thread.start()
-
-  def put(self, method, args, count):
-    self.calls.put((method, args, count))
-
-  def _drain(self):
-    while True:
-      method, args, count = self.calls.get()
-      if method == "stop":
-        return
-      self._call(method, args, count)
-
-  def _call(self, method, args, count):
-    if self.down_since is not None and time.monotonic() - self.down_since < RETRY_SECONDS:
-      self.not_sent += count
-      return
-    try:
-      if not self.opened:
-        self._open()
-      getattr(self.tracker, method)(*args)
-    except Exception as e:  # pylint: disable=broad-except
-      self._failed(e, count)
-      return
-    if self.down_since is not None:
-      logging.warning("%s: reachable again (%d values not sent while it was down)", self.kind, self.not_sent)
-      self.down_since = None
-
-  def _open(self):
-    run_id = self.tracker.open(self.run_id)
-    if run_id != self.run_id:
-      self.remember(run_id)
-    self.run_id, self.opened = run_id, True
-
-  def _failed(self, error, count):
-    self.not_sent += count
-    self.down_since = time.monotonic()
-    if self.first_error is None:
-      self.first_error = describe(error)
-      logging.warning("%s: %s%s; training goes on (what it cannot send is counted, and it is tried again every "
-                      "%.0f s)", self.kind, f"{self.setting}: " if self.setting else "", self.first_error,
-                      RETRY_SECONDS)
-
-  def close(self, timeout):
-    self.calls.put(("stop", (), 0))
-    self.thread.join(timeout)
-    if self.thread.is_alive():
-      self.not_sent += sum(count for _, _, count in _drained(self.calls))
-      logging.warning("%s: still sending after %.0f s (tracking.close_timeout_seconds): %d values not sent",
-                      self.kind, timeout, self.not_sent)
-    elif self.not_sent:
-      logging.warning("%s: %d values not sent (%s)", self.kind, self.not_sent, self.first_error)
-
-
-def _drained(calls):
-  items = []
-  while True:
-    try:
-      items.append(calls.get_nowait())
-    except queue.Empty:
-      return items
-
-
-UNREACHABLE = ("Connection refused", "NewConnectionError", "Max retries exceeded", "Name or service not known",
-               "timed out")
-
-
-def describe(error):
-  """'unreachable (connection refused, timed out, ...)' for a server that does not answer, else the error's type
-  and first line."""
-  text = str(error)
-  if isinstance(error, (ConnectionError, TimeoutError)) or any(mark in text for mark in UNREACHABLE):
-    return "not reachable (" + next((mark for mark in UNREACHABLE if mark in text), type(error).__name__) + ")"
-  lines = [line.strip() for line in text.splitlines() if line.strip()]
-  return f"{type(error).__name__}: " + (lines[0] if lines else "")[:300]

@@ -1,0 +1,165 @@
+"""The tracker process: `python -m loops.persist.tracker_process`, started by the chief's Trackers
+(loops/persist/tracking.py). It reads one JSON line per call on stdin and makes the calls, one thread per tracker
+(so a slow one does not hold the other), and reports each tracker's run id as a JSON line on stdout. It imports no
+TensorFlow, ignores SIGINT and SIGTERM (the run decides when tracking ends: its close line, or stdin's end when the
+run's process is gone, kill -9 included) and exits after close_timeout seconds at most.
+
+A tracker that fails costs one warning line; while it is down its values are counted, it is tried again every
+RETRY_SECONDS, and the end names how many were not sent.
+"""
+
+import json
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+
+from absl import flags
+from absl import logging
+
+RETRY_SECONDS = 60.0
+KILLED_CLOSE_SECONDS = 30.0  # when the run's process vanished without a close line
+
+
+def make(kind, options):
+  """The tracker object of `kind` (mlflow, wandb) from its options."""
+  if kind == "mlflow":
+    from loops.persist import mlflow_tracker  # pylint: disable=import-outside-toplevel
+    return mlflow_tracker.MlflowTracker(**options)
+  from loops.persist import wandb_tracker  # pylint: disable=import-outside-toplevel
+  return wandb_tracker.WandbTracker(**options)
+
+
+def serve(lines, report):
+  """Makes the calls of `lines` (JSON strings) until a close line or their end; report(kind, run_id)."""
+  senders = []
+  for line in lines:
+    message = json.loads(line)
+    if message["op"] == "add":
+      kind = message["kind"]
+      senders.append(Sender(kind, make(kind, message["options"]), message["run_id"],
+                            lambda run_id, kind=kind: report(kind, run_id), message["setting"]))
+    elif message["op"] == "close":
+      return close_all(senders, message["status"], message["timeout"])
+    else:
+      for sender in senders:
+        sender.put(message["op"], message["args"], message["count"])
+  return close_all(senders, "KILLED", KILLED_CLOSE_SECONDS)
+
+
+def close_all(senders, status, timeout):
+  """Ends every tracker run with `status`, waiting for what is queued at most `timeout` seconds in all."""
+  deadline = time.monotonic() + timeout
+  for sender in senders:
+    sender.put("finish", (status,), 0)
+  for sender in senders:
+    sender.close(max(0.0, deadline - time.monotonic()))
+
+
+class Sender:
+  """One tracker's calls, made in order by a daemon thread. The first failure is one warning; while the tracker is
+  down its calls are counted as not sent, and it is tried again every RETRY_SECONDS."""
+
+  def __init__(self, kind, tracker, run_id, remember, setting=""):
+    self.kind, self.tracker, self.run_id, self.remember, self.setting = kind, tracker, run_id, remember, setting
+    self.opened = False
+    self.not_sent, self.first_error, self.down_since = 0, None, None
+    self.calls = queue.Queue()
+    self.thread = threading.Thread(target=self._drain, name=f"tracking-{kind}", daemon=True)
+    self.thread.start()
+
+  def put(self, method, args, count):
+    self.calls.put((method, args, count))
+
+  def _drain(self):
+    while True:
+      method, args, count = self.calls.get()
+      if method == "stop":
+        return
+      self._call(method, args, count)
+
+  def _call(self, method, args, count):
+    if self.down_since is not None and time.monotonic() - self.down_since < RETRY_SECONDS:
+      self.not_sent += count
+      return
+    try:
+      if not self.opened:
+        self._open()
+      getattr(self.tracker, method)(*args)
+    except Exception as e:  # pylint: disable=broad-except
+      self._failed(e, count)
+      return
+    if self.down_since is not None:
+      logging.warning("%s: reachable again (%d values not sent while it was down)", self.kind, self.not_sent)
+      self.down_since = None
+
+  def _open(self):
+    run_id = self.tracker.open(self.run_id)
+    if run_id != self.run_id:
+      self.remember(run_id)
+    self.run_id, self.opened = run_id, True
+
+  def _failed(self, error, count):
+    self.not_sent += count
+    self.down_since = time.monotonic()
+    if self.first_error is None:
+      self.first_error = describe(error)
+      logging.warning("%s: %s%s; training goes on (what it cannot send is counted, and it is tried again every "
+                      "%.0f s)", self.kind, f"{self.setting}: " if self.setting else "", self.first_error,
+                      RETRY_SECONDS)
+
+  def close(self, timeout):
+    self.calls.put(("stop", (), 0))
+    self.thread.join(timeout)
+    if self.thread.is_alive():
+      self.not_sent += sum(count for _, _, count in _drained(self.calls))
+      logging.warning("%s: still sending after %.0f s (tracking.close_timeout_seconds): %d values not sent",
+                      self.kind, timeout, self.not_sent)
+    elif self.not_sent:
+      logging.warning("%s: %d values not sent (%s)", self.kind, self.not_sent, self.first_error)
+
+
+def _drained(calls):
+  items = []
+  while True:
+    try:
+      items.append(calls.get_nowait())
+    except queue.Empty:
+      return items
+
+
+UNREACHABLE = ("Connection refused", "NewConnectionError", "Max retries exceeded", "Name or service not known",
+               "timed out")
+
+
+def describe(error):
+  """'unreachable (connection refused, timed out, ...)' for a server that does not answer, else the error's type
+  and first line."""
+  text = str(error)
+  if isinstance(error, (ConnectionError, TimeoutError)) or any(mark in text for mark in UNREACHABLE):
+    return "not reachable (" + next((mark for mark in UNREACHABLE if mark in text), type(error).__name__) + ")"
+  lines = [line.strip() for line in text.splitlines() if line.strip()]
+  return f"{type(error).__name__}: " + (lines[0] if lines else "")[:300]
+
+
+def main():
+  for signum in (signal.SIGINT, signal.SIGTERM):
+    signal.signal(signum, signal.SIG_IGN)
+  protocol = os.fdopen(os.dup(1), "w")
+  os.dup2(2, 1)  # whatever a tracker library prints goes to the run's stderr, not into the protocol
+  sys.stdout = sys.stderr
+  flags.FLAGS(sys.argv[:1])  # absl logs as in the run (no "logging before flag parsing" line)
+  logging.use_absl_handler()
+
+  def report(kind, run_id):
+    protocol.write(json.dumps({"kind": kind, "run_id": run_id}) + "\n")
+    protocol.flush()
+
+  serve(sys.stdin, report)
+  os._exit(0)  # a tracker's thread still blocked (close_timeout reached) must not hold the exit
+
+
+if __name__ == "__main__":
+  main()
