@@ -139,7 +139,8 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
     optimizers.set_constant_learning_rate(optimizer, parts.learning_rates[name])
   ordered = callbacks_lib.assemble([nan_guard, *observers], user_callbacks, [preemption, *saving])
   loop = loop_lib.Loop(execution, ordered, state, steps_per_loop=parts.plan.steps_per_loop,
-                       eval_every_steps=config.eval.every_steps, nan_guard=nan_guard)
+                       eval_every_steps=config.eval.every_steps, nan_guard=nan_guard, user_callbacks=user_callbacks,
+                       on_error=_saver_on_error(parts, checkpoints))
   try:
     return dict(loop.run().summary)
   except execution_lib.PEER_FAILURES as e:
@@ -147,6 +148,27 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
     if lost is None:
       raise
     raise lost from e
+
+
+def _saver_on_error(parts, checkpoints):
+  """Loop.on_error: when a callback or an eval raises after steps were trained, save them first (one process
+  only: a save of several workers is collective, and the others may not be raising)."""
+  if strategy_lib.is_multi_worker(parts.strategy):
+    return None
+
+  def save(state):
+    unsaved = state.step - max(state.start_step, checkpoints.last_saved_step or 0)
+    if unsaved <= 0:
+      return
+    try:
+      path = checkpoints.save(state.step, wait=True)
+    except Exception as e:  # pylint: disable=broad-except  # the error that stops the run is the one to report
+      logging.warning("could not save the steps trained since the last checkpoint: %s", e)
+      return
+    logging.warning("the run stops on an error: the %d steps trained since the last checkpoint are saved in %s",
+                    unsaved, path)
+
+  return save
 
 
 def _warm_start(config, parts, restored):

@@ -140,6 +140,31 @@ def test_a_digits_run_is_one_mlflow_run_and_one_wandb_run_across_a_sigterm(tmp_p
   assert "summary.json" in saved
 
 
+def test_a_run_killed_with_sigkill_leaves_its_mlflow_run_killed_not_running(tmp_path):
+  """The tracker process outlives the run's process by at most its close timeout: stdin's end is the run's end."""
+  store = f"sqlite:///{tmp_path}/mlflow.db"
+  proc = subprocess.Popen([PY, "main.py", *RUN, f"--workdir={tmp_path / 'w'}", "--config.train.epochs=2000",
+                           f"--config.tracking.mlflow={store}"], cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  try:
+    for line in proc.stdout:
+      if "eval at step 30" in line and (tmp_path / "w" / tracking.FILE).exists():  # the MLflow run exists
+        break
+    proc.kill()  # the run's process only: its tracker process learns it from its stdin
+    proc.wait()
+    client = mlflow_client(store)
+    for _ in range(120):
+      if only_run(client).info.status != "RUNNING":
+        break
+      time.sleep(0.5)
+    run = only_run(client)
+    assert run.info.status == "KILLED"
+    assert history(client, run.info.run_id, "train/loss")  # what the run had handed over before it died
+  finally:
+    if proc.poll() is None:
+      proc.kill()
+
+
 def free_port():
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
@@ -208,25 +233,31 @@ def test_a_sweep_tracked_by_a_real_mlflow_server_is_a_parent_run_with_its_trials
 
 
 class FakeTracker:
-  """Records its calls; `failures` calls raise ConnectionError first; `gate` (an Event) holds every metrics call."""
+  """Records its calls; `failures` calls raise ConnectionError first; `gate` (an Event) holds every metrics call,
+  `open_gate` the first open."""
 
-  def __init__(self, failures=0, gate=None):
-    self.calls, self.failures, self.gate = [], failures, gate
+  def __init__(self, failures=0, gate=None, open_gate=None):
+    self.calls, self.failures, self.gate, self.open_gate = [], failures, gate, open_gate
 
   def open(self, run_id):
+    if self.open_gate is not None:
+      self.open_gate.wait()
     self._maybe_fail()
     return run_id or "new-run"
+
+  def tags(self, values):
+    self.calls.append(("tags", values))
 
   def _maybe_fail(self):
     if self.failures:
       self.failures -= 1
       raise ConnectionError("connection refused")
 
-  def metrics(self, step, values, timestamp):
+  def metrics(self, points):
     if self.gate is not None:
       self.gate.wait()
     self._maybe_fail()
-    self.calls.append(("metrics", step, values))
+    self.calls.append(("metrics", [(step, values) for step, values, _ in points]))
 
   def finish(self, status):
     self.calls.append(("finish", status))
@@ -248,12 +279,19 @@ def test_a_tracker_that_fails_is_one_warning_its_values_are_counted_and_it_is_tr
 
   caplog.clear()
   monkeypatch.setattr(tracker_process, "RETRY_SECONDS", 0.0)
-  fake = FakeTracker(failures=1)
+  monkeypatch.setattr(tracker_process, "BATCH_SECONDS", 0.0)
+  opened = threading.Event()
+  fake = FakeTracker(failures=1, open_gate=opened)
   senders = [tracker_process.Sender("fake", fake, None, reported.append, "setting")]
-  for step in (10, 20):
+  senders[0].put("metrics", (10, {"train/loss": 10.0}, 0), 1)
+  time.sleep(0.2)  # the sender takes it and waits in open: the next calls queue up meanwhile
+  senders[0].put("tags", ({"a": "b"},), 1)
+  for step in (20, 30):
     senders[0].put("metrics", (step, {"train/loss": float(step)}, 0), 1)
+  opened.set()
   tracker_process.close_all(senders, "FINISHED", 5)
-  assert fake.calls == [("metrics", 20, {"train/loss": 20.0}), ("finish", "FINISHED")]
+  assert fake.calls == [("tags", {"a": "b"}), ("metrics", [(20, {"train/loss": 20.0}), (30, {"train/loss": 30.0})]),
+                        ("finish", "FINISHED")]
   assert reported == ["new-run"]
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fake:")]
   assert lines[1:] == ["fake: reachable again (1 values not sent while it was down)",
@@ -270,7 +308,7 @@ def test_a_slow_tracker_never_holds_up_the_caller_and_the_end_waits_only_so_long
   tracker_process.close_all(senders, "FINISHED", 0.5)
   gate.set()
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("slow:")]
-  assert lines == ["slow: still sending after 0 s (tracking.close_timeout_seconds): 2 values not sent"]
+  assert lines == ["slow: still sending after 0 s (tracking.close_timeout_seconds): 3 values not sent"]
 
 
 @pytest.mark.parametrize("key,value,message", [

@@ -73,7 +73,21 @@ def test_an_error_in_a_users_callback_names_its_file_and_line(tmp_path):
   assert done.returncode == 1
   source = os.path.join(PLUGINS, "my_callbacks.py")
   line = next(n for n, text in enumerate(open(source), 1) if 'state.eval["eval/acc"]' in text)
-  assert error_lines(done.stderr) == [f"error: 'eval/acc' (in {source}:{line}) (rerun with --debug for the traceback)"]
+  assert error_lines(done.stderr) == [f"error: callback Buggy.after_eval raised KeyError: 'eval/acc' (in {source}:{line})"]
+
+
+def test_a_users_callback_raising_after_steps_were_trained_saves_them_and_stops_with_one_line(tmp_path):
+  done = main_with_plugins(tmp_path, "--config.train.steps=400", "--config.checkpoint.every_steps=0",
+                           "--config.callbacks=('my_callbacks:raises_at_step_20',)")
+  assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+  source = os.path.join(PLUGINS, "my_callbacks.py")
+  line = next(n for n, text in enumerate(open(source), 1) if "raise RuntimeError(f\"cannot go on" in text)
+  assert error_lines(done.stderr) == [f"error: callback FailsLate.after_train_call raised RuntimeError: cannot go on at "
+                                      f"step 20 (in {source}:{line})"]
+  assert "the 20 steps trained since the last checkpoint are saved in" in done.stderr
+  assert checkpoint_steps(tmp_path) == [20]
+  again = main_with_plugins(tmp_path, "--config.train.steps=30")
+  assert again.returncode == 0 and f"restored {tmp_path}/checkpoints/ckpt-20" in again.stderr
 
 
 def test_a_metric_that_cannot_take_the_runs_call_is_refused_before_training(tmp_path):

@@ -8,10 +8,13 @@ anyone asked to stop. At the end: a final eval (unless one just ran at this step
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import time
+import traceback
 import types
 from typing import Any, Callable, Iterable, Mapping, Optional
 
+from errors import ConfigError, first_line
 from loops.core.interfaces import HOOKS, Execution
 
 
@@ -101,17 +104,26 @@ class State:
 
 
 class CallbackList:
-  """Dispatches each hook to the callbacks that have it, in their fixed order."""
+  """Dispatches each hook to the callbacks that have it, in their fixed order. An exception a user's callback raises
+  (`user`: those objects) becomes one line naming its class, hook, file and line (UserCallbackError)."""
 
-  def __init__(self, callbacks: Iterable[Any]):
+  def __init__(self, callbacks: Iterable[Any], user: Iterable[Any] = ()):
     self.callbacks = list(callbacks)
+    self.user = {id(callback) for callback in user}
 
   def dispatch(self, hook: str, state: State) -> None:
     assert hook in HOOKS, hook
     for callback in self.callbacks:
       method = getattr(callback, hook, None)
-      if method is not None:
+      if method is None:
+        continue
+      try:
         method(state)
+      except Exception as error:  # pylint: disable=broad-except
+        if id(callback) not in self.user or isinstance(error, ConfigError):
+          raise
+        raise UserCallbackError(f"callback {type(callback).__name__}.{hook} raised {type(error).__name__}: "
+                                f"{first_line(error)}{_where(error, callback)}") from error
 
   def triggers(self) -> list:
     return [c.trigger for c in self.callbacks if isinstance(getattr(c, "trigger", None), Trigger)]
@@ -127,17 +139,30 @@ class Loop:
     steps_per_loop: the longest train call.
     eval_every_steps: evaluate when a call crosses a multiple of it (0: only at the end).
     nan_guard: recover(state) -> the step to continue from, after a call whose loss was not finite.
+    user_callbacks: the user's among `callbacks` (an exception they raise is one line naming them).
+    on_error: on_error(state) when anything but a train call raised (a callback, an eval): the steps trained
+      since the last checkpoint are complete, and can be saved before the error ends the run.
   """
 
   def __init__(self, execution: Execution, callbacks: Iterable[Any], state: State, *, steps_per_loop: int,
-               eval_every_steps: int, nan_guard: Any, clock: Callable[[], float] = time.perf_counter):
-    self.execution, self.callbacks, self.state = execution, CallbackList(callbacks), state
-    self.steps_per_loop, self.nan_guard, self.clock = steps_per_loop, nan_guard, clock
+               eval_every_steps: int, nan_guard: Any, clock: Callable[[], float] = time.perf_counter,
+               user_callbacks: Iterable[Any] = (), on_error: Optional[Callable[[State], None]] = None):
+    self.execution, self.callbacks, self.state = execution, CallbackList(callbacks, user_callbacks), state
+    self.steps_per_loop, self.nan_guard, self.clock, self.on_error = steps_per_loop, nan_guard, clock, on_error
+    self.in_train_call = False
     self.eval_trigger = Trigger(eval_every_steps)
     self.triggers = [self.eval_trigger, *self.callbacks.triggers()]
 
   def run(self) -> State:
     """Trains to state.total_steps (or a requested stop); returns the final State."""
+    try:
+      return self._run()
+    except Exception:
+      if self.on_error is not None and not self.in_train_call:
+        self.on_error(self.state)
+      raise
+
+  def _run(self) -> State:
     state = self.state
     self.callbacks.dispatch("on_train_begin", state)
     while state.step < state.total_steps and not state.stop_reason:
@@ -156,7 +181,9 @@ class Loop:
     state = self.state
     num_steps = call_length(state.step, state.total_steps, self.steps_per_loop, self.triggers)
     started = self.clock()
+    self.in_train_call = True
     output = self.execution.train(num_steps)
+    self.in_train_call = False
     state.update(call_seconds=self.clock() - started, call_start_step=state.step, step=output.step,
                  train=dict(output.results), worker_seconds=tuple(output.worker_seconds))
     if not output.finite:
@@ -169,6 +196,18 @@ class Loop:
     state = self.state
     state.update(eval=dict(self.execution.evaluate()), eval_step=state.step)
     self.callbacks.dispatch("after_eval", state)
+
+
+class UserCallbackError(ConfigError):
+  """A user's callback raised: the run stops with one line (after saving what it trained, see Loop.on_error)."""
+
+
+def _where(error, callback):
+  """' (in FILE:LINE)': the innermost frame of the error in the callback's own file (else the innermost)."""
+  frames = traceback.extract_tb(error.__traceback__)
+  source = getattr(inspect.getmodule(type(callback)), "__file__", None)
+  own = [frame for frame in frames if source and frame.filename == source] or frames[-1:]
+  return f" (in {own[-1].filename}:{own[-1].lineno})" if own else ""
 
 
 def values(state: State) -> Mapping[str, Any]:

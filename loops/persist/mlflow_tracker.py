@@ -10,7 +10,8 @@ import time
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                  "MLFLOW_HTTP_REQUEST_TIMEOUT": "20"}
 MAX_PARAM_LENGTH = 6000  # MLflow's limit on a parameter's value
-BATCH = 100  # params or tags per log_batch (MLflow takes at most 100 params, 1000 metrics)
+BATCH = 100  # params or tags per log_batch (MLflow takes at most 100 params)
+MAX_METRICS = 1000  # metrics per log_batch (MLflow's limit)
 # MLflow's start-up chatter (database migrations) and urllib3's retry warnings: the tracker's one warning says it.
 NOISY_LOGGERS = {"alembic": python_logging.WARNING, "mlflow": python_logging.WARNING,
                  "urllib3.connectionpool": python_logging.ERROR}
@@ -55,10 +56,14 @@ class MlflowTracker:
     if changed:
       self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in changed.items()])
 
-  def metrics(self, step, values, timestamp):
+  def metrics(self, points):
+    """points: [(step, {tag: value}, timestamp in ms)], sent in requests of at most 1000 values."""
     from mlflow.entities import Metric  # pylint: disable=import-outside-toplevel
 
-    self.client.log_batch(self.run_id, metrics=[Metric(key, value, timestamp, step) for key, value in values.items()])
+    metrics = [Metric(key, value, timestamp, step) for step, values, timestamp in points
+               for key, value in values.items()]
+    for start in range(0, len(metrics), MAX_METRICS):
+      self.client.log_batch(self.run_id, metrics=metrics[start:start + MAX_METRICS])
 
   def tags(self, values):
     from mlflow.entities import RunTag  # pylint: disable=import-outside-toplevel

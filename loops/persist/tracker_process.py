@@ -20,6 +20,8 @@ from absl import flags
 from absl import logging
 
 RETRY_SECONDS = 60.0
+BATCH_SECONDS = 1.0  # metrics calls queued within this are sent as one
+MAX_POINTS = 100  # metrics calls per batch (each of a few values: under MLflow's 1000 metrics per request)
 KILLED_CLOSE_SECONDS = 30.0  # when the run's process vanished without a close line
 
 
@@ -65,6 +67,8 @@ class Sender:
   def __init__(self, kind, tracker, run_id, remember, setting=""):
     self.kind, self.tracker, self.run_id, self.remember, self.setting = kind, tracker, run_id, remember, setting
     self.opened = False
+    self.last_metrics = -BATCH_SECONDS
+    self.in_flight = 0  # the values of the call being made
     self.not_sent, self.first_error, self.down_since = 0, None, None
     self.calls = queue.Queue()
     self.thread = threading.Thread(target=self._drain, name=f"tracking-{kind}", daemon=True)
@@ -74,16 +78,38 @@ class Sender:
     self.calls.put((method, args, count))
 
   def _drain(self):
+    pending = None
     while True:
-      method, args, count = self.calls.get()
+      method, args, count = pending or self.calls.get()
+      pending = None
       if method == "stop":
         return
+      if method == "metrics":
+        args, count, pending = self._metrics_batch(args, count)
       self._call(method, args, count)
+
+  def _metrics_batch(self, first, count):
+    """([points], count, the next call or None): the metrics calls queued one after another, made as one call at
+    most every BATCH_SECONDS (a tracker's cost per call, e.g. a database transaction, is paid once per batch)."""
+    time.sleep(max(0.0, self.last_metrics + BATCH_SECONDS - time.monotonic()))
+    self.last_metrics = time.monotonic()
+    points = [tuple(first)]
+    while len(points) < MAX_POINTS:
+      try:
+        method, args, more = self.calls.get_nowait()
+      except queue.Empty:
+        return (points,), count, None
+      if method != "metrics":
+        return (points,), count, (method, args, more)
+      points.append(tuple(args))
+      count += more
+    return (points,), count, None
 
   def _call(self, method, args, count):
     if self.down_since is not None and time.monotonic() - self.down_since < RETRY_SECONDS:
       self.not_sent += count
       return
+    self.in_flight = count
     try:
       if not self.opened:
         self._open()
@@ -91,6 +117,8 @@ class Sender:
     except Exception as e:  # pylint: disable=broad-except
       self._failed(e, count)
       return
+    finally:
+      self.in_flight = 0
     if self.down_since is not None:
       logging.warning("%s: reachable again (%d values not sent while it was down)", self.kind, self.not_sent)
       self.down_since = None
@@ -114,7 +142,7 @@ class Sender:
     self.calls.put(("stop", (), 0))
     self.thread.join(timeout)
     if self.thread.is_alive():
-      self.not_sent += sum(count for _, _, count in _drained(self.calls))
+      self.not_sent += self.in_flight + sum(count for _, _, count in _drained(self.calls))
       logging.warning("%s: still sending after %.0f s (tracking.close_timeout_seconds): %d values not sent",
                       self.kind, timeout, self.not_sent)
     elif self.not_sent:

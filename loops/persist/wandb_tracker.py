@@ -32,9 +32,10 @@ class WandbTracker:
   def params(self, values):
     self.run.config.update(dict(values), allow_val_change=True)
 
-  def metrics(self, step, values, timestamp):
-    del timestamp
-    self.run.log({**values, STEP: step})
+  def metrics(self, points):
+    """points: [(step, {tag: value}, timestamp in ms)]."""
+    for step, values, _ in points:
+      self.run.log({**values, STEP: step})
 
   def tags(self, values):
     self.run.tags = tuple(sorted({*self.run.tags, *(f"{key}:{value}"[:64] for key, value in values.items())}))
