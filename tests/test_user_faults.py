@@ -90,6 +90,24 @@ def test_a_users_callback_raising_after_steps_were_trained_saves_them_and_stops_
   assert again.returncode == 0 and f"restored {tmp_path}/checkpoints/ckpt-20" in again.stderr
 
 
+def test_callback_state_a_checkpoint_cannot_hold_or_restore_is_one_line_naming_the_callback(tmp_path):
+  counting = "--config.callbacks=('my_callbacks:counting',)"
+  plain = main_with_plugins(tmp_path / "plain", "--config.train.steps=10", counting, env={"COUNTER_KIND": "plain"})
+  assert plain.returncode == 1 and not (tmp_path / "plain" / "checkpoints").exists()
+  assert error_lines(plain.stderr) == ["error: callback 'my_callbacks:counting': checkpointed['calls'] is a int, which "
+                                       "a checkpoint does not save: make it a tf.Variable (e.g. tf.Variable(0))"]
+  first = main_with_plugins(tmp_path / "w", "--config.train.steps=10", counting)
+  assert first.returncode == 0, first.stderr[-2000:]
+  for kind, now in (("vector", "int64 [2]"), ("float", "float32 []")):
+    again = main_with_plugins(tmp_path / "w", "--config.train.steps=20", counting, env={"COUNTER_KIND": kind})
+    assert again.returncode == 1 and "Traceback" not in again.stderr
+    assert error_lines(again.stderr) == [
+        f"error: callback Counting: its checkpointed 'calls' is {now} here but int64 [] in "
+        f"{tmp_path}/w/checkpoints/ckpt-10: keep its dtype and shape, or give the new one another name (a name new "
+        "to the checkpoint starts afresh)"]
+  assert checkpoint_steps(tmp_path / "w") == [10]
+
+
 def test_a_metric_that_cannot_take_the_runs_call_is_refused_before_training(tmp_path):
   done = main_with_plugins(tmp_path, "--config.train.steps=10", "--config.eval.metrics=('my_callbacks:count_only',)")
   assert done.returncode == 1

@@ -28,3 +28,20 @@ def check_callbacks(named):
       method = getattr(callback, hook)
       if not callable(method) or not plugins.accepts(method, 1):
         raise ConfigError(f"callback '{name}': {hook} must be a method taking one argument (state)")
+    _check_checkpointed(name, getattr(callback, "checkpointed", None))
+
+
+def _check_checkpointed(name, state):
+  """`checkpointed`: None, a tf.Module, or a dict whose every value is a tf.Variable (a plain number would not be
+  saved, and would come back as it started after a resume)."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+
+  if state is None or isinstance(state, tf.Module):
+    return
+  if not isinstance(state, dict):
+    raise ConfigError(f"callback '{name}': checkpointed must be a tf.Module or a dict of tf.Variables, got "
+                      f"{type(state).__name__}")
+  for key, value in state.items():
+    if not isinstance(value, tf.Variable):
+      raise ConfigError(f"callback '{name}': checkpointed[{key!r}] is a {type(value).__name__}, which a checkpoint "
+                        f"does not save: make it a tf.Variable (e.g. tf.Variable({value!r}))")

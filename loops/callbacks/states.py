@@ -9,6 +9,8 @@ Keys: a built-in callback's `state_key` ("early_stopping", "checkpointing"); a u
 
 import tensorflow as tf
 
+from errors import ConfigError
+
 # Checkpoints written before the built-in callbacks kept their own state held it in one module under run/.
 LEGACY = {
     ("checkpointing", "stopped_total_steps"): "run/stopped_total_steps",
@@ -32,10 +34,36 @@ def attach(checkpoint, built_ins, users, restored=None):
   states = {c.state_key: c.checkpointed for c in built_ins if getattr(c, "checkpointed", None) is not None}
   states.update({f"{index}_{type(c).__name__}": c.checkpointed for index, c in enumerate(users)
                  if getattr(c, "checkpointed", None) is not None})
+  if restored:
+    _check_against_checkpoint(restored, states)
   for key, state in states.items():
     setattr(checkpoint.callbacks, key, state)
   if restored and states:
     _read_legacy(restored, {key: getattr(checkpoint.callbacks, key) for key in states})
+
+
+def _check_against_checkpoint(path, states):
+  """ConfigError when a callback's state variable has another shape or dtype than the checkpoint holds for it (TF
+  would fail naming only 'Variable:0', or with a RestoreV2 traceback)."""
+  reader = tf.compat.v1.train.NewCheckpointReader(path)
+  shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+  for key, state in states.items():
+    for name, variable in _named_variables(state):
+      saved = f"callbacks/{key}/{name}{_VALUE}"
+      if saved not in shapes:
+        continue
+      now, before = (variable.dtype.name, list(variable.shape)), (dtypes[saved].name, list(shapes[saved]))
+      if now != before:
+        owner = key.split('_', 1)[1] if key[0].isdigit() else key
+        raise ConfigError(f"callback {owner}: its checkpointed '{name}' is {now[0]} {now[1]} here "
+                          f"but {before[0]} {before[1]} in {path}: keep its dtype and shape, or give the new one "
+                          "another name (a name new to the checkpoint starts afresh)")
+
+
+def _named_variables(state):
+  """(checkpoint name, tf.Variable) of a callback's state: a dict's entries, a tf.Module's variable attributes."""
+  items = state.items() if isinstance(state, dict) else vars(state).items()
+  return [(name, value) for name, value in items if isinstance(value, tf.Variable)]
 
 
 def _read_legacy(path, states):
