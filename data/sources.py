@@ -93,9 +93,19 @@ def _named_arrays(arrays, data_config, names, split, path):
   if missing:
     raise ConfigError(f"npz file '{path}' has no {', '.join(missing)} (data.npz.features and data.npz.targets name "
                       f"arrays read as <name>_{suffix}); it has: {', '.join(arrays.files) or 'no arrays'}")
-  read = lambda group: (arrays[f"{group[0]}_{suffix}"] if len(group) == 1 else
-                        {name: arrays[f"{name}_{suffix}"] for name in group})
+  read = lambda group: (_npz_array(arrays, f"{group[0]}_{suffix}", path) if len(group) == 1 else
+                        {name: _npz_array(arrays, f"{name}_{suffix}", path) for name in group})
   return read(features), read(targets)
+
+
+def _npz_array(arrays, key, path):
+  """arrays[key], or one ConfigError naming the file and the array when it cannot be read."""
+  try:
+    return arrays[key]
+  except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:  # object arrays (pickles), a damaged member
+    hint = ("it holds Python objects (dtype object), which are not read: save numbers or strings of one dtype, e.g. "
+            "np.asarray(values, dtype=np.float32)" if "allow_pickle" in str(e) else first_line(e))
+    raise ConfigError(f"npz file '{path}': array '{key}' cannot be read: {hint}") from None
 
 
 def _check_class_ids(train_labels, eval_labels, path, names):

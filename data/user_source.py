@@ -56,11 +56,25 @@ def _split(name, fn, split):
     raise ConfigError(f"data.name='{name}': {name.split(':')[1]}('{split}') must return (features, targets), "
                       f"got {type(value).__name__}")
   arrays = tf.nest.map_structure(np.asarray, value)
+  for path, array in zip(_paths(arrays), tf.nest.flatten(arrays)):
+    if array.dtype == object:
+      raise ConfigError(f"data.name='{name}': {name.split(':')[1]}('{split}') returned {path} as Python objects "
+                        f"(dtype object, e.g. rows of different lengths): give numbers or strings of one dtype and "
+                        f"shape (pad rows to one length, or use an input function for sequences)")
   lengths = {a.shape[0] if a.ndim else None for a in tf.nest.flatten(arrays)}
   if len(lengths) != 1 or None in lengths:
     raise ConfigError(f"data.name='{name}': every array of split '{split}' needs the examples on its first axis, "
                       f"with the same count; got first axes {sorted(map(str, lengths))}")
   return arrays
+
+
+def _paths(arrays):
+  """'features', 'targets', "features['ids']" ...: the place of each array of a (features, targets) nest."""
+  def named(prefix, value):
+    if isinstance(value, dict):
+      return [p for key, item in value.items() for p in named(f"{prefix}[{key!r}]", item)]
+    return [prefix]
+  return named("features", arrays[0]) + named("targets", arrays[1])
 
 
 def _size(arrays):

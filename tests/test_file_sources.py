@@ -117,6 +117,20 @@ def test_a_damaged_member_of_an_npz_is_one_line(tmp_path):
     data.load(npz_config(path))
 
 
+def test_python_objects_in_a_tasks_arrays_are_one_line_naming_the_file_or_function_and_the_array(tmp_path):
+  ragged = np.array([np.zeros(2), np.zeros(3)] * 5, dtype=object)
+  path = save_npz(tmp_path / "d.npz", f_train=ragged, t_train=np.zeros(10), f_test=np.zeros((4, 2)), t_test=np.zeros(4))
+  config = npz_config(path)
+  config.npz.features, config.npz.targets = ("f",), ("t",)
+  with pytest.raises(ConfigError, match=f"^{re.escape(f'npz file {path!r}')}: array 'f_train' cannot be read: it holds "
+                                        r"Python objects \(dtype object\), which are not read"):
+    data.load(config)
+  from data import user_source
+  with pytest.raises(ConfigError, match=r"^data.name='mine:rows': rows\('train'\) returned features\['ids'\] as Python "
+                                        r"objects \(dtype object, e\.g\. rows of different lengths\)"):
+    user_source.load("mine:rows", lambda split: ({"ids": ragged, "mask": np.zeros((10, 2))}, np.zeros(10)))
+
+
 def test_an_empty_class_folder_is_refused(tmp_path):
   root = make_image_folder(tmp_path / "images")
   (root / "train" / "bird").mkdir()
