@@ -50,6 +50,8 @@ def source(data_config):
                       f"(e.g. /data/set/{{split}}-*.tfrecord), got data.data_dir={data_config.data_dir}")
   files = {split: tfrecord.split_files(data_config, name, None) for split, name in
            (("train", data_config.train_split), ("eval", data_config.eval_split))}
+  for paths, _ in files.values():
+    check_first_record(paths, spec)
   pick = lambda parsed, names: parsed[names[0]] if len(names) == 1 else {n: parsed[n] for n in names}
 
   def batches(split, *, batch_size, context, seed, epoch):
@@ -65,6 +67,30 @@ def source(data_config):
     return ds.map(lambda records: _parsed(records, spec, features, targets, pick))
 
   return user_stream.load(f"tfrecord:{data_config.data_dir}", batches)
+
+
+KINDS = {tf.int64: ("int64_list", "int64"), tf.float32: ("float_list", "float32"), tf.string: ("bytes_list", "string")}
+
+
+def check_first_record(paths, spec):
+  """ConfigError when the first record of `paths` lacks a feature of `spec` or holds it with another dtype or
+  number of values (tf.io.parse_example would fail at the first train call, inside a traceback)."""
+  first = next(iter(tf.data.TFRecordDataset(list(paths)[:1]).take(1)), None)
+  if first is None:
+    return
+  held = tf.train.Example.FromString(first.numpy()).features.feature
+  for name, feature in spec.items():
+    wanted = f"{name}:{KINDS[feature.dtype][1]}:{'x'.join(map(str, feature.shape))}"
+    if name not in held:
+      raise ConfigError(f"data.tfrecord.features entry '{wanted}': the records of {paths[0]} have no feature "
+                        f"'{name}' (they have: {', '.join(sorted(held))})")
+    kind = held[name].WhichOneof("kind")
+    count = len(getattr(held[name], kind).value) if kind else 0
+    size = int(tf.TensorShape(feature.shape).num_elements())
+    if kind != KINDS[feature.dtype][0] or count != size:
+      dtype = next((d for k, d in KINDS.values() if k == kind), "empty")
+      raise ConfigError(f"data.tfrecord.features entry '{wanted}': the records of {paths[0]} hold '{name}' as {count} "
+                        f"{dtype} values, not {size} {KINDS[feature.dtype][1]}; e.g. '{name}:{dtype}:{count}' reads them")
 
 
 def _keyed_shuffle(paths, window, seed, epoch):

@@ -2,6 +2,7 @@
 the same global batches on any pipeline split, exact resume, padded eval, one-line errors; a task trains on them."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -88,6 +89,22 @@ def test_one_and_two_pipelines_see_the_same_global_batches_and_a_resume_continue
 def test_a_bad_feature_spec_is_one_line(features, targets, message, files):
   with pytest.raises(ConfigError, match=message):
     sources.load(data_config(files[0], features, targets))
+
+
+@pytest.mark.parametrize("features, message", [
+    (("tokens:int64:12", "mask:float32:16", "tags:float32:5"), "entry 'tokens:int64:12': the records of {first} hold "
+                                                               "'tokens' as 16 int64 values, not 12 int64; e.g. "
+                                                               "'tokens:int64:16' reads them"),
+    (("tokens:float32:16", "mask:float32:16", "tags:float32:5"), "entry 'tokens:float32:16': the records of {first} "
+                                                                 "hold 'tokens' as 16 int64 values, not 16 float32"),
+    (("tokens:int64:16", "weights:float32:16", "tags:float32:5"), "entry 'weights:float32:16': the records of {first} "
+                                                                  "have no feature 'weights' (they have: mask, tags, "
+                                                                  "tokens)"),
+])
+def test_a_feature_the_records_do_not_hold_as_declared_is_one_line_at_load(features, message, files):
+  first = files[0].format(split="train").replace("*", "0")
+  with pytest.raises(ConfigError, match="^data.tfrecord.features " + re.escape(message.format(first=first))):
+    sources.load(data_config(files[0], features))
 
 
 def test_a_task_trains_on_feature_records(tmp_path):
