@@ -40,6 +40,11 @@ def first_line(error):
   return lines[0] if lines else type(error).__name__
 
 
+class InputPipelineError(ConfigError):
+  """The train input failed while a train call read it (a user's input function raised, a batch of the wrong size):
+  the steps before it in the call are complete, and a run can save them before it stops."""
+
+
 class WorkerLostError(RuntimeError):
   """Another task of a synchronous multi-worker job died or stopped answering; this one cannot continue."""
 

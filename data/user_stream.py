@@ -24,7 +24,7 @@ import re
 import tensorflow as tf
 
 from data.source import Source
-from errors import ConfigError
+from errors import ConfigError, InputPipelineError
 
 _MAX_EPOCHS = 1 << 40
 _EVAL_READ = 128  # the eval split is read in batches of this many (then padded and sharded as examples)
@@ -96,6 +96,29 @@ def short_epoch(error, name, step, steps_per_epoch):
                      "must yield as many whole batches as the first, whose length the plan read at load")
 
 
+_PYTHON_ERROR = re.compile(r"^(\w+(?:Error|Exception)): (.+)$", re.M)
+_USER_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+_NOT_WHOLE = "a train batch is not batch_size long"
+
+
+def input_failure(error, name, step):
+  """One line for a train call that failed reading the input function's batches after `step` steps: a Python
+  exception in its map functions or a tf.debugging check of its own (InputPipelineError: the steps before it are
+  complete), a batch of another size (ConfigError); else None."""
+  text = str(error)
+  if not isinstance(error, tf.errors.OpError) or "IteratorGetNext" not in text:
+    return None
+  if _NOT_WHOLE in text:  # not an InputPipelineError: steps may have trained on short batches; nothing is saved
+    return ConfigError(f"data.name='{name}': a train batch is not as long as the batch_size it was asked for (found "
+                       f"after step {step}): batch with ds.batch(batch_size, drop_remainder=True), and filter before "
+                       "batching")
+  raised = _PYTHON_ERROR.findall(text)
+  frames = [(path, line) for path, line in _USER_FRAME.findall(text) if "site-packages" not in path]
+  what = f"{raised[-1][0]}: {raised[-1][1]}" if raised else error.message.strip().splitlines()[0]
+  at = f" (in {frames[-1][0]}:{frames[-1][1]})" if frames else ""
+  return InputPipelineError(f"data.name='{name}': reading the train batch of step {step + 1} failed: {what}{at}")
+
+
 def _call(name, fn, split, *, batch_size, context, seed=0, epoch=0):
   seed, epoch = (tf.cast(v, tf.int64) for v in (seed, epoch))
   ds = tf.autograph.experimental.do_not_convert(fn)(split, batch_size=batch_size, context=context, seed=seed,
@@ -122,6 +145,6 @@ def _whole_batch(name, batch_size, features, targets):
   """A runtime check that every train batch holds batch_size examples (a short one would bias the GLOBAL mean)."""
   rows = tf.shape(tf.nest.flatten(features)[0])[0]
   check = tf.debugging.assert_equal(rows, batch_size, message=(
-      f"data.name='{name}': a train batch is not batch_size long (use batch(batch_size, drop_remainder=True))"))
+      f"data.name='{name}': {_NOT_WHOLE} (use batch(batch_size, drop_remainder=True))"))
   with tf.control_dependencies([check]):
     return tf.nest.map_structure(tf.identity, (features, targets))

@@ -108,6 +108,31 @@ def test_callback_state_a_checkpoint_cannot_hold_or_restore_is_one_line_naming_t
   assert checkpoint_steps(tmp_path / "w") == [10]
 
 
+BAD_INPUT = ["--config.data.name=bad_input:batches", "--config.task.name=bad_input:Sign",
+             "--config.train.global_batch_size=32", "--config.checkpoint.best_metric=", "--config.checkpoint.every_steps=0"]
+
+
+def test_an_input_function_raising_mid_epoch_is_one_line_and_the_steps_before_it_are_saved(tmp_path):
+  done = main_with_plugins(tmp_path, *BAD_INPUT, "--config.train.steps=60", env={"BAD": "raise"})
+  assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  source = os.path.join(PLUGINS, "bad_input.py")
+  line = next(n for n, text in enumerate(open(source), 1) if "raise ValueError" in text)
+  assert error_lines(done.stderr) == [f"error: data.name='bad_input:batches': reading the train batch of step 5 "
+                                      f"failed: ValueError: row with value 2.23 is out of range (in {source}:{line})"]
+  assert checkpoint_steps(tmp_path) == [4]  # the row is in the fifth batch: four steps trained on good batches
+  again = main_with_plugins(tmp_path, *BAD_INPUT, "--config.train.steps=10")
+  assert again.returncode == 0 and f"restored {tmp_path}/checkpoints/ckpt-4" in again.stderr
+
+
+def test_an_input_function_yielding_short_batches_is_one_line_and_saves_nothing(tmp_path):
+  done = main_with_plugins(tmp_path, *BAD_INPUT, "--config.train.steps=60", env={"BAD": "short"})
+  assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+  lines = error_lines(done.stderr)
+  assert len(lines) == 1 and lines[0].startswith("error: data.name='bad_input:batches': a train batch is not as long "
+                                                 "as the batch_size it was asked for (found after step ")
+  assert not (tmp_path / "checkpoints").exists() or checkpoint_steps(tmp_path) == []
+
+
 def test_a_metric_that_cannot_take_the_runs_call_is_refused_before_training(tmp_path):
   done = main_with_plugins(tmp_path, "--config.train.steps=10", "--config.eval.metrics=('my_callbacks:count_only',)")
   assert done.returncode == 1

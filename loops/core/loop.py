@@ -14,7 +14,7 @@ import traceback
 import types
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from errors import ConfigError, first_line
+from errors import ConfigError, InputPipelineError, first_line
 from loops.core.interfaces import HOOKS, Execution
 
 
@@ -157,8 +157,9 @@ class Loop:
     """Trains to state.total_steps (or a requested stop); returns the final State."""
     try:
       return self._run()
-    except Exception:
-      if self.on_error is not None and not self.in_train_call:
+    except Exception as error:
+      if self.on_error is not None and (not self.in_train_call or isinstance(error, InputPipelineError)):
+        self.state.update(step=self.execution.step)  # an input failure: the steps of the call before it are done
         self.on_error(self.state)
       raise
 

@@ -186,11 +186,15 @@ class SyncExecution(_Execution):
     """The train call on the host pipeline's iterator; an input function's short epoch is one line."""
     try:
       return self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))
-    except tf.errors.FailedPreconditionError as e:
-      short = user_stream.short_epoch(e, self.config.data.name, self.step, self.parts.plan.steps_per_epoch)
-      if short is None:
+    except tf.errors.OpError as e:
+      step, name = self.step, self.config.data.name
+      if self.parts.source.input_fn is None:
         raise
-      raise short from e
+      short = user_stream.short_epoch(e, name, step, self.parts.plan.steps_per_epoch)
+      failure = short or user_stream.input_failure(e, name, step)
+      if failure is None:
+        raise
+      raise failure from e
 
   def train_graph_def(self, num_steps):
     """The traced train call of num_steps (train() ran it) as a GraphDef with its function library: the step's
