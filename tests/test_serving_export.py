@@ -25,7 +25,7 @@ for path in sys.argv[1:]:
   np.save(path + ".probabilities.npy", out["probabilities"].numpy())
   np.save(path + ".classes.npy", out["classes"].numpy())
   wrong = {"scaled_to_1": images / 16.0, "above_255": images * 20.0, "shape": np.zeros([2, 3, 3, 1], np.uint8),
-           "rank": images[0], "float_whole": images.astype(np.float32)}
+           "rank": images[0], "float_whole": images.astype(np.float32), "empty": images[:0]}
   answers = {}
   for name, value in wrong.items():
     try:
@@ -145,6 +145,7 @@ def test_wrong_input_is_a_short_error_not_a_silent_truncation(exported, name):
   shape or rank (once a TypeError printing the whole array): a short InvalidArgumentError saying what is valid."""
   _, _, _, _, classes, wrong = exported[0][name]
   assert wrong["float_whole"] == ["served", classes.tolist()]  # float32 holding the raw values: the same answers
+  assert wrong["empty"] == ["served", []]  # a batch of no images: no answers (a convolution once refused it)
   for case in ("scaled_to_1", "above_255"):
     kind, message = wrong[case]
     assert kind == "InvalidArgumentError" and len(message) < 600 and "array(" not in message, (case, message)

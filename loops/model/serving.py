@@ -59,11 +59,20 @@ def serving_function(model, preprocess, image_spec):
   the eval does."""
 
   def serve(images):
-    outputs = model(preprocess(checked_images(images, image_spec)), training=False)
+    outputs = on_one_row_at_least(lambda x: model(preprocess(x), training=False), checked_images(images, image_spec))
     logits = tf.cast(outputs["logits"] if isinstance(outputs, dict) else outputs, tf.float32)
     return {"probabilities": tf.nn.softmax(logits), "classes": tf.argmax(logits, axis=-1, output_type=tf.int64)}
 
   return serve
+
+
+def on_one_row_at_least(fn, inputs):
+  """fn(inputs) for a batch of any size, an empty one included: its outputs for no rows (some kernels, e.g. a
+  convolution on CPU, refuse a batch of 0, so fn runs on one row of zeros and the result is cut to none)."""
+  rows = tf.shape(tf.nest.flatten(inputs)[0])[0]
+  padded = tf.nest.map_structure(
+      lambda x: tf.cond(rows > 0, lambda: x, lambda: tf.zeros(tf.concat([[1], tf.shape(x)[1:]], 0), x.dtype)), inputs)
+  return tf.nest.map_structure(lambda y: y[:rows], fn(padded))
 
 
 def write_task_saved_model(model, features_spec, path):
@@ -72,7 +81,7 @@ def write_task_saved_model(model, features_spec, path):
   batched = tf.nest.map_structure(lambda s: tf.TensorSpec([None] + list(s.shape), s.dtype, name=None), features_spec)
 
   def serve(features):
-    outputs = model(features, training=False)
+    outputs = on_one_row_at_least(lambda x: model(x, training=False), features)
     return outputs if isinstance(outputs, dict) else {"outputs": outputs}
 
   archive = keras.export.ExportArchive()
@@ -88,8 +97,15 @@ def keras_file_problem(model):
     keras.saving.serialize_keras_object(model)
     model.get_config()
   except Exception as e:  # pylint: disable=broad-except  # NotImplementedError, TypeError: Keras' own words
-    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no get_config'}"
+    return f"{type(e).__name__}: {_words(e, 'no get_config')}"
   return None
+
+
+def _words(error, fallback):
+  """Keras' message in one line: its sentences up to the first blank line (its messages start with a newline and
+  go on with an example), at most 300 characters; `fallback` for an empty one."""
+  paragraph = str(error).strip().split("\n\n")[0]
+  return " ".join(paragraph.split())[:300] or fallback
 
 
 def serving_problem(model, features_spec):
@@ -98,5 +114,5 @@ def serving_problem(model, features_spec):
   try:
     model(zeros, training=False)
   except Exception as e:  # pylint: disable=broad-except  # the model's own words, on one line
-    return f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}"[:300]
+    return f"{type(e).__name__}: {_words(e, 'no message')}"
   return None
