@@ -85,7 +85,8 @@ def start_data_service(data_workers, out, lock, env=None):
   procs = {}
   for name, command in roles:
     procs[name] = subprocess.Popen(command, env=dict(os.environ if env is None else env), stdout=subprocess.PIPE,
-                                   stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                   stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                                   preexec_fn=dying_with_this_process(signal.SIGTERM))
     with lock:
       out.write(f"[launch] {name} started (pid {procs[name].pid})\n")
     threading.Thread(target=_pump, args=(procs[name].stdout, name, out, lock), daemon=True).start()
@@ -140,7 +141,8 @@ def _start_tasks(command, spec, tasks, env, out, lock):
     if "ps" in spec:
       task_env.setdefault("GRPC_FAIL_FAST", "use_caller")
     proc = subprocess.Popen(command, env=task_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True,  # a Ctrl-C reaches the launcher, which stops the tasks in order
+                            preexec_fn=dying_with_this_process(signal.SIGTERM))  # and a kill -9 of it: they save
     procs[name] = proc
     with lock:
       out.write(f"[launch] {name} started (pid {proc.pid})\n")

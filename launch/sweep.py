@@ -20,10 +20,12 @@ and the HParams experiment at DIR (`tensorboard --logdir DIR`: the HParams tab l
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
 
+from launch import local
 from launch import sweep_grid
 from launch import sweep_hparams
 from launch import sweep_local
@@ -98,7 +100,8 @@ def dry_run(config, trial, extra_args):
   with tempfile.TemporaryDirectory(prefix="sweep-dry-run-") as scratch:
     command = sweep_local.trial_command(config, {**trial, "workdir": os.path.join(scratch, "w")},
                                         [*extra_args, "--dry_run"])
-    done = subprocess.run(command, cwd=sweep_local.REPO, capture_output=True, text=True, check=False)
+    done = subprocess.run(command, cwd=sweep_local.REPO, capture_output=True, text=True, check=False,
+                          preexec_fn=local.dying_with_this_process(signal.SIGKILL))  # it trains nothing
   if done.returncode != 0:
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     what = errors[-1][len("error: "):] if errors else (done.stderr.strip().splitlines() or ["?"])[-1]

@@ -175,3 +175,31 @@ def test_parameter_server_with_two_workers_and_one_ps_trains_digits(tmp_path):
   assert summary["step"] == 1100 and summary["eval/accuracy"] >= 0.90
   assert os.path.isfile(os.path.join(summary["export"]["saved_model"], "saved_model.pb"))
   assert "[chief:0]" in result.stdout and "[worker:1]" in result.stdout and "[ps:0]" in result.stdout
+
+
+def test_a_launcher_killed_with_sigkill_takes_its_tasks_down_and_they_save_first(tmp_path):
+  """The tasks get SIGTERM from the kernel when launch.local dies however it dies: a preemption save, no orphan
+  training on."""
+  workdir = tmp_path / "w"
+  launcher = subprocess.Popen(
+      [sys.executable, "-m", "launch.local", "--workers=1", "--", sys.executable, "main.py",
+       "--config=configs/digits_cnn.py", "--config.train.epochs=2000", "--config.train.steps_per_loop=10",
+       "--config.checkpoint.every_steps=0", "--config.summary.progress_bar=off", f"--workdir={workdir}"],
+      cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+  output = []
+  for line in launcher.stdout:
+    output.append(line)
+    if re.search(r"\[worker:0\].*step \d+/", line):
+      break
+  task = int(re.search(r"\[launch\] worker:0 started \(pid (\d+)\)", "".join(output)).group(1))
+  os.kill(launcher.pid, signal.SIGKILL)
+  launcher.wait()
+  for _ in range(240):
+    if not os.path.exists(f"/proc/{task}") or open(f"/proc/{task}/stat").read().split()[2] == "Z":
+      break
+    time.sleep(0.5)
+  else:
+    os.kill(task, signal.SIGKILL)
+    pytest.fail("the task trained on after its launcher was killed")
+  saved = tf.train.latest_checkpoint(str(workdir / "checkpoints"))
+  assert saved and int(saved.rsplit("-", 1)[1]) > 0  # checkpoint.every_steps=0: only the preemption save
