@@ -165,7 +165,10 @@ def _model_and_loss(c):
   c.model.fused_batchnorm = True
 
   c.loss = ml_collections.ConfigDict()
-  c.loss.name = "sparse_categorical_crossentropy"  # or "package.module:function"
+  # "" = the loss the model was compile()d with (per example, averaged over the global batch; its metrics join
+  # eval.metrics), else sparse_categorical_crossentropy. Or a registry name (loops/model/losses.py) or
+  # "package.module:function"; a name set here wins over a compiled loss (a warning says so).
+  c.loss.name = ""
   c.loss.label_smoothing = 0.0
   c.loss.kwargs = ml_collections.ConfigDict()
 

@@ -25,6 +25,7 @@ from loops.distribute import execution
 from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
 from loops.model import freeze as freeze_lib
+from loops.model import keras_fit
 from loops.model import losses
 from loops.model import metrics as metrics_lib
 from loops.model import model as model_lib
@@ -32,6 +33,7 @@ from loops.model import optimizers
 from loops.model import random_layers
 from loops.persist import console
 from loops import task as task_lib
+from loops.task import classification as classification_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,7 +120,8 @@ def build(config, task, kept=None):
                                                                 source.num_classes, learning_rates)
   model = models.get("model") or next(iter(models.values()))
   if classification:
-    check.check_model_outputs(loss_fn, model, input_shape, source.num_classes,
+    made = _take_compiled(config, strategy, training_task, model, element_spec, made)
+    check.check_model_outputs(training_task.loss_fn, model, input_shape, source.num_classes,
                               soft_labels=mixing.mixes(config.data))
   eval_means, eval_metrics = _eval_metrics(strategy, training_task, models, element_spec, plan, made)
   checkpoint = tf.train.Checkpoint(step=step_counter, callbacks=callback_states.container(),
@@ -132,6 +135,25 @@ def build(config, task, kept=None):
                 eval_metrics=eval_metrics, element_spec=element_spec, checkpoint=checkpoint)
   check.check_metric_references(config, parts.eval_tags)
   return parts
+
+
+def _take_compiled(config, strategy, training_task, model, element_spec, made):
+  """The built-in classification on a compile()d model (loops/model/keras_fit.py): its loss when loss.name is
+  "", its metrics after eval.metrics'. Returns every eval metric made."""
+  labels = tf.zeros([2, *element_spec[1].shape], element_spec[1].dtype)
+  outputs, _ = classification_lib.forward(model, tf.zeros([2, *element_spec[0].shape], element_spec[0].dtype), False)
+  loss_fn = keras_fit.loss_for_run(config, model, labels, outputs)
+  if loss_fn is not None:
+    training_task.loss_fn = loss_fn
+  with execution.metrics_scope(strategy):
+    added = keras_fit.added_metrics(made, model, labels, outputs)
+  check.check_metrics(made + added, tuple(config.eval.metrics) + tuple(keras_fit.describe(i) for i, _ in added))
+  training_task.add_metrics(metrics_lib.by_name(added))
+  if loss_fn is not None or added:
+    logging.info("model '%s' was compile()d: the run trains %s, reports %s", model.name,
+                 "its loss per example over the global batch" if loss_fn else f"loss.name={config.loss.name!r}",
+                 ", ".join(metrics_lib.tags([m.name for _, m in made + added])))
+  return made + added
 
 
 def _element_spec(source, input_shape):
@@ -185,6 +207,8 @@ def _build_trainables(config, strategy, plan, training_task, element_spec, num_c
     check.check_models(training_task, models)
     for name, model in models.items():
       _ensure_built(model, element_spec)
+      keras_fit.warn_unused_overrides(name, model)
+      keras_fit.warn_unused_compile(name, model, config, loss_taken=config.task.name == task_lib.BUILT_IN)
       model_lib.configure_batchnorm(model, config.model)  # every model of the task, not only the config's
       _key_random_layers(name, model, config.seed)
     if config.train.freeze:

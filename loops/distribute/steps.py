@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from errors import ConfigError
+from loops.model import keras_fit
 from loops.model import losses
 from loops.model import optimizers as optimizers_lib
 from loops.model import random_layers
@@ -51,6 +52,7 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
   new_context = lambda micro_batch=(0, 1): context_lib.StepContext(
       global_batch_size, step_counter, training=True, declared=task.train_metrics, input_pipelines=input_pipelines,
       micro_batch=micro_batch, updating=updating)
+  step_method = "train_step" if task.writes_step else "per_example_loss"
   if task.writes_step:
     def compute(batch):
       ctx = new_context()
@@ -63,7 +65,8 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
   def step_fn(features, targets, started=None):
     if clock is not None and started is None:
       started = tf.timestamp()
-    loss, per_example, logged, done = compute((features, targets))
+    with keras_fit.fit_steps_refused(models, task_lib.method_name(task, step_method)):
+      loss, per_example, logged, done = compute((features, targets))
     if clock is not None:
       clock.record(started, done)
     return _report(loss, per_example, logged, metrics)
@@ -336,7 +339,7 @@ def make_eval_step(task, models, means, task_metrics, global_batch_size, step_co
   def step_fn(features, targets, weights):
     ctx = context_lib.StepContext(global_batch_size, step_counter, training=False, metrics=task_metrics,
                                   weights=weights, input_pipelines=input_pipelines)
-    with random_layers.keyed(ctx):
+    with random_layers.keyed(ctx), keras_fit.fit_steps_refused(models, task_lib.method_name(task, "eval_step")):
       values = task.eval_step((features, targets), models, ctx)
     for name, value in values.items():
       if name not in collect:

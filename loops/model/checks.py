@@ -19,8 +19,8 @@ def check_settings(config):
   check_model(config.model)
   if plugins.is_import_path(config.loss.name):
     plugins.load_callable(config.loss.name, "loss.name", 2, losses.EXTRA)
-  else:
-    one_of("loss", config.loss.name, list(losses.LOSSES) + ["package.module:function"])
+  elif config.loss.name:  # "": the model's compiled loss, else losses.DEFAULT
+    one_of("loss", config.loss.name, list(losses.LOSSES) + ["package.module:function", "'' (compiled)"])
   if not 0.0 <= config.loss.label_smoothing < 1.0:
     raise ConfigError(f"loss.label_smoothing must be in [0, 1), got {config.loss.label_smoothing}")
   one_of("mixed_precision", config.mixed_precision, MIXED_PRECISION)

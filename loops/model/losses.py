@@ -7,6 +7,8 @@ Labels are class ids [batch], or soft labels [batch, classes] when data.mixup_al
 A loss may also declare any of the keyword parameters in EXTRA: `images` (this replica's preprocessed batch),
 `outputs` (the model's output dict, "logits" included) and `step` (the global step before this update, int64);
 it gets exactly the ones it declares.
+loss.name="" (the default) is the model's compile()d loss when it has one (loops/model/keras_fit.py), else
+DEFAULT.
 """
 
 import functools
@@ -19,6 +21,7 @@ from loops.core import plugins
 
 
 EXTRA = ("images", "outputs", "step")
+DEFAULT = "sparse_categorical_crossentropy"  # what loss.name="" trains for a model compiled without a loss
 
 
 def is_soft(labels):
@@ -65,7 +68,7 @@ LOSSES = {
 def build(loss_config):
   """Returns fn(labels, logits, *, images, outputs, step) -> per-example losses, checked against the contract when
   traced; the wrapped function gets only the keywords of EXTRA it declares."""
-  name = loss_config.name
+  name = loss_config.name or DEFAULT
   kwargs = dict(loss_config.kwargs)
   if plugins.is_import_path(name):
     fn = plugins.load_callable(name, "loss.name", 2, EXTRA)

@@ -59,10 +59,21 @@ def is_accepted(key: str) -> bool:
 ABSENT = "(absent)"
 
 
+# Defaults that changed, {key: (the old default, the new one)}: a record of the old one resumes under the new one.
+# loss.name "" (2026-11-26) trains what the old default did unless the model is compile()d with a loss.
+RENAMED_DEFAULTS = {"loss.name": ("sparse_categorical_crossentropy", "")}
+
+
+def _as_now(flat: dict) -> dict:
+  return {key: (RENAMED_DEFAULTS[key][1] if key in RENAMED_DEFAULTS and value == RENAMED_DEFAULTS[key][0] else value)
+          for key, value in flat.items()}
+
+
 def compare(recorded: dict, now: dict) -> tuple[list, list]:
   """(changes that need resume.accept_changes, changes accepted as they are): lists of (key, recorded, now)."""
+  same_recorded, same_now = _as_now(recorded), _as_now(now)
   changed = [(key, recorded.get(key, ABSENT), now.get(key, ABSENT))
-             for key in sorted(set(recorded) | set(now)) if recorded.get(key) != now.get(key)]
+             for key in sorted(set(recorded) | set(now)) if same_recorded.get(key) != same_now.get(key)]
   refused = [change for change in changed if not is_accepted(change[0])]
   accepted = [change for change in changed if is_accepted(change[0])]
   return refused, accepted

@@ -117,7 +117,13 @@ def eval_names(task, models, element_spec, global_batch_size, metrics, batch=2):
   ctx = StepContext(global_batch_size, tf.constant(0, tf.int64), training=False, metrics=metrics,
                     weights=tf.zeros([batch]))
   try:
-    values = task.eval_step(zero_batch(element_spec, batch), models, ctx)
+    zeros = zero_batch(element_spec, batch)
+  except Exception as e:  # the probe's own failure, not the task's: say so
+    raise ConfigError(f"cannot probe {type(task).__name__}.eval_step: no zero batch of {batch} can be made from the "
+                      f"data's element_spec {element_spec}: {type(e).__name__}: "
+                      f"{str(e).splitlines()[0] if str(e) else ''}") from e
+  try:
+    values = task.eval_step(zeros, models, ctx)
   except ConfigError:
     raise
   except Exception as e:  # a user's code: one line naming where

@@ -1,0 +1,209 @@
+"""A model as Keras `fit` users already have it: its `compile()`d loss and metrics taken over by the built-in
+classification (loss.name=""), the `train_step`/`test_step`/`compute_loss` overrides the framework does not call
+named at build, and `model.train_step(...)` refused in one line when a task calls it inside the framework's step.
+
+The compiled loss is applied per example (reduction none) and averaged over the GLOBAL batch like every loss
+(N replicas compute what one does); its metrics become eval metrics (eval/<name>). Only what one output's loss
+and metrics say is taken: a loss per output is refused (write a Task); the compiled optimizer is not used
+(optimizer.* is), which one line says.
+"""
+
+import contextlib
+import copy
+import inspect
+
+from absl import logging
+import keras
+import tensorflow as tf
+
+from errors import ConfigError
+from loops.model import losses
+
+PORT = "port it to a Task (WORKSPACE.md 'Coming from Keras fit')"
+FIT_METHODS = ("train_step", "test_step", "compute_loss")
+_FIT_STEPS = ("train_step", "test_step")
+
+
+def compiled_loss(model):
+  """The loss identifier `model` was compile()d with, or None (not compiled, or compiled without a loss)."""
+  return getattr(model, "loss", None) if getattr(model, "compiled", False) else None
+
+
+def compiled_metrics(model):
+  """[metric identifiers] of compile(metrics=..., weighted_metrics=...), in order; [] when there are none."""
+  compiled = getattr(model, "_compile_metrics", None) if getattr(model, "compiled", False) else None
+  if compiled is None:
+    return []
+  found = []
+  for given in (compiled._user_metrics, compiled._user_weighted_metrics):  # pylint: disable=protected-access
+    if isinstance(given, dict):
+      raise ConfigError(f"model '{model.name}' was compiled with metrics per output ({sorted(given)}); the built-in "
+                        f"classification reads one output: {PORT}")
+    found += list(given or [])
+  return found
+
+
+def describe(identifier):
+  """A loss or metric identifier as a person reads it: SparseCategoricalCrossentropy(from_logits=True)."""
+  if isinstance(identifier, str):
+    return identifier
+  if isinstance(identifier, (keras.losses.Loss, keras.metrics.Metric)):
+    config = identifier.get_config()
+    shown = ", ".join(f"{k}={config[k]!r}" for k in ("from_logits", "k") if k in config)
+    return f"{type(identifier).__name__}({shown})"
+  return getattr(identifier, "__name__", type(identifier).__name__)
+
+
+def loss_for_run(config, model, labels, outputs):
+  """The built-in classification's loss from compile(): the per-example compiled loss when loss.name is "" and
+  the model has one, else None (loss.name's loss trains; one line when it overrides a compiled loss)."""
+  identifier = compiled_loss(model)
+  if identifier is None:
+    return None
+  if config.loss.name:
+    logging.warning("model '%s' was compiled with loss %s; the run trains loss.name=%r (the config's; loss.name='' "
+                    "trains the compiled one)", model.name, describe(identifier), config.loss.name)
+    return None
+  if config.loss.label_smoothing or dict(config.loss.kwargs):
+    raise ConfigError(f"loss.label_smoothing/loss.kwargs configure loss.name's loss; model '{model.name}' trains "
+                      f"its compiled {describe(identifier)}: set them in compile(), or name a loss.name")
+  if config.data.mixup_alpha or config.data.cutmix_alpha:
+    raise ConfigError(f"data.mixup_alpha/cutmix_alpha give soft labels [batch, classes]; the compiled "
+                      f"{describe(identifier)} of model '{model.name}' takes the data's labels: set "
+                      f"loss.name='sparse_categorical_crossentropy' (it takes both) or turn mixing off")
+  return per_example_loss(model, labels, outputs)
+
+
+def added_metrics(made, model, labels, outputs):
+  """[(identifier, metric)] of the compiled metrics not already in `made` (eval.metrics' [(entry, metric)]): a
+  name both give is eval.metrics' when it is the same class, else refused. Call inside the metrics' scope."""
+  taken = {metric.name: metric for _, metric in made}
+  added = []
+  for identifier, metric in metrics(model, labels, outputs):
+    same = taken.get(metric.name)
+    if same is None:
+      added.append((identifier, metric))
+    elif type(same) is not type(metric):
+      raise ConfigError(f"model '{model.name}' was compiled with metric '{metric.name}' ({type(metric).__name__}); "
+                        f"eval.metrics has another '{metric.name}' ({type(same).__name__}): rename one")
+  return added
+
+
+def per_example_loss(model, labels, outputs):
+  """fn(labels, logits, *, images, outputs, step) -> [batch] losses: the compiled loss of `model` with reduction
+  none (a copy: the user's object is left as it is), times a scalar loss_weights. labels, outputs: a zero example
+  batch, to resolve "crossentropy" as Keras does and to probe the loss once (one line when it cannot run)."""
+  identifier = compiled_loss(model)
+  if isinstance(identifier, (dict, list, tuple)):
+    raise ConfigError(f"model '{model.name}' was compiled with a loss per output; the built-in classification "
+                      f"trains one output: {PORT}")
+  weight = _loss_weight(model)
+  from keras.src.trainers import compile_utils  # Keras' own resolution of "crossentropy"/"ce" by the shapes
+  loss = copy.copy(compile_utils.get_loss(identifier, labels, outputs))
+  loss.reduction = None
+  name = f"compiled {describe(identifier)}"
+
+  def fn(labels, logits, *, images=None, outputs=None, step=None):
+    del images, outputs, step
+    values = loss(labels, logits)
+    losses.check_per_example(name, values, logits)
+    return tf.cast(values, tf.float32) * weight
+
+  fn.declared = frozenset()
+  try:
+    fn(labels, outputs)
+  except ConfigError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    raise ConfigError(f"model '{model.name}': its {name} fails on labels {labels.shape.as_list()} {labels.dtype.name} "
+                      f"and outputs {outputs.shape.as_list()}: {type(e).__name__}: {_first(e)}") from e
+  return fn
+
+
+def _loss_weight(model):
+  weights = model._compile_config.config.get("loss_weights")  # pylint: disable=protected-access
+  if weights is None:
+    return 1.0
+  if isinstance(weights, (int, float)):
+    return float(weights)
+  raise ConfigError(f"model '{model.name}' was compiled with loss_weights={weights!r}; one output's loss takes one "
+                    f"number: {PORT}")
+
+
+def metrics(model, labels, outputs):
+  """[(identifier, new keras Metric)] of the compiled metrics, resolved as Keras resolves them for these labels
+  and outputs ("accuracy" -> SparseCategoricalAccuracy for class ids); a Metric object is copied fresh (its
+  variables belong to no strategy). Call inside the metrics' scope."""
+  from keras.src.trainers import compile_utils
+  made = []
+  for identifier in compiled_metrics(model):
+    if isinstance(identifier, keras.metrics.Metric):
+      made.append((identifier, type(identifier).from_config(identifier.get_config())))
+    else:
+      made.append((identifier, compile_utils.get_metric(identifier, labels, outputs)))
+  return made
+
+
+def warn_unused_overrides(name, model):
+  """One warning line when the model's class overrides Keras' fit methods: the framework never calls them."""
+  overridden = [m for m in FIT_METHODS if getattr(type(model), m, None) is not getattr(keras.Model, m)]
+  if overridden:
+    logging.warning("model '%s': %s overrides %s, which the framework does not call (it trains the task's loss or "
+                    "step); %s", name, _where(type(model), overridden[0]), "/".join(overridden), PORT)
+  return overridden
+
+
+def warn_unused_compile(name, model, config, loss_taken):
+  """One warning line for what compile() set that this run does not use: the optimizer when it is not
+  optimizer.name's class, the loss and metrics of a task model (a Task trains its own loss); loss_taken: the
+  built-in classification takes the compiled loss and metrics of the model named "model"."""
+  if not getattr(model, "compiled", False):
+    return None
+  unused = []
+  optimizer = getattr(model, "optimizer", None)
+  if optimizer is not None and type(optimizer).__name__.lower() != config.optimizer.name:
+    unused.append(f"optimizer {type(optimizer).__name__} (optimizer.name={config.optimizer.name!r}, learning_rate "
+                  f"{config.optimizer.learning_rate:g} trains it)")
+  if not loss_taken and (compiled_loss(model) is not None or compiled_metrics(model)):
+    unused.append("loss and metrics (the task's per_example_loss/train_step and eval_step are used)")
+  if unused:
+    logging.warning("model '%s' was compile()d; not used: %s", name, "; ".join(unused))
+  return unused
+
+
+def _where(cls, method):
+  try:
+    function = getattr(cls, method)
+    return f"{cls.__name__} ({inspect.getsourcefile(function)}:{inspect.getsourcelines(function)[1]})"
+  except (OSError, TypeError):
+    return cls.__name__
+
+
+@contextlib.contextmanager
+def fit_steps_refused(models, where):
+  """While the framework traces a step: each model's train_step/test_step raises one line (Keras' fit step
+  applies its own optimizer and metrics in a replica: train/loss 0 on one replica, a placeholder error on two).
+  where: the task's method that runs, for the message."""
+  patched = []
+  for name, model in models.items():
+    for method in _FIT_STEPS:
+      if method not in vars(model):
+        object.__setattr__(model, method, _refusal(name, model, method, where))
+        patched.append((model, method))
+  try:
+    yield
+  finally:
+    for model, method in patched:
+      object.__delattr__(model, method)
+
+
+def _refusal(name, model, method, where):
+  def refuse(*args, **kwargs):
+    raise ConfigError(f"{where} calls models['{name}'].{method}: Keras fit's step ({type(model).__name__}) cannot "
+                      f"run inside the framework's step (its optimizer, metrics and loss are not the run's); {PORT}")
+  return refuse
+
+
+def _first(error):
+  text = str(error)
+  return text.splitlines()[0] if text else ""

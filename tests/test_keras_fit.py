@@ -1,0 +1,127 @@
+"""Models as Keras fit users have them (loops/model/keras_fit.py): a compile()d model trains its own loss and
+metrics (loss.name=""), alike on one and two replicas; what compile() or a fit override sets that the run does not
+use is one line; Keras' fit step called inside the framework's step is one error line, not a placeholder crash."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from errors import ConfigError
+from loops import build as build_lib
+from loops import check as check_lib
+from loops import replica_check
+from loops import run
+from loops import task as task_lib
+from loops.distribute import cluster
+from loops.model import losses
+from loops.persist import starts
+from tests.conftest import load_config, run_main, set_keys
+
+MODELS = "tests.fixtures.keras_fit_models:"
+
+
+def digits(model, **overrides):
+  config = load_config("digits_cnn")
+  return set_keys(config, {"model.name": MODELS + model, "train.global_batch_size": 32, **overrides})
+
+
+def built(config):
+  check_lib.check(config)
+  return build_lib.build(config, cluster.ClusterTask())
+
+
+def test_a_compiled_model_on_two_replicas_computes_what_one_does():
+  """Per example, averaged over the global batch: the replica check's 3 SGD steps agree variable by variable."""
+  lines = []
+  assert replica_check.run(digits("compiled_probabilities"), out=lines.append), "\n".join(lines)
+  assert lines[-1].startswith("replicas: PASS"), lines[-1]
+
+
+def test_the_compiled_loss_and_metrics_are_what_the_run_trains_and_reports(caplog):
+  parts = built(digits("compiled_probabilities"))
+  images = tf.random.stateless_uniform([6, 8, 8, 1], seed=(1, 2))
+  labels = tf.constant([0, 1, 2, 3, 4, 5], tf.int64)
+  probabilities = parts.model(images)
+  trained = parts.training_task.loss_fn(labels, probabilities).numpy()
+  assert trained.shape == (6,)  # per example: the framework averages over the global batch
+  keras_own = parts.model.compute_loss(x=images, y=labels, y_pred=probabilities)  # Keras fit's loss (weight 0.5)
+  assert trained.mean() == pytest.approx(float(keras_own), rel=1e-5)
+  unweighted = losses.sparse_categorical_crossentropy(labels, probabilities).numpy()  # the default loss.name's
+  assert trained.mean() == pytest.approx(0.5 * unweighted.mean(), rel=1e-5)
+  assert list(parts.eval_metrics) == ["loss", "accuracy", "top5_accuracy", "top3"]
+  assert isinstance(parts.eval_metrics["top3"], keras.metrics.SparseTopKCategoricalAccuracy)
+  messages = [r.getMessage() for r in caplog.records]
+  assert "model 'model' was compile()d; not used: optimizer Adam (optimizer.name='sgd', learning_rate 0.05 trains " \
+         "it)" in messages
+  assert any(m.startswith("model 'probabilities' was compile()d: the run trains its loss per example over the global "
+                          "batch, reports eval/loss, ") for m in messages), messages
+
+
+def summary_of(tmp_path, strategy):
+  config = digits("compiled", **{"train.epochs": None, "train.steps": 30, "train.steps_per_loop": 10,
+                                 "eval.every_steps": 30, "checkpoint.every_steps": 30, "deterministic": True,
+                                 "strategy": strategy, "cpu_replicas": 2 if strategy == "mirrored" else 0,
+                                 "export": False})
+  run.train_and_evaluate(config, str(tmp_path / strategy))
+  return json.load(open(tmp_path / strategy / "summary.json"))
+
+
+def test_a_compiled_model_learns_the_same_on_one_device_and_mirrored_x2(tmp_path):
+  one, two = summary_of(tmp_path, "one_device"), summary_of(tmp_path, "mirrored")
+  assert one["eval/accuracy"] > 0.5, one  # it learns (10 classes: chance is 0.1)
+  for key in ("train/loss", "eval/loss", "eval/accuracy"):
+    assert two[key] == pytest.approx(one[key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_loss_name_wins_over_the_compiled_loss_and_a_train_step_override_is_named(caplog):
+  parts = built(digits("own_step", **{"loss.name": "focal"}))
+  outputs, labels = parts.model(tf.ones([3, 8, 8, 1])), tf.constant([1, 2, 3], tf.int64)
+  np.testing.assert_allclose(parts.training_task.loss_fn(labels, outputs), losses.focal(labels, outputs), rtol=1e-6)
+  warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+  assert ("model 'own_step' was compiled with loss SparseCategoricalCrossentropy(from_logits=True); the run trains "
+          "loss.name='focal' (the config's; loss.name='' trains the compiled one)") in warnings
+  overrides = [w for w in warnings if "overrides train_step" in w]
+  assert len(overrides) == 1 and "OwnStep (" in overrides[0] and overrides[0].endswith(
+      "port it to a Task (WORKSPACE.md 'Coming from Keras fit')"), warnings
+
+
+def test_loss_settings_for_another_loss_are_refused_with_a_compiled_loss():
+  with pytest.raises(ConfigError, match=r"^loss.label_smoothing/loss.kwargs configure loss.name's loss; model "
+                                        r"'compiled' trains its compiled SparseCategoricalCrossentropy"):
+    built(digits("compiled", **{"loss.label_smoothing": 0.1}))
+
+
+def test_keras_fit_step_called_from_a_task_step_on_two_replicas_is_one_line(tmp_path):
+  result = run_main("--config=configs/digits_cnn.py", f"--workdir={tmp_path}", "--config.strategy=mirrored",
+                    "--config.cpu_replicas=2", f"--config.task.name={MODELS}CallsFitStep", "--config.train.steps=4",
+                    "--config.train.steps_per_loop=2", "--config.checkpoint.best_metric=", "--config.export=False")
+  assert result.returncode == 1, result.stderr[-2000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: CallsFitStep.train_step (") and "calls models['model'].train_step: Keras fit's " \
+         "step (OwnStep) cannot run inside the framework's step" in last and last.endswith("'Coming from Keras fit')")
+  assert "Placeholder" not in result.stderr
+
+
+class _Probed(task_lib.Task):
+  called = False
+
+  def eval_step(self, batch, models, ctx):
+    _Probed.called = True
+    return {"loss": tf.zeros([2])}
+
+
+def test_the_probe_says_when_it_cannot_make_the_zero_batch_itself():
+  spec = (tf.TensorSpec([3], tf.variant), tf.TensorSpec([], tf.int64))
+  with pytest.raises(ConfigError, match=r"^cannot probe _Probed.eval_step: no zero batch of 2 can be made from the "
+                                        r"data's element_spec .*TypeError"):
+    task_lib.eval_names(_Probed(), {}, spec, 4, {})
+  assert not _Probed.called
+
+
+def test_a_record_of_the_old_loss_default_resumes_under_the_new_one():
+  assert starts.compare({"loss.name": "sparse_categorical_crossentropy"}, {"loss.name": ""}) == ([], [])
+  refused, _ = starts.compare({"loss.name": "sparse_categorical_crossentropy"}, {"loss.name": "focal"})
+  assert refused == [("loss.name", "sparse_categorical_crossentropy", "focal")]
