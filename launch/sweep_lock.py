@@ -11,6 +11,7 @@ import fcntl
 import json
 import os
 import socket
+import sys
 import time
 
 from launch import sweep_grid
@@ -37,8 +38,10 @@ class SweepLock:
         holder = _holder(fd)
         os.close(fd)
         self._remove_created_dir()
-        raise sweep_grid.SweepError(f"sweep directory {self.sweep_dir} is in use by another sweep ({describe(holder)}):"
-                                    " wait for it to end, or use another --sweep_dir") from None
+        who = (f"another sweep ({describe(holder)})" if holder else
+               "the running tasks of a SLURM job array of this sweep (sweep.sbatch)")
+        raise sweep_grid.SweepError(f"sweep directory {self.sweep_dir} is in use by {who}: wait for it to end, or "
+                                    "use another --sweep_dir") from None
       if _same_file(fd, self.path):
         self.fd = fd
       else:  # the holder released (removed) the file between our open and our lock: once more
@@ -88,8 +91,34 @@ def _holder(fd, wait_seconds=1.0):
       time.sleep(0.05)
 
 
+def share(fd, sweep_dir):
+  """A SLURM array task's share of the lock on the open file `fd` (sweep.sbatch: its shell keeps fd open, so the
+  lock lasts as long as the task); SweepError when a sweep started with launch.sweep holds it alone."""
+  try:
+    fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+  except BlockingIOError:
+    raise sweep_grid.SweepError(f"sweep directory {sweep_dir} is in use by a sweep started with launch.sweep "
+                                f"({describe(_holder(fd))}): this array task waits for nothing and ends; resubmit "
+                                "the array when that sweep is over") from None
+
+
+def main(argv):
+  """python -m launch.sweep_lock --shared=FD SWEEP_DIR (sweep.sbatch's array tasks)."""
+  if len(argv) != 2 or not argv[0].startswith("--shared="):
+    raise SystemExit("usage: python -m launch.sweep_lock --shared=FD SWEEP_DIR")
+  try:
+    share(int(argv[0].split("=", 1)[1]), argv[1])
+  except sweep_grid.SweepError as e:
+    print(f"error: {e}", file=sys.stderr)
+    raise SystemExit(1) from None
+
+
 def describe(holder):
   """'pid P on host H, since T' of a lock record."""
   since = holder.get("since")
   when = datetime.datetime.fromtimestamp(since).isoformat(sep=" ", timespec="seconds") if since else "?"
   return f"pid {holder.get('pid', '?')} on host {holder.get('host', '?')}, since {when}"
+
+
+if __name__ == "__main__":
+  main(sys.argv[1:])

@@ -17,6 +17,7 @@ import sys
 from launch import sweep_grid
 from launch import sweep_local
 from launch import sweep_report
+from launch import sweep_lock
 from launch import sweep_study
 
 PORT_BASE, PORT_SLOTS, PORTS_PER_TASK = 20000, 199, 64
@@ -38,6 +39,11 @@ TEMPLATE = """#!/bin/bash
 set -euo pipefail
 cd {repo}
 PYTHON=${{PYTHON:-{python}}}
+# One sweep per directory (launch/sweep_lock.py): the array's tasks share {sweep_dir}/sweep.lock, a sweep started with
+# launch.sweep holds it alone, so each refuses the other in one line (the kernel's flock, held by this shell's fd 9
+# while the task runs; across nodes it needs a filesystem with flock, as NFSv4 and Lustre mounted -o flock have).
+exec 9<>{lock}
+"$PYTHON" -m launch.sweep_lock --shared=9 {sweep_dir_quoted} || exit 1
 # The selection: this task's trial (TRIAL_NAME, TRIAL_WORKDIR, TRIAL_ARGS, TRIAL_COMPLETE, PORT_BASE).
 SELECTION=$("$PYTHON" -m launch.sweep_slurm {trials} "${{SLURM_ARRAY_TASK_ID:?not a SLURM array task}}")
 eval "$SELECTION"
@@ -61,6 +67,8 @@ def write_script(sweep_dir, trials_path, count, repo, python=sys.executable):
   """Writes DIR/sweep.sbatch for `count` trials; returns its path."""
   script = os.path.join(sweep_dir, "sweep.sbatch")
   text = TEMPLATE.format(count=count, script=shlex.quote(script), trials=shlex.quote(trials_path),
+                         lock=shlex.quote(os.path.join(sweep_dir, sweep_lock.LOCK_NAME)),
+                         sweep_dir_quoted=shlex.quote(sweep_dir),
                          sweep_dir=sweep_dir, job_name=f"sweep-{os.path.basename(sweep_dir.rstrip('/'))}",
                          last=count - 1, repo=shlex.quote(repo), python=shlex.quote(python))
   with open(script, "w") as f:

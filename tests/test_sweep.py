@@ -4,6 +4,7 @@ grid extended by a bad value), its table and HParams experiment, the SLURM array
 import csv
 import io
 import json
+import fcntl
 import os
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 
 from launch import sweep_grid
 from launch import sweep_local
+from launch import sweep_lock
 from launch import sweep_slurm
 from tests.conftest import REPO
 
@@ -230,6 +232,22 @@ def test_slurm_array_task_picks_its_trial_workdir_overrides_and_port_base(runs):
   assert done.returncode == 0 and f"{NAMES[2]} is complete" in done.stderr
   missing = task(7, SWEEP_SELECT_ONLY="1")
   assert missing.returncode != 0 and "array task 7 has no trial" in missing.stderr
+
+  held = sweep_lock.SweepLock(sweep_dir).acquire(io.StringIO())  # a sweep started with launch.sweep runs
+  refused = task(2, SWEEP_SELECT_ONLY="1")
+  held.release()
+  assert refused.returncode == 1 and refused.stdout == ""
+  assert refused.stderr.splitlines()[-1].startswith(f"error: sweep directory {sweep_dir} is in use by a sweep started "
+                                                    f"with launch.sweep (pid {os.getpid()} on host ")
+  share = os.open(os.path.join(sweep_dir, sweep_lock.LOCK_NAME), os.O_RDWR | os.O_CREAT)  # an array task runs
+  fcntl.flock(share, fcntl.LOCK_SH)
+  try:
+    second = sweep(sweep_dir, *GRID, "--slurm", *EXTRA)
+  finally:
+    os.close(share)
+  assert second.returncode == 1 and second.stderr.strip().splitlines()[-1] == (
+      f"error: sweep directory {sweep_dir} is in use by the running tasks of a SLURM job array of this sweep "
+      "(sweep.sbatch): wait for it to end, or use another --sweep_dir")
 
 
 def test_trial_names_are_readable_safe_unique_and_stable():
