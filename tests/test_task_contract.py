@@ -48,6 +48,32 @@ def test_all_gather_lets_gradients_flow_back_so_2_replicas_give_the_one_replica_
   assert two == pytest.approx(one, rel=1e-5)
 
 
+def masked_gather_gradient(strategy, x):
+  """As gathered_loss_gradient, over the rows each replica keeps (x > 0): counts that differ per replica."""
+  with strategy.scope():
+    w = tf.Variable(1.5)
+
+  def replica(local):
+    ctx = StepContext(int(x.shape[0]), tf.constant(0, tf.int64), training=True)
+    with tf.GradientTape() as tape:
+      kept = ctx.all_gather(tf.boolean_mask(w * local, local > 0))
+      loss = ctx.average(tf.square(w * local - tf.reduce_mean(kept))) + 0.0 * tf.cast(tf.shape(kept)[0], tf.float32)
+    return tape.gradient(loss, w), tf.shape(kept)[0]
+
+  dataset = strategy.experimental_distribute_dataset(tf.data.Dataset.from_tensors(x))
+  gradients, counts = strategy.run(tf.function(replica), args=(next(iter(dataset)),))
+  return (float(strategy.reduce(tf.distribute.ReduceOp.SUM, gradients, axis=None)),
+          [int(c) for c in strategy.experimental_local_results(counts)])
+
+
+def test_all_gather_of_rows_whose_count_differs_per_replica_gives_the_one_replica_rows_and_gradient():
+  x = tf.constant([0.5, -1.0, 2.0, 1.5, -0.3, -2.0, -0.7, 0.9])  # 3 kept rows on replica 0, 1 on replica 1
+  one, (count,) = masked_gather_gradient(tf.distribute.OneDeviceStrategy("/cpu:0"), x)
+  two, counts = masked_gather_gradient(mirrored(), x)
+  assert count == 4 and counts == [4, 4]
+  assert abs(one) > 0.1 and two == pytest.approx(one, rel=1e-5)
+
+
 def normal_draws(strategy, input_pipelines=1):
   """[replica's draws] of StepContext.normal for a global batch of 8."""
   def replica():
@@ -154,6 +180,8 @@ def test_values_collected_over_the_whole_eval_set_reach_reduce_eval_once_each(st
 
 @pytest.mark.parametrize("name, message", [
     ("CollectsMissing", r"CollectsMissing.eval_collect names \['embedding'\], which eval_step does not return"),
+    ("CollectsStrings", r"CollectsStrings.eval_step value 'value' \(eval_collect\) holds strings, which are not "
+                        r"gathered across replicas and workers: collect numbers"),
     ("ReducesOtherNames", r"ReducesOtherNames.reduce_eval \(.*\) returned \['total'\]; eval_reduced declares "
                           r"\['count', 'value_sum'\]"),
 ])

@@ -139,6 +139,10 @@ def eval_names(task, models, element_spec, global_batch_size, metrics, batch=2):
                       f"(it returns {sorted(values)})")
   for name, value in values.items():
     shape = tuple(np.shape(value))
+    if name in collected and tf.as_dtype(getattr(value, "dtype", np.asarray(value).dtype)) == tf.string:
+      raise ConfigError(f"{type(task).__name__}.eval_step value '{name}' (eval_collect) holds strings, which are not "
+                        "gathered across replicas and workers: collect numbers (e.g. ids) and look them up in "
+                        "reduce_eval")
     if name in collected and shape[:1] == (batch,):
       continue  # gathered whole: one row per example, any shape
     if shape != (batch,):

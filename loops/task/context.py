@@ -11,6 +11,17 @@ import tensorflow as tf
 from errors import ConfigError
 
 
+def _gathered_rows_of_any_count(replica, value):
+  """all_gather of rows whose count may differ per replica (e.g. tf.boolean_mask's): each replica's rows padded to
+  the largest count, gathered with the counts, the padding dropped (a collective needs one shape everywhere)."""
+  rows = tf.shape(value)[0]
+  counts = replica.all_gather(tf.reshape(rows, [1]), axis=0)  # (ReduceOp has no MAX)
+  most = tf.reduce_max(counts)
+  padding = tf.concat([[[0, most - rows]], tf.zeros([tf.rank(value) - 1, 2], tf.int32)], axis=0)
+  gathered = replica.all_gather(tf.pad(value, padding), axis=0)
+  return tf.boolean_mask(gathered, tf.reshape(tf.sequence_mask(counts, most), [-1]))
+
+
 class StepContext:
   """Passed to Task.per_example_loss / train_step / eval_step; valid inside the replica function only."""
 
@@ -90,7 +101,11 @@ class StepContext:
       logging.warning("ctx.all_gather under train.grad_accum_steps=%d gathers each micro-batch: a loss over the "
                       "gathered rows (contrastive negatives) sees 1/%d of the global batch at a time", count, count)
     replica = tf.distribute.get_replica_context()
-    return replica.all_gather(value, axis=0) if replica else value
+    if replica is None or replica.num_replicas_in_sync == 1:
+      return value
+    if value.shape.rank and value.shape[0] is not None:
+      return replica.all_gather(value, axis=0)
+    return _gathered_rows_of_any_count(replica, value)
 
   def global_rows(self, rows):
     """Where this replica's `rows` examples sit in all_gather's result (and in the global batch of one worker):
