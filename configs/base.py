@@ -81,6 +81,10 @@ def _data(c):
   c.data.data_dir = config_dict.placeholder(str)
   # npz with any named arrays (for a task): split S reads <name>_S for each name; one name gives that array, several
   # a dict of them. Both empty: the classic x_S (uint8 images) and y_S (class ids).
+  # The class count of a task's data (module:function, npz features/targets, tfrecord features), for the built-in
+  # classifier or ctx.config_model(); None = the largest integer target + 1 of array data (unknown for an input
+  # function: set it).
+  c.data.num_classes = config_dict.placeholder(int)
   c.data.npz = ml_collections.ConfigDict()
   c.data.npz.features = ()
   c.data.npz.targets = ()

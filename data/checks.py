@@ -16,6 +16,8 @@ def check_settings(d):
   one_of("data.corrupt_images", d.corrupt_images, sources.CORRUPT_IMAGE_POLICIES)
   one_of("data.device_resident", d.device_resident, resident.CHOICES)
   at_least("data.device_resident_max_bytes", d.device_resident_max_bytes, 0, "a number of bytes")
+  if d.num_classes is not None:
+    at_least("data.num_classes", d.num_classes, 1)
   if d.name == "npz":
     _check_npz_settings(d)
   if d.name == "image_folder" and not d.data_dir:

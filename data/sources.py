@@ -427,7 +427,17 @@ def load(data_config):
   source = resolve(name)(data_config)
   if source.train_size == 0 or source.eval_size == 0:
     raise ValueError(f"dataset '{name}' is empty: {source.train_size} train and {source.eval_size} eval examples")
+  if source.num_classes == 0:  # a task's data: its classes, when it has any
+    source = dataclasses.replace(source, num_classes=data_config.num_classes or _classes_of(source))
   return source
+
+
+def _classes_of(source):
+  """The largest class id + 1 of an array source whose targets are integer class ids [N]; else 0 (unknown)."""
+  targets = source.train_arrays[1] if source.train_arrays is not None else None
+  if isinstance(targets, np.ndarray) and targets.ndim == 1 and targets.dtype.kind in "iu" and targets.size:
+    return int(targets.max()) + 1 if targets.min() >= 0 else 0
+  return 0
 
 
 def _to_numpy(ds):

@@ -194,6 +194,15 @@ def trained_parameters(parts):
   return sum(int(np.prod(v.shape)) for name in parts.optimizers for v in parts.models[name].trainable_variables)
 
 
+def _known(num_classes, config):
+  """num_classes for a model the config names; ConfigError when the data does not say it (a task's data)."""
+  if num_classes < 1:
+    raise ConfigError(f"the model model.name='{config.model.name}' needs the number of classes, which "
+                      f"data.name='{config.data.name}' does not say (its targets are not integer class ids "
+                      "[examples], or it is an input function): set --config.data.num_classes=N")
+  return num_classes
+
+
 def _build_trainables(config, strategy, plan, training_task, element_spec, num_classes, learning_rates):
   """The task's models (built on the element spec), their optimizers (built before the first step: a Keras 3
   multi-replica pitfall) and the step counter, in the strategy's scope."""
@@ -201,7 +210,7 @@ def _build_trainables(config, strategy, plan, training_task, element_spec, num_c
   with strategy.scope():
     context = task_lib.BuildContext(
         config, element_spec, num_classes,
-        make_model=lambda: model_lib.build_model(config, tuple(element_spec[0].shape), num_classes),
+        make_model=lambda: model_lib.build_model(config, tuple(element_spec[0].shape), _known(num_classes, config)),
         make_optimizer=lambda **overrides: _make_optimizer(config, plan, made_rates, overrides))
     models = dict(training_task.build_models(context))
     check.check_models(training_task, models)

@@ -193,6 +193,22 @@ def test_collected_values_and_reduced_names_that_do_not_match_are_one_line(name,
     run.train_and_evaluate(config, str(tmp_path / "w"))
 
 
+def test_the_built_in_classifier_on_a_users_data_takes_its_class_count_from_the_ids_or_the_config(tmp_path):
+  from loops import run
+  config = load_config("digits_cnn")
+  config.data.name, config.export = "tests.fixtures.contract_tasks:digit_images", False
+  report = run.train_and_evaluate(config, str(tmp_path / "w"), dry_run=True)
+  assert report["num_classes"] == 10 and report["parameters"] > 0
+  config.data.num_classes = 12
+  assert run.train_and_evaluate(config, str(tmp_path / "w"), dry_run=True)["num_classes"] == 12
+  config.data.name = "examples.tasks.regression:digit_values"  # float targets: no class ids to count
+  config.data.num_classes = None
+  with pytest.raises(ConfigError, match=r"^the model model.name='digits_cnn' needs the number of classes, which "
+                                        r"data.name='examples.tasks.regression:digit_values' does not say .*: set "
+                                        r"--config.data.num_classes=N$"):
+    run.train_and_evaluate(config, str(tmp_path / "w"), dry_run=True)
+
+
 @pytest.mark.parametrize("function, message", [
     ("not_a_pair", r"not_a_pair\('train'\) must return \(features, targets\), got ndarray"),
     ("ragged", "needs the examples on its first axis, with the same count; got first axes"),

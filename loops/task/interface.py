@@ -116,7 +116,8 @@ class BuildContext:
     return self.element_spec[1]
 
   def config_model(self):
-    """The model the config names (model.name, model.kwargs) for these features and classes."""
+    """The model the config names (model.name, model.kwargs) for these features and classes (data.num_classes
+    for a task's data: set, or the largest integer target + 1 of array data)."""
     return self._make_model()
 
   def optimizer(self, **overrides):
