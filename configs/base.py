@@ -71,7 +71,8 @@ def _runtime(c):
 def _data(c):
   """The dataset, its preprocessing and the input path."""
   c.data = ml_collections.ConfigDict()
-  # digits | synthetic | mnist | cifar10 | quickdraw_bitmap | image_folder | npz | tfds:<any tfds name>
+  # digits | synthetic | mnist | fashion_mnist | cifar10 | cifar100 | quickdraw_bitmap | image_folder | npz | tfrecord
+  # | tfds:<any tfds name> | package.module:function (a task's arrays, or an input function; data/sources.py)
   c.data.name = "digits"
   c.data.train_split = "train"  # npz: split S reads the arrays x_S and y_S
   c.data.eval_split = "test"

@@ -16,7 +16,7 @@ from loops.task.checks import BUILT_IN, check_task_settings
 
 def load(config, loss_fn, metrics):
   """The run's task: the built-in classification (loss_fn and metrics from the config), or task.name's class
-  built with task.kwargs. Checked by loops/check.py's check_task_name first."""
+  built with task.kwargs. Checked by loops/task/checks.py's check_task_settings first."""
   cls = task_class(config.task.name)
   if config.task.name == BUILT_IN:
     task = cls(loss_fn, metrics)

@@ -1,7 +1,7 @@
 """StepContext: what a task's step needs to be correct under distribution, one helper per classic mistake.
 
 A task's train and eval steps run once per replica, on that replica's share of the global batch. Every helper
-here exists because the obvious code is silently wrong on more than one replica (loops/task/replicas.py, i.e.
+here exists because the obvious code is silently wrong on more than one replica (loops/replica_check.py, i.e.
 `main.py --check=replicas`, catches it when a step does the obvious thing instead).
 """
 
