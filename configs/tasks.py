@@ -2,11 +2,12 @@
 
   python main.py --config=configs/tasks.py:regression --workdir=runs/regression
 
-Names (no `:<name>`: regression): regression, gan, wgan_gp, sam, contrastive, segmentation, distillation
-(distillation needs a trained digits run: see examples/tasks/distillation.py). Expected (each example's docstring
-says more; measured on 2 CPU cores, 9-40 s each): regression eval/mae ~0.56, gan eval/mean_gap ~0.06, wgan_gp
-eval/mean_gap ~0.04, sam eval/accuracy ~0.98, contrastive eval/probe_accuracy ~0.90 and eval/knn_accuracy ~0.94,
-segmentation eval/mean_iou ~0.98, distillation eval/accuracy ~0.90.
+Names (no `:<name>`: regression): regression, gan, wgan_gp, sam, contrastive, segmentation, sequence,
+distillation (distillation needs a trained digits run: see examples/tasks/distillation.py). Expected (each
+example's docstring says more; measured on 2 CPU cores, 9-40 s each): regression eval/mae ~0.56, gan
+eval/mean_gap ~0.06, wgan_gp eval/mean_gap ~0.04, sam eval/accuracy ~0.98, contrastive eval/probe_accuracy ~0.90
+and eval/knn_accuracy ~0.94, segmentation eval/mean_iou ~0.98, sequence eval/accuracy ~1.0 (sequences of different
+lengths in padded batches), distillation eval/accuracy ~0.90.
 """
 
 from configs import base
@@ -23,6 +24,8 @@ EXAMPLES = {
     "segmentation": ("examples.tasks.segmentation:Shapes", "examples.tasks.segmentation:shapes",
                      "eval/mean_iou", "max", 400),
     "distillation": ("examples.tasks.distillation:Distill", "digits", "eval/accuracy", "max", 600),
+    "sequence": ("examples.tasks.sequence:ContainsMarker", "examples.tasks.sequence:padded_batches",
+                 "eval/accuracy", "max", 300),
 }
 
 
@@ -39,7 +42,7 @@ def get_config(arg="regression"):
   c.train.steps = steps
   c.train.steps_per_loop = 50
   c.optimizer.name = "adam"
-  c.optimizer.learning_rate = 3e-3 if name == "regression" else 1e-3
+  c.optimizer.learning_rate = {"regression": 3e-3, "sequence": 1e-2}.get(name, 1e-3)
   c.optimizer.lr_scaling = "none"
   # halfway and at the end, also when --config.train.steps changes (references resolve at use)
   c.eval.every_steps = c.train.get_ref("steps") // 2

@@ -195,16 +195,26 @@ def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0
   preprocess = eval_images(source, data_config)  # the serving export's too
   global_batch = batch_size * num_shards * local_replicas
   padded_size = math.ceil(source.eval_size / global_batch) * global_batch
+  variable = user_stream.has_unknown_dims(source.eval.element_spec, batched=False)
   ds = source.eval.map(lambda image, label: (image, label, 1.0))
-  padding = tf.data.Dataset.from_tensors(_blank(source) + (0.0,))
-  ds = ds.concatenate(padding.repeat(padded_size - source.eval_size)).shard(num_shards, shard_index)
+  ds = ds.concatenate(_padding(source, variable).repeat(padded_size - source.eval_size))
+  ds = ds.shard(num_shards, shard_index)
   if source.decode is not None:  # each shard decodes its own records; padding records become zero images
     ds = ds.map(lambda record, label, weight: (_decode_real(source, record, weight), label, weight),
                 num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.batch(batch_size, drop_remainder=True)
+  # Sequences of different lengths: each replica's batch padded with zeros to its longest (never a plain batch()).
+  ds = ds.padded_batch(batch_size, drop_remainder=True) if variable else ds.batch(batch_size, drop_remainder=True)
   ds = ds.map(lambda images, labels, weights: (preprocess(images), labels, weights),
               num_parallel_calls=tf.data.AUTOTUNE)
   return _finish(ds, data_config)
+
+
+def _padding(source, variable):
+  """The dataset of one eval padding row, weight 0: zeros of the eval split's spec; examples of different lengths
+  (no one zero shape fits, and a fully masked zero row gives 0/0 in masked means): the split's first example."""
+  if variable:
+    return source.eval.take(1).map(lambda features, targets: (features, targets, 0.0))
+  return tf.data.Dataset.from_tensors(_blank(source) + (0.0,))
 
 
 def _blank(source):

@@ -42,9 +42,11 @@ def load(name, fn):
   """The Source of an input function: its splits' lengths and element specs, from three calls (train and eval
   one example per batch, eval as it is read)."""
   train = _call(name, fn, "train", batch_size=1, context=_WHOLE)
+  ones = _call(name, fn, "eval", batch_size=1, context=_WHOLE)
+  sizes = {"train": _length(name, "train", train), "eval": _length(name, "eval", ones)}
+  if has_unknown_dims(ones.element_spec):  # sequences padded per batch: read one by one, each at its own length
+    return _source(name, fn, sizes, train.unbatch(), ones.unbatch())
   evaluation = _call(name, fn, "eval", batch_size=_EVAL_READ, context=_WHOLE)
-  sizes = {"train": _length(name, "train", train),
-           "eval": _length(name, "eval", _call(name, fn, "eval", batch_size=1, context=_WHOLE))}
   read = int(evaluation.cardinality())
   if read < 0:
     raise ConfigError(f"data.name='{name}': the length of the 'eval' dataset at batch_size={_EVAL_READ} is unknown "
@@ -53,7 +55,17 @@ def load(name, fn):
   if read * _EVAL_READ < sizes["eval"]:
     raise ConfigError(f"data.name='{name}': the 'eval' dataset drops its last partial batch (batch(..., "
                       f"drop_remainder=True)); the eval must see every example: batch it without dropping")
-  train, evaluation = train.unbatch(), evaluation.unbatch()
+  return _source(name, fn, sizes, train.unbatch(), evaluation.unbatch())
+
+
+def has_unknown_dims(element_spec, batched=True):
+  """True when some feature or target of the batches (batched=False: of the examples) has a dimension of unknown
+  size besides the batch's (a sequence padded to the longest of its batch: padded_batch, bucket_by_sequence_length)."""
+  specs = [s for s in tf.nest.flatten(element_spec) if isinstance(s, tf.TensorSpec)]
+  return any(s.shape.rank is None or None in s.shape.as_list()[int(batched):] for s in specs)
+
+
+def _source(name, fn, sizes, train, evaluation):
   if train.element_spec != evaluation.element_spec:
     raise ConfigError(f"data.name='{name}': the eval split's batches {evaluation.element_spec} differ from the "
                       f"train split's {train.element_spec}")

@@ -274,8 +274,7 @@ def _ensure_built(model, element_spec):
   are built over every variable (else Keras' `Unknown variable` at the first step)."""
   if model.built and model.weights:
     return
-  features = tf.nest.map_structure(lambda s: tf.zeros([1] + list(s.shape), s.dtype), element_spec[0])
-  model(features, training=False)
+  model(task_lib.zero_batch(element_spec[0], 1), training=False)  # a sequence of unknown length: 1 long
 
 
 def _freeze(config, models):

@@ -24,9 +24,10 @@ def text(doc):
 
 
 def named_paths(doc):
-  """Project paths in backticks: folder/.../file or a top-level file."""
+  """Project paths in backticks: folder/.../file.ext, folder/.../ (`examples/s`, a unit, is neither)."""
   found = re.findall(r"`((?:%s)/[\w./-]*)`" % "|".join(FOLDERS), text(doc))
-  return sorted({path.rstrip("/").rstrip(".") for path in found if not PLACEHOLDER.search(path)})
+  return sorted({path.rstrip("/") for path in found if not PLACEHOLDER.search(path)
+                 and (path.endswith("/") or "." in path.rsplit("/", 1)[-1])})
 
 
 def exists(path):

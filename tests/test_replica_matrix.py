@@ -76,6 +76,10 @@ MATRIX = {
     "example: contrastive": ("tasks", "contrastive", {}),
     "example: segmentation": ("tasks", "segmentation", {}),
     "example: wgan_gp (update_every, 5 steps)": ("tasks", "wgan_gp", {}),
+    # sequences of different lengths, an Embedding's sparse gradients under Adam (made dense)
+    "example: sequence, padded per replica": ("tasks", "sequence", {}),
+    "example: sequence, bucketed global batches": ("tasks", "sequence",
+                                                   {"data.name": "examples.tasks.sequence:bucketed_batches"}),
     "built-in classification": (*DIGITS, {}),
 }
 

@@ -12,13 +12,13 @@ from loops.core.interfaces import Callback
 class RunSummary(Callback):
   """Last of all: summary.json (chief) and the return value of train_and_evaluate, in state.summary."""
 
-  def __init__(self, plan, wall_started):
-    self.plan, self.wall_started = plan, wall_started
+  def __init__(self, plan, wall_started, unit="images"):
+    self.plan, self.wall_started, self.unit = plan, wall_started, unit
 
 
   @classmethod
   def for_run(cls, run):
-    return cls(run.parts.plan, run.wall_started)
+    return cls(run.parts.plan, run.wall_started, progress.throughput_unit(run.parts.source))
 
   def on_train_end(self, state):
     summary = {"step": state.step, "total_steps": state.total_steps, **state.train, **state.eval,
@@ -32,16 +32,18 @@ class RunSummary(Callback):
     state.summary.clear()
     state.summary.update(summary)
     state.writer.write_json("summary.json", summary)
-    for line in short_summary(summary, trained=state.step != state.start_step, workdir=state.workdir):
+    for line in short_summary(summary, trained=state.step != state.start_step, workdir=state.workdir,
+                              unit=self.unit):
       state.writer.info("%s", line)
     logging.flush()
 
 
-def short_summary(summary, trained, workdir):
+def short_summary(summary, trained, workdir, unit="images"):
   """What a person reads at the end (at most 4 lines of at most 120 characters; the full record is summary.json):
-  the steps, times and throughput; why it stopped early; every eval metric; the best checkpoint; where the results
-  are (left out after an early stop: the workdir is the one the user gave)."""
-  lines = [_done_line(summary, trained)]
+  the steps, times and throughput (`unit`/s: images, or examples of other features); why it stopped early; every
+  eval metric; the best checkpoint; where the results are (left out after an early stop: the workdir is the one
+  the user gave)."""
+  lines = [_done_line(summary, trained, unit)]
   if summary.get("stopped_early"):
     lines.append(f"stopped early: {summary['stopped_early']}")
   lines.append(_fitted("eval: ", [f"{key.split('/', 1)[1]} {_number(value)}" for key, value in summary.items()
@@ -57,14 +59,14 @@ def short_summary(summary, trained, workdir):
 MAX_WIDTH = 120
 
 
-def _done_line(summary, trained):
+def _done_line(summary, trained, unit):
   line = f"done: step={summary['step']}/{summary['total_steps']}"
   if not trained:
     return line + " (trained before: evaluated again)"
   epoch = summary.get("mean_epoch_seconds_excluding_first")
   rate = summary.get("examples_per_sec")
   return (line + f" in {_duration(summary['wall_seconds'])} (training {_duration(summary.get('train_seconds', 0))}"
-          + (f", {rate:.0f} images/s" if rate else "") + (f", {epoch:.2f} s per epoch after the first" if epoch
+          + (f", {rate:.0f} {unit}/s" if rate else "") + (f", {epoch:.2f} s per epoch after the first" if epoch
                                                           else "") + ")")
 
 

@@ -1,5 +1,5 @@
-"""TrainLog: after each call the train/... scalars, learning rate, images/s and step time; on a terminal the live
-bar, elsewhere (a log file, SLURM) one line per call."""
+"""TrainLog: after each call the train/... scalars, learning rate, images/s (examples/s of other features) and step
+time; on a terminal the live bar, elsewhere (a log file, SLURM) one line per call."""
 
 import keras
 
@@ -15,16 +15,19 @@ class TrainLog(Callback):
       several optimizers each one's as train/learning_rate/<name>: the rate each applies now.
     global_batch_size: examples per step.
     progress_bar: summary.progress_bar ("auto": the bar on a terminal, lines elsewhere; "on"; "off": lines).
+    unit: what the throughput counts ("images", or "examples" of other features: progress.throughput_unit).
   """
 
-  def __init__(self, optimizers, global_batch_size, progress_bar="off"):
+  def __init__(self, optimizers, global_batch_size, progress_bar="off", unit="images"):
     self.optimizers, self.global_batch_size, self.progress_bar_mode = optimizers, global_batch_size, progress_bar
+    self.unit = unit
     self.progress = self.bar = None
 
 
   @classmethod
   def for_run(cls, run):
-    return cls(run.parts.optimizers, run.parts.plan.global_batch_size, run.config.summary.progress_bar)
+    return cls(run.parts.optimizers, run.parts.plan.global_batch_size, run.config.summary.progress_bar,
+               progress_lib.throughput_unit(run.parts.source))
 
   def on_train_begin(self, state):
     self.progress = progress_lib.Progress(state.step, state.total_steps, self.global_batch_size,
@@ -59,11 +62,14 @@ class TrainLog(Callback):
     return tags
 
   def _draw_bar(self, state, steps):
-    """The bar, ETA and time per step, then every train scalar, the epoch and images/s (cut at the terminal's
-    width: the train scalars first)."""
+    """The bar, ETA and time per step, then every train scalar, the epoch and images/s or examples/s (cut at the
+    terminal's width: the train scalars first)."""
     timing = f"ETA {self._eta()} {1000 * state.call_seconds / steps:.0f}ms/step"
     values = [f"{name}: {value:.4g}" for name, value in _train_values(state)]
-    self.bar.update(state.step, timing, [*values, _epoch(state), f"{self.progress.examples_per_sec():.0f} images/s"])
+    self.bar.update(state.step, timing, [*values, _epoch(state), self._rate()])
+
+  def _rate(self):
+    return f"{self.progress.examples_per_sec():.0f} {self.unit}/s"
 
   def _eta(self):
     return progress_lib.format_duration(self.progress.eta_seconds())
@@ -71,7 +77,7 @@ class TrainLog(Callback):
   def _call_line(self, state, finished_epochs):
     """'step 50/1100 (epoch 2.27): loss 1.318, accuracy 0.5566, 2926 images/s, ETA 0:23, epoch 2 took 0.07 s'."""
     values = [f"{name} {value:.4g}" for name, value in _train_values(state)]
-    parts = [*values, f"{self.progress.examples_per_sec():.0f} images/s", f"ETA {self._eta()}"]
+    parts = [*values, self._rate(), f"ETA {self._eta()}"]
     return f"step {state.step}/{state.total_steps} (epoch {state.epoch:.2f}): {', '.join(parts)}" + epoch_times(
         finished_epochs)
 

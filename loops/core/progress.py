@@ -3,6 +3,12 @@
 import time
 
 
+def throughput_unit(source):
+  """What the throughput counts: "images" for a source of images (the built-in sources), "examples" for other
+  features (a task's arrays or input function: sequences, tables, dicts)."""
+  return "images" if getattr(source, "image_shape", None) is not None else "examples"
+
+
 class Progress:
   """Feed it each train call with `record(step, seconds)`; it keeps train time only.
 

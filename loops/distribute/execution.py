@@ -321,7 +321,7 @@ class ParameterServerExecution(_Execution):
     """fn() -> the collected values (or None): one pass over the eval set on the coordinator."""
     eval_step = self._eval_step()
     if self.parts.training_task.eval_collect:
-      step = tf.function(eval_step)
+      step = tf.function(eval_step, reduce_retracing=True)  # per batch: one trace for sequences of any length
       return lambda: steps.collected_rows(step(*batch) for batch in eval_data)
 
     @tf.function

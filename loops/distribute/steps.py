@@ -342,8 +342,9 @@ def make_eval_step(task, models, means, task_metrics, global_batch_size, step_co
     with random_layers.keyed(ctx), keras_fit.fit_steps_refused(models, task_lib.method_name(task, "eval_step")):
       values = task.eval_step((features, targets), models, ctx)
     for name, value in values.items():
-      if name not in collect:
-        means[name].update_state(tf.cast(value, tf.float32), sample_weight=weights)
+      if name not in collect:  # a padding row's value never counts, not even a NaN (0 * NaN is NaN)
+        value = tf.where(weights > 0, tf.cast(value, tf.float32), 0.0)
+        means[name].update_state(value, sample_weight=weights)
     return ({name: values[name] for name in collect}, weights) if collect else None
 
   return step_fn
@@ -369,7 +370,7 @@ def make_collecting_eval_fn(strategy, step_fn):
     values = tf.nest.map_structure(tf.identity, step_fn(*batch))
     return tf.distribute.get_replica_context().all_gather(values, axis=0)
 
-  @tf.function
+  @tf.function(reduce_retracing=True)  # called per batch: sequences padded per batch would retrace per length
   def gathered(batch):
     return strategy.experimental_local_results(strategy.run(step_and_gather, args=batch))[0]
 

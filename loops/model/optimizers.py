@@ -136,6 +136,7 @@ def take_over_the_sum(optimizer, name="model"):
   Keras 3 clips inside apply_gradients BEFORE summing the replicas' gradients, so each replica clips its own
   partial gradient and N replicas update otherwise than one. Here Keras is given no clip setting and its own
   all-reduce is followed by the clipping, on the summed gradients, alike on every replica: no further collective.
+  Sparse gradients are made dense first (dense_gradients).
   Returns (setting, value) of the clipping, or None when the optimizer does not clip.
   """
   inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer: the one that applies
@@ -151,7 +152,8 @@ def take_over_the_sum(optimizer, name="model"):
     setattr(inner, key, None)
 
   def sum_then_clip(grads_and_vars):
-    pairs = list(grads_and_vars) if _SUMMED["depth"] else summed(grads_and_vars)
+    pairs = dense_gradients(grads_and_vars)
+    pairs = pairs if _SUMMED["depth"] else summed(pairs)
     if setting is None:
       return pairs
     with tf.name_scope(CLIP_SCOPE):
@@ -161,6 +163,15 @@ def take_over_the_sum(optimizer, name="model"):
   inner._all_reduce_sum_gradients = sum_then_clip  # pylint: disable=protected-access
   inner.sum_taken_over = True
   return (setting, float(value)) if setting else None
+
+
+def dense_gradients(grads_and_vars):
+  """Sparse gradients (tf.IndexedSlices: an Embedding's rows) as dense tensors (Horovod's sparse_as_dense), on any
+  replica count. Keras' Adam squares a slice's rows before they are summed, so a token seen twice in a batch got
+  g1^2 + g2^2 for (g1 + g2)^2 (1 vs 2 replicas differed 18x in the second moment); and TF 2.21's all-gather of
+  slices fails when the replicas hold different numbers of rows (sequences padded per batch: "Shape mismatch in
+  the collective ... expected shape [3456,16] but another member ... [4096,16]"). Costs a dense sum of the table."""
+  return [(tf.convert_to_tensor(g) if isinstance(g, tf.IndexedSlices) else g, v) for g, v in grads_and_vars]
 
 
 def _scaled(gradient, factor):

@@ -109,8 +109,10 @@ def _words(error, fallback):
 
 
 def serving_problem(model, features_spec):
-  """Why `model` cannot serve `features_spec` (one example's spec; it is called on a zero batch of 1), or None."""
-  zeros = tf.nest.map_structure(lambda s: tf.zeros([1] + list(s.shape), s.dtype), features_spec)
+  """Why `model` cannot serve `features_spec` (one example's spec; it is called on a zero batch of 1, a dimension
+  of unknown size, such as a sequence's length, 1 long), or None."""
+  zeros = tf.nest.map_structure(lambda s: tf.zeros([1] + [1 if d is None else d for d in s.shape], s.dtype),
+                                features_spec)
   try:
     model(zeros, training=False)
   except Exception as e:  # pylint: disable=broad-except  # the model's own words, on one line

@@ -106,28 +106,36 @@ def _probe_reduce_eval(task, zero_rows):
   checked_reduced(task, reduced)
 
 
-def zero_batch(element_spec, batch):
-  """A (features, targets) batch of zeros shaped like `batch` examples of element_spec."""
-  return tf.nest.map_structure(lambda s: tf.zeros([batch] + list(s.shape), s.dtype), element_spec)
+def zero_batch(element_spec, batch, length=1):
+  """A (features, targets) batch of zeros shaped like `batch` examples of element_spec; a dimension of unknown
+  size (a sequence padded per batch: [None]) gets `length`. ConfigError naming the spec when none can be built."""
+  def zeros(spec):
+    if spec.shape.rank is None:
+      raise ValueError("its rank is unknown")
+    return tf.zeros([batch] + [length if d is None else d for d in spec.shape.as_list()], spec.dtype)
+
+  try:
+    return tf.nest.map_structure(zeros, element_spec)
+  except Exception as e:  # pylint: disable=broad-except  # any failure here is the probe's, not the task's
+    raise ConfigError(f"the framework could not build a probe batch of zeros for the examples {element_spec} "
+                      f"(not your eval_step): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
+                      "give every feature a known rank (tf.ensure_shape in the input function)") from e
 
 
 def eval_names(task, models, element_spec, global_batch_size, metrics, batch=2):
   """The names the task's eval_step returns, by running it once eagerly on a zero batch (before anything is
-  written); raises ConfigError unless it returns {name: per-example values [batch]}."""
+  written; sequences of unknown length are 1 long); raises ConfigError unless it returns {name: per-example values
+  [batch]}."""
   ctx = StepContext(global_batch_size, tf.constant(0, tf.int64), training=False, metrics=metrics,
                     weights=tf.zeros([batch]))
+  probe = zero_batch(element_spec, batch)
   try:
-    zeros = zero_batch(element_spec, batch)
-  except Exception as e:  # the probe's own failure, not the task's: say so
-    raise ConfigError(f"cannot probe {type(task).__name__}.eval_step: no zero batch of {batch} can be made from the "
-                      f"data's element_spec {element_spec}: {type(e).__name__}: "
-                      f"{str(e).splitlines()[0] if str(e) else ''}") from e
-  try:
-    values = task.eval_step(zeros, models, ctx)
+    values = task.eval_step(probe, models, ctx)
   except ConfigError:
     raise
   except Exception as e:  # a user's code: one line naming where
-    raise ConfigError(f"{type(task).__name__}.eval_step failed on a zero batch of {batch}: "
+    shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), probe)
+    raise ConfigError(f"{type(task).__name__}.eval_step failed on a zero batch of {batch} (shapes {shapes}): "
                       f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
   if not isinstance(values, dict) or not values:
     raise ConfigError(f"{type(task).__name__}.eval_step must return {{name: per-example values}}, got "
