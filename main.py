@@ -9,31 +9,14 @@ import posixpath
 import re
 import sys
 import sysconfig
-import tempfile
 import traceback
 import warnings
 
 # TensorFlow's own start-up and save chatter (CUDA probing on CPU machines, oneDNN notes, per-save INFO lines)
 # stays out of a normal run's console; --debug shows all of it. A TF_CPP_MIN_LOG_LEVEL set by the user wins.
-QUIET = "--debug" not in sys.argv
-STARTUP_NOISE = re.compile(r"^(I\d{4} |WARNING: All log messages before absl::InitializeLog|To enable the following "
-                           r"instructions|.*rebuild TensorFlow with the appropriate compiler flags)")
+from data import quiet_start  # standard library only: TensorFlow is not imported yet
 
-
-def import_tensorflow_quietly():
-  """Imports TensorFlow with the C++ lines it prints before logging is set up filtered (others are replayed)."""
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as capture:
-    os.dup2(capture.fileno(), 2)
-    try:
-      import tensorflow  # noqa: F401
-    finally:
-      os.dup2(saved, 2)
-      os.close(saved)
-      capture.seek(0)
-      for line in capture.read().decode(errors="replace").splitlines(keepends=True):
-        if not STARTUP_NOISE.match(line):
-          sys.stderr.write(line)
+QUIET = quiet_start.for_a_command_line()
 
 
 class TensorFlowNoiseFilter(python_logging.Filter):
@@ -44,10 +27,6 @@ class TensorFlowNoiseFilter(python_logging.Filter):
   def filter(self, record):
     return record.levelno >= python_logging.ERROR or f"{os.sep}tensorflow{os.sep}" not in record.pathname
 
-
-if QUIET:
-  os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  import_tensorflow_quietly()
 
 from absl import app
 from absl import flags

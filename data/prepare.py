@@ -20,11 +20,16 @@ import posixpath
 import sys
 import time
 
-from absl import app
-from absl import flags
-from ml_collections import config_flags
-import numpy as np
-import tensorflow as tf
+from data import quiet_start
+
+if __name__ == "__main__":
+  quiet_start.for_a_command_line()
+
+from absl import app  # pylint: disable=wrong-import-position
+from absl import flags  # pylint: disable=wrong-import-position
+from ml_collections import config_flags  # pylint: disable=wrong-import-position
+import numpy as np  # pylint: disable=wrong-import-position
+import tensorflow as tf  # pylint: disable=wrong-import-position
 
 from data import pipeline
 from data import sources

@@ -23,9 +23,14 @@ import threading
 import time
 import uuid
 
-import tensorflow as tf
+from data import quiet_start
 
-from errors import WorkerLostError
+if __name__ == "__main__":
+  quiet_start.for_a_command_line()
+
+import tensorflow as tf  # pylint: disable=wrong-import-position
+
+from errors import WorkerLostError  # pylint: disable=wrong-import-position
 
 LOG_LINE = ("train input through the tf.data service at %s (dynamic sharding by epoch): each epoch's batches once; "
             "with one data worker the local order (exact resume, same batches on any replica count), with several "
