@@ -7,6 +7,7 @@ from data import mixing
 from data import resident
 from data import sources
 from data import tfrecord_features
+from data import user_stream
 from errors import ConfigError, at_least, one_of
 
 
@@ -84,6 +85,11 @@ def check_against_source(d, plan, source):
   if plan.steps_per_epoch < 1:
     raise ConfigError(f"dataset '{source.name}' has {source.train_size} train examples: fewer than one global "
                       f"batch of {plan.global_batch_size}")
+  for stream in source.streams or ():
+    if user_stream.stream_steps(stream, plan.global_batch_size) < 1:
+      raise ConfigError(f"stream '{stream.name}' of dataset '{source.name}' has {stream.size} train examples: "
+                        f"fewer than its global batch of {plan.global_batch_size * stream.multiple} "
+                        f"({stream.multiple} x {plan.global_batch_size})")
   if source.image_shape is None:
     _check_array_source(d, source)
     return

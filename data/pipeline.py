@@ -112,10 +112,10 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
   mixes do not depend on how the batch is split (record files: one pipeline only; loops/check.py).
   """
   if source.input_fn is not None:
-    return _finish(user_stream.train_batches(source, batch_size=batch_size, steps_per_epoch=steps_per_epoch,
-                                             seed=seed, start_step=start_step, num_shards=num_shards,
-                                             shard_index=shard_index, local_replicas=local_replicas,
-                                             decorrelate=decorrelate),
+    batches = user_stream.stream_batches if source.streams else user_stream.train_batches
+    return _finish(batches(source, batch_size=batch_size, steps_per_epoch=steps_per_epoch, seed=seed,
+                           start_step=start_step, num_shards=num_shards, shard_index=shard_index,
+                           local_replicas=local_replicas, decorrelate=decorrelate),
                    data_config, service_pipeline=shard_index)
   if source.train_files is not None:
     return _finish(_streamed_batches(source, data_config, batch_size, seed, start_step, num_shards, shard_index,

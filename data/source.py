@@ -28,6 +28,10 @@ class Source:
   train_files: object = None
   # A user's input function (data/user_stream.py): train pipelines call it per epoch; train/eval are its examples.
   input_fn: object = None
+  # A task's named streams of that input function (user_stream.Stream, the main one first; train/train_size are
+  # the main one's) and the stream whose eval split `eval` is; None for one stream.
+  streams: tuple = None
+  eval_stream: str = None
 
 
 def from_arrays(name, train, evaluation, num_classes, max_value):

@@ -421,10 +421,11 @@ def resolve(name):
   return SOURCES[name]
 
 
-def load(data_config):
-  """Returns the Source named by data_config.name."""
+def load(data_config, streams=None, eval_stream=None):
+  """Returns the Source named by data_config.name; with a task's named streams ({name: multiple}, its eval
+  stream) an input function read per stream (data/user_stream.py)."""
   name = data_config.name
-  source = resolve(name)(data_config)
+  source = user_source.load_streams(name, streams, eval_stream) if streams else resolve(name)(data_config)
   if source.train_size == 0 or source.eval_size == 0:
     raise ValueError(f"dataset '{name}' is empty: {source.train_size} train and {source.eval_size} eval examples")
   if source.num_classes == 0:  # a task's data: its classes, when it has any

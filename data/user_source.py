@@ -38,6 +38,22 @@ def resolve(name):
   return lambda data_config: load(name, fn)
 
 
+def load_streams(name, streams, eval_stream):
+  """The Source of an input function read as a task's named streams ({name: multiple}); a source of another
+  kind cannot be: ConfigError."""
+  if not is_user_function(name):
+    raise ConfigError(f"the task reads the streams {list(streams)}: data.name must be an input function "
+                      f"'package.module:function' taking (split, *, stream, batch_size, context, seed, epoch), got "
+                      f"'{name}'")
+  resolve(name)  # the one-line import errors
+  module_name, _, attr = name.partition(":")
+  fn = getattr(importlib.import_module(module_name), attr)
+  if not user_stream.is_input_function(fn):
+    raise ConfigError(f"data.name='{name}': the task reads the streams {list(streams)}, so {attr} must be an input "
+                      f"function (split, *, stream, batch_size, context, seed, epoch), not arrays of one split")
+  return user_stream.load(name, fn, streams, eval_stream)
+
+
 def load(name, fn):
   train, evaluation = (_split(name, fn, split) for split in ("train", "eval"))
   for spec_train, spec_eval in zip(tf.nest.flatten(_spec(train)), tf.nest.flatten(_spec(evaluation))):

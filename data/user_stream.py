@@ -16,8 +16,14 @@ goes on with epoch + 1 — so when the function is a pure function of its argume
 split is read whole (context: one pipeline) and must keep every example; the framework pads and shards it as it
 does any eval split. Both splits need a known length (`ds.apply(tf.data.experimental.assert_cardinality(n))`
 where tf.data cannot tell).
+
+Several named streams (a task's `streams = {"labeled": 1, "unlabeled": 7}`: each stream's global batch as a
+multiple of the run's): the function also takes `stream` and is called per stream, each stream's epochs chained
+on their own (its own length), its position on resume the step times its batch; a step's element is
+({stream: features}, {stream: targets}). The eval split is read once, with `stream` the task's eval stream.
 """
 
+import dataclasses
 import inspect
 import re
 
@@ -31,6 +37,15 @@ _EVAL_READ = 128  # the eval split is read in batches of this many (then padded 
 _WHOLE = tf.distribute.InputContext()  # one pipeline, one replica
 
 
+@dataclasses.dataclass(frozen=True)
+class Stream:
+  """One named train stream of an input function: its global batch is `multiple` x the run's; `size` examples
+  per epoch."""
+  name: str
+  multiple: int
+  size: int
+
+
 def is_input_function(fn):
   try:
     return "context" in inspect.signature(fn).parameters
@@ -38,24 +53,57 @@ def is_input_function(fn):
     return False
 
 
-def load(name, fn):
-  """The Source of an input function: its splits' lengths and element specs, from three calls (train and eval
-  one example per batch, eval as it is read)."""
-  train = _call(name, fn, "train", batch_size=1, context=_WHOLE)
-  ones = _call(name, fn, "eval", batch_size=1, context=_WHOLE)
-  sizes = {"train": _length(name, "train", train), "eval": _length(name, "eval", ones)}
-  if has_unknown_dims(ones.element_spec):  # sequences padded per batch: read one by one, each at its own length
-    return _source(name, fn, sizes, train.unbatch(), ones.unbatch())
-  evaluation = _call(name, fn, "eval", batch_size=_EVAL_READ, context=_WHOLE)
-  read = int(evaluation.cardinality())
-  if read < 0:
-    raise ConfigError(f"data.name='{name}': the length of the 'eval' dataset at batch_size={_EVAL_READ} is unknown "
-                      f"to tf.data; declare it with ds.apply(tf.data.experimental.assert_cardinality(number_of_"
-                      f"batches))")
-  if read * _EVAL_READ < sizes["eval"]:
-    raise ConfigError(f"data.name='{name}': the 'eval' dataset drops its last partial batch (batch(..., "
-                      f"drop_remainder=True)); the eval must see every example: batch it without dropping")
-  return _source(name, fn, sizes, train.unbatch(), evaluation.unbatch())
+def load(name, fn, streams=None, eval_stream=None):
+  """The Source of an input function: its splits' lengths and element specs, from three calls per stream (train
+  and eval one example per batch, eval as it is read). streams: {name: multiple} of a task's named streams (the
+  first the main one: the run's epoch and train split), eval_stream: the one whose eval split is read."""
+  if not streams:
+    train, train_size = _train_examples(name, fn, None)
+    evaluation, eval_size = _eval_examples(name, fn, None, train)
+    return Source(name=name, train=train, eval=evaluation, train_size=train_size, eval_size=eval_size,
+                  num_classes=0, image_shape=None, max_value=1.0, input_fn=fn)
+  if "stream" not in inspect.signature(fn).parameters:
+    raise ConfigError(f"data.name='{name}': the task reads the streams {list(streams)}, so the input function "
+                      f"must take a `stream` keyword: {name.split(':')[1]}(split, *, stream, batch_size, context, "
+                      f"seed, epoch)")
+  examples = {stream: _train_examples(name, fn, stream) for stream in streams}
+  main = next(iter(streams))
+  eval_stream = eval_stream or main
+  evaluation, eval_size = _eval_examples(name, fn, eval_stream, examples[eval_stream][0])
+  return Source(name=name, train=examples[main][0], eval=evaluation, train_size=examples[main][1],
+                eval_size=eval_size, num_classes=0, image_shape=None, max_value=1.0, input_fn=fn,
+                streams=tuple(Stream(s, int(m), examples[s][1]) for s, m in streams.items()),
+                eval_stream=eval_stream)
+
+
+def _train_examples(name, fn, stream):
+  """(the train split's examples, unbatched; their number) of `stream` (None: the one stream)."""
+  ones = _call(name, fn, "train", batch_size=1, context=_WHOLE, stream=stream)
+  return ones.unbatch(), _length(name, _split_name("train", stream), ones)
+
+
+def _eval_examples(name, fn, stream, train):
+  """(the eval split's examples, unbatched; their number), checked: every example kept, the train split's spec.
+  Sequences padded per batch (an unknown dimension) are read one by one, each at its own length."""
+  ones = _call(name, fn, "eval", batch_size=1, context=_WHOLE, stream=stream)
+  size = _length(name, "'eval'", ones)
+  if has_unknown_dims(ones.element_spec):
+    evaluation = ones.unbatch()
+  else:
+    evaluation = _call(name, fn, "eval", batch_size=_EVAL_READ, context=_WHOLE, stream=stream)
+    read = int(evaluation.cardinality())
+    if read < 0:
+      raise ConfigError(f"data.name='{name}': the length of the 'eval' dataset at batch_size={_EVAL_READ} is "
+                        f"unknown to tf.data; declare it with ds.apply(tf.data.experimental.assert_cardinality("
+                        f"number_of_batches))")
+    if read * _EVAL_READ < size:
+      raise ConfigError(f"data.name='{name}': the 'eval' dataset drops its last partial batch (batch(..., "
+                        f"drop_remainder=True)); the eval must see every example: batch it without dropping")
+    evaluation = evaluation.unbatch()
+  if train.element_spec != evaluation.element_spec:
+    raise ConfigError(f"data.name='{name}': the eval split's batches {evaluation.element_spec} differ from the "
+                      f"{_split_name('train', stream)} split's {train.element_spec}")
+  return evaluation, size
 
 
 def has_unknown_dims(element_spec, batched=True):
@@ -65,18 +113,35 @@ def has_unknown_dims(element_spec, batched=True):
   return any(s.shape.rank is None or None in s.shape.as_list()[int(batched):] for s in specs)
 
 
-def _source(name, fn, sizes, train, evaluation):
-  if train.element_spec != evaluation.element_spec:
-    raise ConfigError(f"data.name='{name}': the eval split's batches {evaluation.element_spec} differ from the "
-                      f"train split's {train.element_spec}")
-  return Source(name=name, train=train, eval=evaluation, train_size=sizes["train"], eval_size=sizes["eval"],
-                num_classes=0, image_shape=None, max_value=1.0, input_fn=fn)
+def _split_name(split, stream):
+  return f"'{split}'" if stream is None else f"'{split}' (stream '{stream}')"
+
+
+def stream_steps(stream, global_batch):
+  """Steps an epoch of `stream` has when the run's global batch is `global_batch`."""
+  return stream.size // (global_batch * stream.multiple)
+
+
+def stream_batches(source, *, batch_size, steps_per_epoch, seed, start_step, num_shards, shard_index,
+                   local_replicas, decorrelate=False):
+  """This pipeline's ({stream: features}, {stream: targets}) from global step `start_step`: each stream its own
+  input function's batches of batch_size x its multiple, its epochs chained at its own length (train_batches;
+  steps_per_epoch is the main stream's), one element per local replica and step."""
+  global_batch = batch_size * num_shards * local_replicas
+  per_stream = {s.name: train_batches(source, batch_size=batch_size * s.multiple,
+                                      steps_per_epoch=stream_steps(s, global_batch), seed=seed,
+                                      start_step=start_step, num_shards=num_shards, shard_index=shard_index,
+                                      local_replicas=local_replicas, decorrelate=decorrelate, stream=s.name)
+                for s in source.streams}
+  return tf.data.Dataset.zip(per_stream).map(lambda element: (
+      {name: pair[0] for name, pair in element.items()}, {name: pair[1] for name, pair in element.items()}))
 
 
 def train_batches(source, *, batch_size, steps_per_epoch, seed, start_step, num_shards, shard_index,
-                  local_replicas, decorrelate=False):
+                  local_replicas, decorrelate=False, stream=None):
   """This pipeline's batches of `batch_size` from global step `start_step`, one per local replica and step
-  (decorrelate: each epoch's seed mixed with the clock, for asynchronous parameter-server workers)."""
+  (decorrelate: each epoch's seed mixed with the clock, for asynchronous parameter-server workers; stream: the
+  named stream the function is asked for)."""
   from data.pipeline import decorrelated  # data.pipeline imports this module
   context = tf.distribute.InputContext(num_shards, shard_index, num_shards * local_replicas)
   per_epoch, start = steps_per_epoch * local_replicas, start_step * local_replicas
@@ -85,7 +150,7 @@ def train_batches(source, *, batch_size, steps_per_epoch, seed, start_step, num_
   def one_epoch(epoch):
     epoch_seed = decorrelated(seed) if decorrelate else seed
     ds = _call(source.name, source.input_fn, "train", batch_size=batch_size, context=context, seed=epoch_seed,
-               epoch=epoch).take(per_epoch)
+               epoch=epoch, stream=stream).take(per_epoch)
     ds = ds.apply(tf.data.experimental.assert_cardinality(per_epoch))  # a shorter epoch: short_epoch's one line
     return ds.skip(tf.where(epoch == start_epoch, tf.constant(skip, tf.int64), 0))
 
@@ -131,10 +196,11 @@ def input_failure(error, name, step):
   return InputPipelineError(f"data.name='{name}': reading the train batch of step {step + 1} failed: {what}{at}")
 
 
-def _call(name, fn, split, *, batch_size, context, seed=0, epoch=0):
+def _call(name, fn, split, *, batch_size, context, seed=0, epoch=0, stream=None):
   seed, epoch = (tf.cast(v, tf.int64) for v in (seed, epoch))
+  named = {} if stream is None else {"stream": stream}
   ds = tf.autograph.experimental.do_not_convert(fn)(split, batch_size=batch_size, context=context, seed=seed,
-                                                    epoch=epoch)  # the user's Python runs as Python when traced
+                                                    epoch=epoch, **named)  # the user's Python runs as Python
   if not isinstance(ds, tf.data.Dataset):
     raise ConfigError(f"data.name='{name}': {name.split(':')[1]}('{split}', ...) must return a tf.data.Dataset "
                       f"of (features, targets) batches, got {type(ds).__name__}")
@@ -148,7 +214,7 @@ def _length(name, split, ones):
   """Examples in the split: the length of its dataset at batch_size=1."""
   length = int(ones.cardinality())
   if length < 0:
-    raise ConfigError(f"data.name='{name}': the length of the '{split}' dataset is unknown to tf.data; declare it "
+    raise ConfigError(f"data.name='{name}': the length of the {split} dataset is unknown to tf.data; declare it "
                       f"with ds.apply(tf.data.experimental.assert_cardinality(number_of_batches))")
   return length
 

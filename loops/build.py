@@ -96,7 +96,7 @@ def build(config, task, kept=None):
   keras.utils.set_random_seed(config.seed)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
-  source = data.load(config.data)
+  source = data.load(config.data, *task_lib.streams_of(config))
   plan = plan_lib.derive(config, strategy.num_replicas_in_sync, source.train_size,
                          num_input_pipelines=execution.input_pipelines(strategy, task),
                          epoch_steps=lambda global_batch: data.steps_per_epoch(source, config.data, global_batch),
@@ -123,7 +123,8 @@ def build(config, task, kept=None):
     made = _take_compiled(config, strategy, training_task, model, element_spec, made)
     check.check_model_outputs(training_task.loss_fn, model, input_shape, source.num_classes,
                               soft_labels=mixing.mixes(config.data))
-  eval_means, eval_metrics = _eval_metrics(strategy, training_task, models, element_spec, plan, made)
+  eval_spec = source.eval.element_spec if source.streams else element_spec  # a task's eval stream's
+  eval_means, eval_metrics = _eval_metrics(strategy, training_task, models, eval_spec, plan, made)
   checkpoint = tf.train.Checkpoint(step=step_counter, callbacks=callback_states.container(),
                                    **_checkpointed(models, optimizers_by_model))
   logging.info("task %s: %s", config.task.name, ", ".join(

@@ -10,6 +10,7 @@ import tensorflow as tf
 from data import records
 from data import resident as resident_lib
 from data import tfrecord
+from data import user_stream
 from loops import build as build_lib
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
@@ -39,6 +40,7 @@ def dry_run(config, workdir, parts, user_callbacks):
       "input_shape": list(parts.input_shape) if parts.input_shape else str(parts.element_spec[0]),
       "device_resident": _residency_line(parts, config),
       **({"streams": _streams_line(parts, config)} if source.train_files is not None else {}),
+      **({"input_streams": _input_streams_line(parts)} if source.streams else {}),
       "num_classes": source.num_classes,
       "steps_per_epoch": plan.steps_per_epoch,
       "total_steps": plan.total_steps,
@@ -139,6 +141,14 @@ def _streams_line(parts, config):
           f"{streams // plan.input_pipelines} stream(s) per input pipeline; an epoch uses {used} of {files.size} "
           f"records ({files.size - used} left out, different ones each epoch); shuffle window "
           f"{config.data.shuffle_window}")
+
+
+def _input_streams_line(parts):
+  """A task's named streams (Task.streams): each one's global batch, examples and epoch; the eval's."""
+  source, batch = parts.source, parts.plan.global_batch_size
+  each = [f"{s.name} {s.multiple * batch} per step of {s.size} examples ({user_stream.stream_steps(s, batch)} steps "
+          f"an epoch)" for s in source.streams]
+  return f"{'; '.join(each)}; eval reads '{source.eval_stream}'"
 
 
 def _packs_line(parts, config):

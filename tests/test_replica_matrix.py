@@ -80,6 +80,7 @@ MATRIX = {
     "example: sequence, padded per replica": ("tasks", "sequence", {}),
     "example: sequence, bucketed global batches": ("tasks", "sequence",
                                                    {"data.name": "examples.tasks.sequence:bucketed_batches"}),
+    "example: fixmatch (two input streams, every pseudo-label)": ("tasks", "fixmatch", {"task.kwargs.threshold": 0.0}),
     "built-in classification": (*DIGITS, {}),
 }
 
@@ -102,10 +103,11 @@ def test_two_replicas_compute_what_one_does(name):
 
 # one row per family, each on a pair of worker processes of its own: optimizer and clipping, data mixing,
 # accumulation, a task's model with BatchNorm and keyed Dropout, a step-level task updating a model every k steps,
-# a task's own transform of the summed gradients
+# a task's own transform of the summed gradients, a task reading several input streams (each strided over workers)
 ACROSS_WORKERS = ("sgd, global_clipnorm", "mixup + cutmix, random flip", "gradient accumulation, clipping",
                   "task model with BatchNorm and Dropout, sync", "example: wgan_gp (update_every, 5 steps)",
-                  "task: transform_gradients clips and logs")
+                  "task: transform_gradients clips and logs",
+                  "example: fixmatch (two input streams, every pseudo-label)")
 
 
 @pytest.fixture(scope="module")

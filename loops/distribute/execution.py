@@ -252,8 +252,8 @@ class SyncExecution(_Execution):
     return reason or bytes(first).rstrip(b"\0").decode(errors="replace")
 
   def gradient_norms(self):
-    if self.parts.training_task.writes_step:
-      return None  # a step-level task has no one loss to differentiate
+    if self.parts.training_task.writes_step or self.parts.source.streams:
+      return None  # a step-level task has no one loss to differentiate; the eval probe holds one stream only
     if self._norms is None:
       p = self.parts
       probe = next(iter(data.eval_dataset(p.source, self.config.data, batch_size=min(64, p.plan.global_batch_size))))

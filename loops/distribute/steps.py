@@ -51,7 +51,7 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
         input_pipelines, updating))
   new_context = lambda micro_batch=(0, 1): context_lib.StepContext(
       global_batch_size, step_counter, training=True, declared=task.train_metrics, input_pipelines=input_pipelines,
-      micro_batch=micro_batch, updating=updating)
+      micro_batch=micro_batch, updating=updating, streams=task.streams)
   step_method = "train_step" if task.writes_step else "per_example_loss"
   if task.writes_step:
     def compute(batch):
@@ -66,7 +66,7 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
     if clock is not None and started is None:
       started = tf.timestamp()
     with keras_fit.fit_steps_refused(models, task_lib.method_name(task, step_method)):
-      loss, per_example, logged, done = compute((features, targets))
+      loss, per_example, logged, done = compute(task_lib.stream_batch(task, features, targets))
     if clock is not None:
       clock.record(started, done)
     return _report(loss, per_example, logged, metrics)
@@ -87,9 +87,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
   def gradients_of(batch, micro_batch):
     ctx = new_context(micro_batch)
     with tf.GradientTape() as tape, random_layers.keyed(ctx):
-      per_example = tf.cast(task.per_example_loss(batch, models, ctx), tf.float32)
-      losses.check_per_example(task_lib.method_name(task, "per_example_loss"), per_example, tf.nest.flatten(batch)[0])
-      loss = ctx.average(per_example)
+      loss, per_example = _averaged(task, task.per_example_loss(batch, models, ctx), batch, ctx)
       if micro_batch[0] == 0:  # the regularization once per update
         for name in trained:
           if models[name].losses:
@@ -108,7 +106,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
       loss += l
       per_example.append(p)
       logged = _added(logged, named)
-    return total, loss, tf.concat(per_example, 0), logged
+    return total, loss, None if per_example[0] is None else tf.concat(per_example, 0), logged
 
   if jit_compile:
     gradients = tf.function(gradients, jit_compile=True)
@@ -128,6 +126,28 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
     return loss, per_example, logged, grads
 
   return compute
+
+
+def _averaged(task, per_example, batch, ctx):
+  """(this replica's share of the global loss, per-example losses or None) from per_example_loss's return: losses
+  [replica batch], or for a task with streams {stream: losses [that stream's replica batch]}, each averaged over its
+  stream's global batch and added (reported as the step's share, like a step-level loss)."""
+  where = task_lib.method_name(task, "per_example_loss")
+  main = batch[next(iter(task.streams))] if task.streams else batch
+  if not isinstance(per_example, dict):
+    per_example = tf.cast(per_example, tf.float32)
+    losses.check_per_example(where, per_example, tf.nest.flatten(main)[0])
+    return ctx.average(per_example), per_example
+  unknown = sorted(set(per_example) - set(task.streams))
+  if not per_example or unknown:
+    raise ConfigError(f"{where} returned a dict with keys {sorted(per_example)}; a dict maps the task's streams "
+                      f"{list(task.streams)} to their per-example losses")
+  loss = 0.0
+  for name, values in per_example.items():
+    values = tf.cast(values, tf.float32)
+    losses.check_per_example(f"{where}['{name}']", values, tf.nest.flatten(batch[name])[0])
+    loss += ctx.average(values, stream=name)
+  return loss, None
 
 
 def _added(logged, more):
@@ -338,9 +358,9 @@ def make_eval_step(task, models, means, task_metrics, global_batch_size, step_co
 
   def step_fn(features, targets, weights):
     ctx = context_lib.StepContext(global_batch_size, step_counter, training=False, metrics=task_metrics,
-                                  weights=weights, input_pipelines=input_pipelines)
+                                  weights=weights, input_pipelines=input_pipelines, streams=task.streams)
     with random_layers.keyed(ctx), keras_fit.fit_steps_refused(models, task_lib.method_name(task, "eval_step")):
-      values = task.eval_step((features, targets), models, ctx)
+      values = task.eval_step(task_lib.eval_batch(task, features, targets), models, ctx)
     for name, value in values.items():
       if name not in collect:  # a padding row's value never counts, not even a NaN (0 * NaN is NaN)
         value = tf.where(weights > 0, tf.cast(value, tf.float32), 0.0)

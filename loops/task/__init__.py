@@ -25,6 +25,9 @@ def load(config, loss_fn, metrics):
     plugins.check_call(cls, (), kwargs, "task.kwargs", config.task.name)
     task = cls(**kwargs)
     task.kwargs = kwargs
+    if task.streams != cls.streams or task.eval_stream != cls.eval_stream:
+      raise ConfigError(f"{cls.__name__} sets streams or eval_stream on the instance; set them on the class (the "
+                        f"data is loaded per stream before the task is built)")
   task.config = config
   return task
 
@@ -45,6 +48,29 @@ def update_span(config):
   periods, 1 for none), from the class (checked first: one line for a bad task.name or update_every)."""
   check_task_settings(config)
   return update_every.span(task_class(config.task.name).update_every)
+
+
+def streams_of(config):
+  """(Task.streams, Task.eval_stream) of task.name's class ({}, None for the built-in): what data.load reads."""
+  if config.task.name == BUILT_IN:
+    return {}, None
+  cls = task_class(config.task.name)
+  return dict(cls.streams), cls.eval_stream
+
+
+def stream_batch(task, features, targets):
+  """The batch a task's step gets: (features, targets), or {stream: (features, targets)} for a task with streams
+  (the pipeline's element is ({stream: features}, {stream: targets}))."""
+  if not task.streams:
+    return features, targets
+  return {name: (features[name], targets[name]) for name in task.streams}
+
+
+def eval_batch(task, features, targets):
+  """The batch a task's eval step gets: {eval stream: (features, targets)} for a task with streams."""
+  if not task.streams:
+    return features, targets
+  return {task.eval_stream or next(iter(task.streams)): (features, targets)}
 
 
 def method_name(task, method):
@@ -127,8 +153,8 @@ def eval_names(task, models, element_spec, global_batch_size, metrics, batch=2):
   written; sequences of unknown length are 1 long); raises ConfigError unless it returns {name: per-example values
   [batch]}."""
   ctx = StepContext(global_batch_size, tf.constant(0, tf.int64), training=False, metrics=metrics,
-                    weights=tf.zeros([batch]))
-  probe = zero_batch(element_spec, batch)
+                    weights=tf.zeros([batch]), streams=task.streams)
+  probe = eval_batch(task, *zero_batch(element_spec, batch))
   try:
     values = task.eval_step(probe, models, ctx)
   except ConfigError:

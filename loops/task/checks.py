@@ -27,6 +27,9 @@ def check_task_settings(config):
     raise ConfigError(f"task.name '{name}' is {type(cls).__name__} {cls!r}, not a subclass of loops.task.Task")
   plugins.check_call(cls, (), dict(config.task.kwargs), "task.kwargs", name)
   check_update_every(cls.__name__, getattr(cls, "update_every", {}))
+  check_streams(cls.__name__, cls.streams, cls.eval_stream)
+  if cls.streams:
+    _check_stream_settings(cls.__name__, config)
   if cls.train_step is not Task.train_step:
     if config.train.grad_accum_steps > 1:
       raise ConfigError(f"train.grad_accum_steps={config.train.grad_accum_steps} needs a loss-level task; "
@@ -36,6 +39,36 @@ def check_task_settings(config):
                         "gradients with ctx.sum_over_replicas there, or drop train_step (loss level)")
   elif cls.per_example_loss is Task.per_example_loss:
     raise ConfigError(f"task '{name}' defines neither per_example_loss (loss level) nor train_step (step level)")
+
+
+def check_streams(task_name, streams, eval_stream):
+  """Task.streams is {name: integer k >= 1} with k = 1 for the first (the main stream: the run's global batch);
+  Task.eval_stream one of them (or None: the first)."""
+  where = f"{task_name}.streams"
+  if not isinstance(streams, dict):
+    raise ConfigError(f"{where} must be a dict {{stream name: k}} (k x the global batch per step), got "
+                      f"{streams!r:.80}")
+  for name, k in streams.items():
+    if not isinstance(name, str) or not name.isidentifier():
+      raise ConfigError(f"{where}: stream names are identifiers (the input function's `stream`), got {name!r}")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+      raise ConfigError(f"{where}['{name}'] must be an integer >= 1 (its global batch is k x the run's), got {k!r}")
+  if streams and next(iter(streams.values())) != 1:
+    first = next(iter(streams))
+    raise ConfigError(f"{where}: the first stream ('{first}') is the main one, its batch the run's global batch: "
+                      f"its k must be 1, got {streams[first]} (scale the others relative to it)")
+  if eval_stream is not None and eval_stream not in streams:
+    raise ConfigError(f"{task_name}.eval_stream={eval_stream!r} is not one of its streams {list(streams)}")
+
+
+def _check_stream_settings(task_name, config):
+  """What several streams cannot do yet: asynchronous workers, the tf.data service."""
+  if config.strategy == "parameter_server":
+    raise ConfigError(f"{task_name} reads several streams, which parameter_server does not feed (its workers read "
+                      f"one dataset each); use mirrored or multi_worker_mirrored")
+  if config.data.service:
+    raise ConfigError(f"{task_name} reads several streams, which the tf.data service does not carry yet; unset "
+                      f"data.service")
 
 
 def check_models(task, models):

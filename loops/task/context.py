@@ -26,8 +26,9 @@ class StepContext:
   """Passed to Task.per_example_loss / train_step / eval_step; valid inside the replica function only."""
 
   def __init__(self, global_batch_size, step, training, declared=(), metrics=None, weights=None,
-               input_pipelines=1, micro_batch=(0, 1), updating=None):
+               input_pipelines=1, micro_batch=(0, 1), updating=None, streams=None):
     self.global_batch_size = global_batch_size
+    self._streams = dict(streams or {})  # Task.streams: {name: k}, stream name's global batch k x the run's
     self.input_pipelines = input_pipelines  # one per worker under multi_worker_mirrored (the plan's)
     self.micro_batch = micro_batch  # (index, count) of train.grad_accum_steps' split of the replica's batch
     self.training = training
@@ -71,13 +72,23 @@ class StepContext:
     replica = tf.distribute.get_replica_context()
     return replica.num_replicas_in_sync if replica else 1
 
-  def average(self, per_example):
-    """This replica's share of the mean over the GLOBAL batch: sum(per_example) / global_batch_size.
+  def average(self, per_example, stream=None):
+    """This replica's share of the mean over the GLOBAL batch: sum(per_example) / global_batch_size (of the named
+    stream's global batch, for a task with Task.streams).
 
     Mistake prevented: `tf.reduce_mean(per_example)` divides by the LOCAL batch; the optimizer then sums the
     replicas' gradients and the update is num_replicas times too large.
     """
-    return tf.nn.compute_average_loss(tf.cast(per_example, tf.float32), global_batch_size=self.global_batch_size)
+    return tf.nn.compute_average_loss(tf.cast(per_example, tf.float32),
+                                      global_batch_size=self.stream_batch_size(stream))
+
+  def stream_batch_size(self, stream=None):
+    """The global batch of Task.streams' `stream` (k x the run's), or the run's for None."""
+    if stream is None:
+      return self.global_batch_size
+    if stream not in self._streams:
+      raise ConfigError(f"stream '{stream}' is not one of the task's streams {list(self._streams)}")
+    return self.global_batch_size * self._streams[stream]
 
   def regularization(self, model):
     """The model's regularisation losses (kernel_regularizer, ...) as this replica's share.

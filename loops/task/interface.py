@@ -11,7 +11,8 @@ Both run once per replica inside the compiled call; `ctx` (loops/task/context.py
 correct on any number of replicas. `main.py --check=replicas` proves it for a given task.
 
 A batch is what the data source yields: (features, targets) for training; eval steps get the same pair and
-`ctx.weights` (0 for padding rows). Features and targets are any nest of tensors.
+`ctx.weights` (0 for padding rows). Features and targets are any nest of tensors. A task that declares named
+`streams` gets {stream: (features, targets)} in training and {eval_stream: (features, targets)} in eval.
 """
 
 import keras
@@ -29,6 +30,13 @@ class Task:
       steps 4, 9, ...; WGAN-GP's n_critic); models not listed update every step. A step-level task branches on
       ctx.updates(name), a Python bool (the step is traced once per combination of updating models, at most 3
       listed); at the loss level the framework skips the gradients of models that do not update.
+    streams: {name: k}: the task reads several named input streams (data.name an input function taking
+      `stream`), stream `name` k times the run's global batch per step (the first stream's k is 1: the run's global
+      batch, epoch and train size are its). Each stream has its own epoch length and resumes exactly; the batch
+      is {name: (features, targets)}; a loss-level per_example_loss may return {name: per-example losses}, each
+      averaged over its stream's global batch (ctx.average(values, stream=name)). Read from the class.
+    eval_stream: the stream whose eval split the eval reads (default: the first); eval batches are
+      {eval_stream: (features, targets)}.
     config: the run's config (set by the framework before any method is called).
     kwargs: task.kwargs as a dict (also passed to the constructor; set before any method is called).
   """
@@ -37,6 +45,8 @@ class Task:
   update_every = {}
   eval_collect = ()
   eval_reduced = ()
+  streams = {}
+  eval_stream = None
   config = None
   kwargs = {}
 
