@@ -96,6 +96,22 @@ def start_and_sigterm(command, target_pattern, tmp_path, wait_for=r"step \d+/", 
   return proc.returncode, "".join(lines) + rest
 
 
+def split_by_sigterm_matches_straight(args, tmp_path, wait_for):
+  """Runs `args` (a main.py command without --workdir) straight, and again split by SIGTERM once a line matches
+  wait_for and rerun; asserts the split run ends bit-identical to the straight one (one preemption save more).
+  Returns (straight run's output, resumed run's output)."""
+  straight = subprocess.run(args + [f"--workdir={tmp_path / 'ref'}"], cwd=REPO, env=env(), capture_output=True,
+                            text=True, timeout=300)
+  assert straight.returncode == 0, straight.stderr[-3000:]
+  split = args + [f"--workdir={tmp_path / 'w'}"]
+  code, output = start_and_sigterm(split, lambda proc, _: proc.pid, tmp_path, wait_for=wait_for)
+  assert code == 143, output[-3000:]
+  resumed = subprocess.run(split, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  assert_bit_identical(tmp_path / "w", tmp_path / "ref", extra_saves=1)
+  return straight.stderr + straight.stdout, resumed.stderr + resumed.stdout
+
+
 def launched_pid(task):
   """For start_and_sigterm: the pid of `task` (e.g. "worker:1") from launch.local's "started" line."""
   return lambda proc, output: int(re.search(rf"\[launch\] {task} started \(pid (\d+)\)", output).group(1))

@@ -6,7 +6,6 @@ is; the throughput counts examples, not images."""
 
 import collections
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -136,20 +135,12 @@ def test_progress_and_summary_count_examples_for_sequences_and_images_for_images
 
 
 def test_a_sequence_run_split_by_sigterm_mid_epoch_ends_bit_identical_to_a_straight_one(tmp_path):
-  from tests.test_reliability import assert_bit_identical, env, start_and_sigterm
+  from tests.test_reliability import split_by_sigterm_matches_straight
   args = [PY, "main.py", "--config=configs/tasks.py:sequence", "--config.deterministic=True",
           "--config.train.steps=300", "--config.train.steps_per_loop=5", "--config.eval.every_steps=0",
           "--config.checkpoint.every_steps=100", "--config.checkpoint.best_metric=", "--config.export=False",
           "--config.summary.progress_bar=off"]
-  straight = subprocess.run(args + [f"--workdir={tmp_path / 'ref'}"], cwd=REPO, env=env(), capture_output=True,
-                            text=True, timeout=300)
-  assert straight.returncode == 0, straight.stderr[-3000:]
-  assert re.search(r"\d+ examples/s", straight.stderr + straight.stdout)
-  split = args + [f"--workdir={tmp_path / 'w'}"]
-  code, output = start_and_sigterm(split, lambda proc, _: proc.pid, tmp_path, wait_for=r"step 1[1-7]\d/300")
-  assert code == 143, output[-3000:]
-  resumed = subprocess.run(split, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
-  assert resumed.returncode == 0, resumed.stderr[-3000:]
-  step = int(re.search(r"restored .*ckpt-(\d+)", resumed.stderr + resumed.stdout).group(1))
+  straight, resumed = split_by_sigterm_matches_straight(args, tmp_path, wait_for=r"step 1[1-7]\d/300")
+  assert re.search(r"\d+ examples/s", straight)
+  step = int(re.search(r"restored .*ckpt-(\d+)", resumed).group(1))
   assert step % 100 and step % 64, step  # a preemption save, inside an epoch (64 steps) and a checkpoint interval
-  assert_bit_identical(tmp_path / "w", tmp_path / "ref", extra_saves=1)
