@@ -69,7 +69,7 @@ def test_constant_without_warmup_is_a_plain_float_and_bad_schedules_are_rejected
   with pytest.raises(ValueError, match="unknown optimizer.schedule 'cosin' \\(did you mean 'cosine'\\?\\)"):
     check.check(config(schedule="cosin"))
   long_warmup = config(warmup_epochs=60.0)  # 50 epochs of 22 steps
-  source = types.SimpleNamespace(name="digits", train_size=1437, image_shape=(8, 8, 1), train_files=None)
+  source = types.SimpleNamespace(name="digits", train_size=1437, image_shape=(8, 8, 1), train_files=None, streams=None)
   with pytest.raises(ValueError, match="optimizer.warmup_epochs=60.0 gives 1320 warmup steps; it must be shorter "
                                        "than the run \\(1100 steps\\)"):
     check.check_derived(long_warmup, plan_lib.derive(long_warmup, 1, 1437), source)
