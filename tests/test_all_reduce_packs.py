@@ -44,6 +44,7 @@ def two_worker_run(workdir, bytes_per_pack):
   return done.stdout, model_weights(str(workdir))
 
 
+@pytest.mark.e2e
 def test_two_workers_with_packs_train_bit_identically_to_one_all_reduce(tmp_path):
   one_output, one_pack = two_worker_run(tmp_path / "one", 0)
   packed_output, packed = two_worker_run(tmp_path / "packed", 4096)

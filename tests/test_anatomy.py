@@ -62,6 +62,7 @@ def test_a_trace_without_train_calls_is_an_error_naming_them():
     traces.step_anatomy([], [(0.0, 1.0)], steps_per_call=4)
 
 
+@pytest.mark.e2e
 def test_anatomy_run_profiles_one_and_two_workers(tmp_path):
   out = tmp_path / "anatomy"
   result = subprocess.run(

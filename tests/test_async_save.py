@@ -18,6 +18,8 @@ from loops.persist import async_saves
 from loops.persist import checkpoints as checkpoints_lib
 from tests.conftest import REPO, load_config
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 PY = sys.executable
 SLOW = os.path.join(REPO, "tests", "fixtures", "slow_async_writes.py")
 STEPS = 40

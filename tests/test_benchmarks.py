@@ -50,6 +50,7 @@ def check_throughput(out):
   return results
 
 
+@pytest.mark.e2e
 def test_throughput_benchmark_smoke(tmp_path):
   """One tiny window per contender on ResNet-20 (BatchNorm: the framework fuses it, and is measured with Keras'
   BatchNorm too) over device-resident synthetic data (the host pipeline measured beside it)."""
@@ -75,6 +76,7 @@ def test_throughput_ratios_are_those_whose_two_contenders_ran_paired_by_round():
   assert found["ratio_lever_xla"] == pytest.approx(1.5)
 
 
+@pytest.mark.e2e
 def test_throughput_times_only_the_contenders_asked_for_and_their_ratios(tmp_path):
   out = tmp_path / "results.json"
   result = run_module("benchmarks.throughput", "--config=configs/digits_cnn.py", "--windows=2", "--window_calls=1",
@@ -96,6 +98,7 @@ def test_throughput_rejects_unknown_contenders_before_building_anything():
   assert "got framework,kerasfit" in result.stderr
 
 
+@pytest.mark.e2e
 def test_scaling_benchmark_smoke(tmp_path):
   out = tmp_path / "scaling"
   run_module("benchmarks.scaling", "--config=configs/digits_cnn.py", f"--out={out}", "--epochs=3", "--repeats=1",
@@ -282,6 +285,7 @@ def test_scaling_independent_pair_runs_two_unconnected_runs_at_once(tmp_path, mo
   assert a["started"] < b["ended"] and b["started"] < a["ended"]  # at once, not one after the other
 
 
+@pytest.mark.e2e
 def test_records_benchmark_smoke(tmp_path):
   """A tiny folder, prepared as JPEG and raw records; every contender timed in one run, the ratios computed from
   the rates it reports, and the bytes each of 2 workers reads counted."""

@@ -55,6 +55,7 @@ def test_a_user_callback_sees_every_hook_with_the_loops_values_and_writes_scalar
   assert sorted(written) == [(s, float(s)) for s in (5, 5, 10, 10, 15, 15, 20, 20)]
 
 
+@pytest.mark.e2e
 def test_custom_metrics_report_everywhere_and_drive_the_best_checkpoint(plugins, tiny_digits, tmp_path):
   summary = run.train_and_evaluate(plugged(tiny_digits), str(tmp_path))
   assert summary["eval/error_rate"] == pytest.approx(1.0 - summary["eval/accuracy"], abs=1e-6)
@@ -66,6 +67,7 @@ def test_custom_metrics_report_everywhere_and_drive_the_best_checkpoint(plugins,
   assert on_disk["eval/mean_abs_logit"] == pytest.approx(summary["eval/mean_abs_logit"])
 
 
+@pytest.mark.e2e
 def test_a_custom_metric_agrees_on_one_device_mirrored_and_two_mwms_workers_and_a_stop_on_worker_1_stops_both(
     plugins, tiny_digits, tmp_path):
   """MWMS: worker 1 alone asks to stop at step 10; both workers stop there (no hang), evaluate, save, exit 0."""
@@ -115,6 +117,7 @@ def main_py(workdir, *args):
   return json.load(open(os.path.join(workdir, "summary.json"))), result.stderr
 
 
+@pytest.mark.e2e
 def test_early_stopping_stops_digits_well_before_3000_steps_and_its_state_survives_a_resume(tmp_path):
   straight, _ = main_py(tmp_path / "straight", "--config.train.steps=3000")
   stop = straight["step"]
@@ -145,6 +148,7 @@ class EvalCounter:
     state.summary["evals_counted"] = int(self.checkpointed["evals"].numpy())
 
 
+@pytest.mark.e2e
 def test_a_callbacks_checkpointed_state_survives_a_resume_and_starts_afresh_on_a_new_run(tiny_digits, tmp_path):
   c = tiny_digits  # 20 steps, an eval every 5: 4 evals
   c.eval.every_steps, c.checkpoint.every_steps = 5, 5

@@ -1,5 +1,6 @@
 """loops/persist/checkpoints.py in-process: damaged checkpoints are skipped; the manager someone holds is never replaced."""
 
+import pytest
 import os
 
 import tensorflow as tf

@@ -294,6 +294,7 @@ print(json.dumps([r.cluster_spec().as_dict(), r.task_type, r.task_id, s.extended
 """
 
 
+@pytest.mark.e2e
 def test_mwms_starts_from_a_master_tf_config_with_an_evaluator():
   """A real MultiWorkerMirroredStrategy (1 task on a loopback port) from SageMaker's "master" naming, with a TFJob
   evaluator job and "environment": "cloud" in the same TF_CONFIG."""

@@ -39,6 +39,7 @@ def streamed(records_dir, **overrides):
           **overrides}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("data_service", [1], indirect=True)
 def test_one_data_worker_gives_the_local_order_exactly(digits_records, data_service, tmp_path):
   here = trained(configured("digits_cnn", **streamed(digits_records)), "one_device", tmp_path / "local")
@@ -49,6 +50,7 @@ def test_one_data_worker_gives_the_local_order_exactly(digits_records, data_serv
     np.testing.assert_array_equal(there[key], value, err_msg=key)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("data_service", [2], indirect=True)
 def test_two_data_workers_train_prepared_digits_to_the_local_pipelines_accuracy(digits_records, data_service,
                                                                                 tmp_path):
@@ -67,6 +69,7 @@ def test_two_data_workers_train_prepared_digits_to_the_local_pipelines_accuracy(
   assert here >= 0.95 and there >= 0.95 and abs(there - here) <= 0.03, (there, here)
 
 
+@pytest.mark.e2e
 def test_launch_local_starts_a_data_service_beside_the_job_and_stops_it(digits_records, tmp_path):
   command = [sys.executable, "-m", "launch.local", "--workers=1", "--data_workers=2", "--", sys.executable,
              "main.py", "--config=configs/digits_cnn.py", f"--workdir={tmp_path / 'run'}",

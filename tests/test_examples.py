@@ -25,6 +25,7 @@ def numpy_ece(probabilities, labels, bins=15):
              for b in range(bins)) / len(labels)
 
 
+@pytest.mark.e2e
 def test_embedding_model_with_the_norm_penalty_and_the_calibration_metric(tmp_path):
   """The metric, recomputed in numpy from the export (which outputs the logits alone), is the one reported."""
   c = digits(400, **{"model.name": "examples.models:cnn_with_embedding", "model.kwargs.embedding_dim": 16,
@@ -44,12 +45,14 @@ def test_embedding_model_with_the_norm_penalty_and_the_calibration_metric(tmp_pa
   assert 0.0 < summary["eval/expected_calibration_error"] < 0.2
 
 
+@pytest.mark.e2e
 def test_the_reconstruction_auxiliary_loss_trains_digits(tmp_path):
   c = digits(400, **{"model.name": "examples.models:cnn_with_embedding", "model.kwargs.reconstruct": True,
                      "loss.name": "examples.losses:reconstruction_auxiliary"})
   assert run.train_and_evaluate(c, str(tmp_path))["eval/accuracy"] >= 0.9
 
 
+@pytest.mark.e2e
 def test_the_target_callback_stops_digits_early_and_records_when(tmp_path):
   c = digits(1100, **{"eval.every_steps": 100, "callbacks": ("examples.callbacks:stop_at_target_accuracy",)})
   summary = run.train_and_evaluate(c, str(tmp_path))

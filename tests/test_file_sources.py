@@ -276,6 +276,7 @@ def assert_finite_and_over_real_examples(summary, eval_size):
   assert 0.0 <= summary["train/accuracy"] <= 1.0 and abs(correct - round(correct)) < 1e-4, summary
 
 
+@pytest.mark.e2e
 def test_a_run_trains_on_an_npz_file(tmp_path):
   c = load_config("digits_cnn")
   c.data = npz_config(save_npz(tmp_path / "d.npz", **npz_arrays()))
@@ -330,6 +331,7 @@ def test_npz_named_arrays_that_are_not_there_are_one_line(features, targets, mes
     data.load(c)
 
 
+@pytest.mark.e2e
 def test_a_task_on_named_npz_arrays_trains_exactly_as_on_the_same_arrays_from_a_function(tmp_path):
   from examples.tasks.regression import digit_values
   from loops import run

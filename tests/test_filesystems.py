@@ -1,6 +1,7 @@
 """A workdir on any filesystem TensorFlow knows: a whole run on ram:// (TensorFlow's in-memory filesystem, which
 stands in for gs:// and the like), with nothing written to the local disk."""
 
+import pytest
 import json
 import os
 import re
@@ -25,6 +26,7 @@ def read_json(path):
     return json.load(f)
 
 
+@pytest.mark.e2e
 def test_a_run_on_ram_trains_resumes_keeps_best_exports_and_writes_nothing_locally(tiny_digits, tmp_path,
                                                                                    monkeypatch, caplog):
   monkeypatch.chdir(tmp_path)
@@ -57,6 +59,7 @@ def test_a_run_on_ram_trains_resumes_keeps_best_exports_and_writes_nothing_local
   assert not os.path.exists(os.path.join(REPO, "ram:"))
 
 
+@pytest.mark.e2e
 def test_a_damaged_checkpoint_on_ram_is_set_aside_there(tiny_digits, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)
   workdir = "ram://runs/fs-damaged"
@@ -76,6 +79,7 @@ def test_a_damaged_checkpoint_on_ram_is_set_aside_there(tiny_digits, tmp_path, m
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.e2e
 def test_main_with_a_ram_workdir_reports_it_as_given_and_creates_no_local_folder():
   from tests.conftest import run_main
   result = run_main("--config=configs/digits_cnn.py", "--workdir=ram://runs/main", "--config.train.epochs=0.5",

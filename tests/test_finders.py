@@ -17,6 +17,8 @@ from loops.core import batch_search
 from loops.finders import lr_range
 from tests.conftest import load_config, run_main, set_keys
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 
 def fake_fits(threshold, log):
   """A device on which a batch fits when it is at most `threshold` (log collects every size tried)."""

@@ -22,6 +22,8 @@ import models
 from models import resnet
 from tests.conftest import load_config, run_main, set_keys
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 QUIET = {"summary.progress_bar": "off", "eval.every_steps": 0, "checkpoint.every_steps": 0, "export": False,
          "deterministic": True}
 HEAD_FRESH_BODY_FROZEN = {"init.exclude": ("logits",), "train.freeze": ("conv", "dense")}

@@ -27,6 +27,7 @@ def float16_digits(precision="float16", **keys):
   return set_keys(c, keys)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
 def test_mixed_precision_trains_digits(precision, tmp_path, caplog):
   summary = run.train_and_evaluate(float16_digits(precision), str(tmp_path))
@@ -52,6 +53,7 @@ def test_a_precision_is_emulated_on_a_cpu_without_its_units(tmp_path):
   assert keras.mixed_precision.dtype_policy().name == "float32"  # the global policy was restored
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("strategy, replicas", [("one_device", 0), ("mirrored", 2)])
 def test_an_overflowing_step_is_skipped_and_the_loss_scale_halves(strategy, replicas):
   config = float16_digits(**{"strategy": strategy, "cpu_replicas": replicas, "train.steps": 6,

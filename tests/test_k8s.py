@@ -432,6 +432,7 @@ def _private_network_works():
     return False
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(not _private_network_works(), reason="needs unshare with user namespaces, ip and veth")
 def test_two_pods_train_together_from_their_kubernetes_names(tmp_path):
   (tmp_path / "pod.sh").write_text(POD)

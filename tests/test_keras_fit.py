@@ -33,6 +33,7 @@ def built(config):
   return build_lib.build(config, cluster.ClusterTask())
 
 
+@pytest.mark.e2e
 def test_a_compiled_model_on_two_replicas_computes_what_one_does():
   """Per example, averaged over the global batch: the replica check's 3 SGD steps agree variable by variable."""
   lines = []
@@ -69,6 +70,7 @@ def summary_of(tmp_path, strategy):
   return json.load(open(tmp_path / strategy / "summary.json"))
 
 
+@pytest.mark.e2e
 def test_a_compiled_model_learns_the_same_on_one_device_and_mirrored_x2(tmp_path):
   one, two = summary_of(tmp_path, "one_device"), summary_of(tmp_path, "mirrored")
   assert one["eval/accuracy"] > 0.5, one  # it learns (10 classes: chance is 0.1)
@@ -94,6 +96,7 @@ def test_loss_settings_for_another_loss_are_refused_with_a_compiled_loss():
     built(digits("compiled", **{"loss.label_smoothing": 0.1}))
 
 
+@pytest.mark.e2e
 def test_keras_fit_step_called_from_a_task_step_on_two_replicas_is_one_line(tmp_path):
   result = run_main("--config=configs/digits_cnn.py", f"--workdir={tmp_path}", "--config.strategy=mirrored",
                     "--config.cpu_replicas=2", f"--config.task.name={MODELS}CallsFitStep", "--config.train.steps=4",

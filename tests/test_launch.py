@@ -17,6 +17,8 @@ from launch import local
 from loops import run
 from tests.conftest import REPO, load_config
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 PY = sys.executable
 
 

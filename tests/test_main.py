@@ -11,6 +11,7 @@ from tests.conftest import load_config, run_main
 SHIPPED = ["digits_cnn", "mnist_cnn", "cifar_resnet20", "quickdraw_cnn", "resnet50_mirrored", "resnet152_mirrored"]
 
 
+@pytest.mark.e2e
 def test_main_trains_and_writes_its_outputs_without_tensorflows_chatter(tmp_path):
   workdir = tmp_path / "run"
   result = run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.train.steps=40",
@@ -26,6 +27,7 @@ def test_main_trains_and_writes_its_outputs_without_tensorflows_chatter(tmp_path
   assert json.load(open(workdir / "config.json"))["train"]["steps"] == 40
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args, message", [
     (["--config=configs/digits_cnn.py", "--config.model.name=resnet5Ov2"],
      "error: unknown model 'resnet5Ov2' (did you mean 'resnet50v2'?); valid: mnist_cnn, digits_cnn"),
@@ -64,6 +66,7 @@ def test_bad_input_is_one_line_with_nonzero_exit_and_the_workdir_untouched(args,
   assert (workdir / "config.json").read_text() == "{\"keep\": \"me\"}"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", SHIPPED)
 def test_every_shipped_config_runs_a_few_steps_on_synthetic_data(name, tmp_path):
   c = load_config(name, "synthetic")
@@ -82,6 +85,7 @@ def test_every_shipped_config_runs_a_few_steps_on_synthetic_data(name, tmp_path)
   assert summary["step"] == 2 and 0.0 <= summary["eval/accuracy"] <= 1.0
 
 
+@pytest.mark.e2e
 def test_malformed_tf_config_is_one_line(tmp_path):
   result = run_main("--config=configs/digits_cnn.py", f"--workdir={tmp_path}",
                     env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 2}}'})
@@ -91,6 +95,7 @@ def test_malformed_tf_config_is_one_line(tmp_path):
   assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.e2e
 def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_overwritten(tmp_path):
   workdir = tmp_path / "w"
   first = run_main("--config=configs/digits_cnn.py", f"--workdir={workdir}", "--config.train.steps=10",
@@ -109,6 +114,7 @@ def test_a_checkpoint_of_another_model_is_refused_and_nothing_is_overwritten(tmp
   assert {p.name: p.read_bytes() for p in workdir.rglob("*") if p.is_file()} == before
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("args, message", [
     (["--config.data.name=digit"], "error: unknown dataset 'digit' (did you mean 'digits'?); valid: digits, "),
     (["--config.optimizer.name=adamm"], "error: unknown optimizer 'adamm' (did you mean 'adam'?); valid: sgd, adam, adamw"),
@@ -137,6 +143,7 @@ def test_more_bad_input_is_one_line(args, message, tmp_path):
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.e2e
 def test_an_unwritable_workdir_is_one_line(tmp_path):
   """A workdir under a regular file cannot be created, even by root (a read-only directory would not stop root)."""
   blocker = tmp_path / "a_file"
@@ -148,6 +155,7 @@ def test_an_unwritable_workdir_is_one_line(tmp_path):
   assert blocker.read_text() == "keep"
 
 
+@pytest.mark.e2e
 def test_a_corrupt_image_in_an_image_folder_is_one_line_naming_the_file(tmp_path):
   from tests.test_data import make_image_folder, truncated_png
   root = make_image_folder(tmp_path / "images", corrupt=[("test", "cat", "bad.png", truncated_png())])

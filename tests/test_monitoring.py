@@ -15,6 +15,8 @@ from loops import run
 from tests.conftest import REPO, load_config, run_main
 from tests.test_main import SHIPPED
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 TENSORBOARD = os.path.join(os.path.dirname(sys.executable), "tensorboard")
 
 

@@ -168,6 +168,7 @@ def test_bounded_start_removes_the_rank_file_once_every_peer_answers(tmp_path):
   assert os.path.exists(tasks[1].rendezvous_file)  # rank 1's own: removed by rank 1
 
 
+@pytest.mark.e2e
 def test_a_rank_that_stops_before_the_start_removes_its_file_when_it_exits(tmp_path):
   script = ("import sys; from loops.distribute import rendezvous\n"
             "addresses, own = rendezvous.exchange(sys.argv[1], 'hydra-size1', 0, 1, 10)\n"
@@ -204,6 +205,7 @@ def train(command, workdir):
     return json.load(f), result.stdout
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed (Debian: apt-get install openmpi-bin)")
 def test_mpirun_two_ranks_train_as_launch_local_two_workers(tmp_path):
   by_mpirun, log = train([MPIRUN, "-np", "2"], str(tmp_path / "mpirun"))
@@ -224,6 +226,7 @@ def test_mpirun_two_ranks_train_as_launch_local_two_workers(tmp_path):
   assert os.listdir(tmp_path / "mpirun" / ".cluster") == []  # the ranks' address files are gone
 
 
+@pytest.mark.e2e
 @pytest.mark.skipif(MPIRUN is None, reason="mpirun is not installed (Debian: apt-get install openmpi-bin)")
 def test_the_lr_range_test_runs_under_mpirun_on_two_ranks(tmp_path):
   """The finders build their cluster as a run does (the ranks exchange addresses through the workdir)."""

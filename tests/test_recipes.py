@@ -85,6 +85,7 @@ def test_the_learning_rate_logged_is_the_one_used(tiny_digits, tmp_path):
   assert len(values["train/learning_rate"]) == 4
 
 
+@pytest.mark.e2e
 def test_a_user_loss_outside_the_framework_trains_digits_by_config_only(tmp_path, monkeypatch):
   monkeypatch.syspath_prepend(FIXTURES)
   c = load_config("digits_cnn")
@@ -100,6 +101,7 @@ def initial_weights(seed=0):
   return [v.numpy() for v in models.build("digits_cnn", (8, 8, 1), 10).trainable_variables]
 
 
+@pytest.mark.e2e
 def test_user_loss_gradients_agree_on_one_and_two_replicas(tiny_digits, tmp_path, monkeypatch):
   """One SGD step with lr 1 and no momentum: the weight change is minus the gradient."""
   monkeypatch.syspath_prepend(FIXTURES)
@@ -129,6 +131,7 @@ def test_a_reduced_user_loss_stops_the_run_with_the_contract(tiny_digits, tmp_pa
     run.train_and_evaluate(tiny_digits, str(tmp_path))
 
 
+@pytest.mark.e2e
 def test_gradient_accumulation_equals_one_larger_batch(tiny_digits, tmp_path):
   tiny_digits.train.steps, tiny_digits.eval.every_steps, tiny_digits.checkpoint.every_steps = 5, 0, 0
   weights = {}
@@ -144,6 +147,7 @@ def test_gradient_accumulation_equals_one_larger_batch(tiny_digits, tmp_path):
     run.train_and_evaluate(tiny_digits, str(tmp_path / "k3"))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mixed_precision, jit", [("bfloat16", False), (None, True), ("bfloat16", True)])
 def test_mixed_precision_and_xla_run_under_mirrored(mixed_precision, jit, tiny_digits, tmp_path):
   tiny_digits.strategy, tiny_digits.cpu_replicas = "mirrored", 2
@@ -152,6 +156,7 @@ def test_mixed_precision_and_xla_run_under_mirrored(mixed_precision, jit, tiny_d
   assert summary["step"] == 20 and math.isfinite(summary["train/loss"]) and summary["eval/accuracy"] > 0.2
 
 
+@pytest.mark.e2e
 def test_xla_gives_the_same_losses_as_without(tiny_digits, tmp_path):
   tiny_digits.train.steps, tiny_digits.train.steps_per_loop = 6, 1
   tiny_digits.eval.every_steps = tiny_digits.checkpoint.every_steps = 0
@@ -170,6 +175,7 @@ def test_mixed_precision_name_is_checked(tiny_digits, tmp_path):
     run.train_and_evaluate(tiny_digits, str(tmp_path))
 
 
+@pytest.mark.e2e
 def test_export_reloads_in_a_fresh_process_and_reproduces_eval_accuracy(tiny_digits, tmp_path):
   summary = run.train_and_evaluate(tiny_digits, str(tmp_path))
   script = (

@@ -134,6 +134,7 @@ def saved_step(workdir):
   return int(tf.train.latest_checkpoint(os.path.join(workdir, "checkpoints")).rsplit("-", 1)[1])
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("strategy", ["one_device", "mirrored"])
 def test_sigterm_saves_at_the_current_step_exits_143_and_the_rerun_resumes_there(strategy, tmp_path):
   workdir = tmp_path / "run"
@@ -146,6 +147,7 @@ def test_sigterm_saves_at_the_current_step_exits_143_and_the_rerun_resumes_there
   assert re.search(rf"step {step + 10}/{step + 20}", output)
 
 
+@pytest.mark.e2e
 def test_a_configured_signal_to_one_mwms_worker_saves_on_all_workers_and_exits_with_the_configured_code(tmp_path):
   workdir = tmp_path / "mw"
   command = [PY, "-m", "launch.local", "--workers=2", "--", PY, "main.py", *LONG, f"--workdir={workdir}",
@@ -182,6 +184,7 @@ def test_a_nan_stops_the_run_naming_the_steps(tiny_digits, tmp_path, monkeypatch
     run.train_and_evaluate(tiny_digits, str(tmp_path))
 
 
+@pytest.mark.e2e
 def test_a_transient_nan_rolls_back_to_the_last_checkpoint_and_continues(tiny_digits, tmp_path, monkeypatch):
   nan_config(tiny_digits, monkeypatch, "nan_at_call", 13, "rollback", 1)  # step 12, after ckpt-10
   summary = run.train_and_evaluate(tiny_digits, str(tmp_path / "rolled"))
@@ -200,6 +203,7 @@ def test_a_persistent_nan_exhausts_the_retries(tiny_digits, tmp_path, monkeypatc
     run.train_and_evaluate(tiny_digits, str(tmp_path))
 
 
+@pytest.mark.e2e
 def test_resident_memory_does_not_grow_over_thousands_of_steps(tiny_digits, tmp_path, monkeypatch):
   """RSS sampled at every train call of a 3 000-step run: the last sample is within 10 % of the one after warm-up."""
   from loops.core import progress as progress_lib
@@ -228,6 +232,7 @@ def last_step(output):
   return max(int(s) for s in re.findall(r"step (\d+)/", output))
 
 
+@pytest.mark.e2e
 def test_kill_9_at_several_points_then_rerun_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
   """Three kill -9s (mid-interval, right after a save, 50 ms after one); each rerun resumes from the last checkpoint."""
   steps = ["--config.train.steps=300"]
@@ -257,6 +262,7 @@ def test_kill_9_at_several_points_then_rerun_ends_bit_identical_to_an_uninterrup
   assert_bit_identical(workdir, tmp_path / "ref")
 
 
+@pytest.mark.e2e
 def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_restorable(tmp_path):
   steps = ["--config.train.steps=60"]
   workdir = tmp_path / "w"
@@ -276,6 +282,7 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_restorable(tmp
   assert_bit_identical(workdir, tmp_path / "ref")
 
 
+@pytest.mark.e2e
 def test_a_corrupt_latest_checkpoint_is_skipped_with_a_warning_and_the_one_before_restored(tiny_digits, tmp_path,
                                                                                             caplog):
   tiny_digits.deterministic = True
@@ -298,6 +305,7 @@ def test_a_corrupt_latest_checkpoint_is_skipped_with_a_warning_and_the_one_befor
   assert_bit_identical(tmp_path / "w", tmp_path / "ref")  # steps 11..20 redone exactly; ckpt-20 written anew
 
 
+@pytest.mark.e2e
 def test_a_lost_mwms_worker_stops_the_other_within_seconds_and_the_rerun_resumes_bit_identical(tmp_path):
   from launch.local import cluster_spec
 
@@ -339,6 +347,7 @@ def test_a_lost_mwms_worker_stops_the_other_within_seconds_and_the_rerun_resumes
   assert_bit_identical(workdir, tmp_path / "ref")
 
 
+@pytest.mark.e2e
 def test_sigterm_to_the_parameter_server_coordinator_saves_exits_143_and_the_rerun_resumes(tmp_path):
   workdir = tmp_path / "ps"
   command = [PY, "-m", "launch.local", "--workers=2", "--ps=1", "--", PY, "main.py", *LONG, f"--workdir={workdir}",

@@ -69,6 +69,7 @@ def test_a_clipped_run_on_two_replicas_makes_one_devices_clipped_update():
     np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-9)
 
 
+@pytest.mark.e2e
 def test_the_clipping_command_of_the_issue_passes_the_check():
   result = run_main("--config=configs/digits_cnn.py", "--config.optimizer.global_clipnorm=0.01", "--check=replicas")
   assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
@@ -140,6 +141,7 @@ def test_layers_that_cannot_be_keyed_are_named():
 TASKS = "tests.fixtures.split_sensitive_tasks:"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("task, overrides, cause", [
     ("TwoInputsWithBatchNorm", {}, "cause: BatchNormalization with each replica's own batch statistics "
                                    "(batch_normalization"),
@@ -175,6 +177,7 @@ def test_a_multi_worker_config_is_said_to_be_checked_on_one_process():
                       "mirrored x2 in this process; --check=workers runs it on 2 worker processes"), lines[0]
 
 
+@pytest.mark.e2e
 def test_transform_gradients_gets_the_sum_and_logs_it_as_one_device_does(tmp_path):
   """The logged norm of the summed gradient is the same on one device and on 2 replicas; a hook that returns
   another structure is one line."""

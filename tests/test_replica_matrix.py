@@ -92,6 +92,7 @@ def case_config(name):
   return set_keys(config, overrides)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", list(MATRIX))
 def test_two_replicas_compute_what_one_does(name):
   lines = []

@@ -60,6 +60,7 @@ def assert_same(reference, other, what):
     np.testing.assert_allclose(other[key], value, rtol=1e-5, atol=1e-7, err_msg=f"{what}: {key}")
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("loss, model", [("keyword_losses:uses_images", "digits_cnn"),
                                          ("keyword_losses:uses_outputs", "examples.models:cnn_with_embedding"),
                                          ("keyword_losses:uses_step", "digits_cnn")])
@@ -74,6 +75,7 @@ def test_a_loss_keyword_gives_one_replicas_weights_on_two_replicas_and_two_worke
   assert_same(single, multi_worker, f"{loss} on 2 workers")
 
 
+@pytest.mark.e2e
 def test_a_loss_sees_the_global_step_before_its_update(tmp_path, monkeypatch):
   """uses_step trains only the updates of steps 0 and 1: 6 steps of it leave the weights of 2 plain steps."""
   monkeypatch.syspath_prepend(USER_LOSSES)
@@ -87,6 +89,7 @@ def test_a_loss_sees_the_global_step_before_its_update(tmp_path, monkeypatch):
   assert not np.allclose(gated[weights[0]], trained(configured("digits_cnn"), "one_device", tmp_path / "c")[weights[0]])
 
 
+@pytest.mark.e2e
 def test_named_outputs_a_loss_reading_images_outputs_step_and_mixup_cutmix_on_one_two_and_two_mwms_workers(tmp_path):
   single = trained(configured("digits_cnn", **RESEARCH), "one_device", tmp_path / "one")
   assert_same(single, trained(configured("digits_cnn", **RESEARCH), "mirrored", tmp_path / "two"), "mirrored")
@@ -94,6 +97,7 @@ def test_named_outputs_a_loss_reading_images_outputs_step_and_mixup_cutmix_on_on
                            {"train.steps": 6, "train.steps_per_loop": 3, **RESEARCH}), "mwms")
 
 
+@pytest.mark.e2e
 def test_sync_batchnorm_makes_two_replicas_and_two_workers_compute_one_replicas_resnet(tmp_path):
   """cifar_resnet20 with one block per stage on synthetic data, 3 steps of a global batch of 16: with
   model.sync_batchnorm the weights and the BatchNorm statistics equal one replica's on mirrored x2 and 2-worker MWMS
@@ -123,6 +127,7 @@ def relative_differences(reference, other):
   return relative([k for k in reference if "_trainable_variables" in k]), relative([k for k in reference if "moving_" in k])
 
 
+@pytest.mark.e2e
 def test_digits_with_mixup_still_reaches_95_percent(tmp_path):
   c = load_config("digits_cnn")
   c.data.mixup_alpha, c.summary.progress_bar = 0.2, "off"
@@ -145,6 +150,7 @@ def restored(config, directory, input_shape=(8, 8, 1), num_classes=10):
   return [v.numpy() for v in model.trainable_variables], [a.numpy() for a in optimizers.moving_averages(optimizer)]
 
 
+@pytest.mark.e2e
 def test_weight_ema_is_evaluated_kept_best_exported_and_resumed_exactly(tiny_digits, tmp_path):
   import keras
   import data
@@ -177,11 +183,13 @@ def test_weight_ema_is_evaluated_kept_best_exported_and_resumed_exactly(tiny_dig
     np.testing.assert_array_equal(resumed[key], straight[key], err_msg=key)
 
 
+@pytest.mark.e2e
 def test_weight_ema_on_two_replicas_is_one_replicas(tmp_path):
   c = configured("digits_cnn", **{"optimizer.ema_decay": 0.8})
   assert_same(trained(c, "one_device", tmp_path / "one"), trained(c, "mirrored", tmp_path / "two"), "ema")
 
 
+@pytest.mark.e2e
 def test_a_plug_in_that_makes_tensorflow_state_when_imported_is_one_clear_error_under_mwms(tmp_path):
   command = [sys.executable, "-m", "launch.local", "--workers=2", "--", sys.executable, "main.py",
              "--config=configs/digits_cnn.py", f"--workdir={tmp_path}", "--config.strategy=multi_worker_mirrored",

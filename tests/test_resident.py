@@ -43,6 +43,7 @@ def resident_batches(strategy, source, config, global_batch, steps_per_epoch, st
 MIXES = {"mixup_alpha": 0.4, "cutmix_alpha": 1.0}
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("strategy_name, start, mixes", [("one_device", 0, {}), ("mirrored", 15, {}),
                                                         ("mirrored", 15, MIXES), ("one_device", 3, MIXES)])
 def test_resident_batches_equal_the_host_pipelines_batch_for_batch(strategy_name, start, mixes):
@@ -82,6 +83,7 @@ def final_weights(workdir):
           if "OBJECT_GRAPH" not in n and "save_counter" not in n}
 
 
+@pytest.mark.e2e
 def test_resident_training_is_bit_identical_to_the_host_pipeline_and_resumes_exactly(tmp_path, caplog):
   from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.INFO)
@@ -99,6 +101,7 @@ def test_resident_training_is_bit_identical_to_the_host_pipeline_and_resumes_exa
     np.testing.assert_array_equal(final_weights(resumed_dir)[name], value, err_msg=name)
 
 
+@pytest.mark.e2e
 def test_calls_read_in_several_blocks_with_mixes_train_bit_identically_to_the_host_pipeline(tmp_path, monkeypatch):
   # 32 rows per replica of 12x12x1 float32, twice (the rows and their mix partners): 2 steps per block, so the
   # calls of 5 steps read blocks of 2, 2 and 1 steps.
@@ -150,6 +153,7 @@ def test_dry_run_reports_residency_and_bytes(tmp_path, capsys):
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("mixes", [{}, MIXES], ids=["flips", "flips+mixup+cutmix"])
 def test_two_mwms_workers_train_bit_identically_resident_or_not(tmp_path, mixes):
   """Each worker gathers its shard (w::W of the epoch's permutation) with its host pipeline's flips and mixes

@@ -36,6 +36,7 @@ def test_the_plan_keeps_the_recorded_batch_and_rate_unless_their_settings_change
     starts.parse('{"a": 1}\n{"b": 2}\n{"c": ')  # a torn last line is never skipped
 
 
+@pytest.mark.e2e
 def test_a_torn_record_stops_the_resume_with_one_line_and_is_left_as_it_was(tmp_path):
   """As a user meets it: a run, its record's last line torn, a resume with a changed learning rate (real main.py)."""
   workdir = tmp_path / "run"
@@ -69,6 +70,7 @@ def record(workdir):
   return starts.read(str(workdir))
 
 
+@pytest.mark.e2e
 def test_a_changed_learning_rate_stops_the_resume_with_one_line_and_writes_nothing(tmp_path):
   run.train_and_evaluate(digits(10), str(tmp_path))
   config_json = (tmp_path / "config.json").read_text()
@@ -81,6 +83,7 @@ def test_a_changed_learning_rate_stops_the_resume_with_one_line_and_writes_nothi
     run.train_and_evaluate(digits(20, **{"optimizer.learning_rate": 0.5}), str(tmp_path), dry_run=True)
 
 
+@pytest.mark.e2e
 def test_an_accepted_learning_rate_is_the_one_training_uses_and_every_record_shows(tmp_path):
   run.train_and_evaluate(digits(10), str(tmp_path))
   summary = run.train_and_evaluate(digits(20, **{"optimizer.learning_rate": 0.5, "resume.accept_changes": True}),
@@ -95,6 +98,7 @@ def test_an_accepted_learning_rate_is_the_one_training_uses_and_every_record_sho
   assert first["config"]["optimizer"]["learning_rate"] == 0.05  # the first part's record is kept
 
 
+@pytest.mark.e2e
 def test_length_and_cadence_may_change_and_are_recorded(tmp_path, caplog):
   run.train_and_evaluate(digits(10), str(tmp_path))
   summary = run.train_and_evaluate(digits(20, **{"eval.every_steps": 5, "checkpoint.keep": 1}), str(tmp_path))
@@ -103,6 +107,7 @@ def test_length_and_cadence_may_change_and_are_recorded(tmp_path, caplog):
       [], [["checkpoint.keep", 3, 1], ["eval.every_steps", 0, 5], ["train.steps", 10, 20]]]
 
 
+@pytest.mark.e2e
 def test_another_replica_count_keeps_the_recorded_global_batch_and_learning_rate(tmp_path, caplog):
   per_replica = {"train.global_batch_size": None, "train.per_replica_batch_size": 16,
                  "optimizer.lr_scaling": "linear_replicas"}
@@ -116,6 +121,7 @@ def test_another_replica_count_keeps_the_recorded_global_batch_and_learning_rate
   assert "resumed on 2 replica(s), recorded 1: global batch 16 and learning rate 0.05 kept" in caplog.text
 
 
+@pytest.mark.e2e
 def test_two_workers_resumed_as_two_mirrored_replicas_see_the_same_global_batches(tmp_path):
   mwms(tmp_path / "split", "configs/digits_cnn.py", {"train.steps": 3, "train.steps_per_loop": 3})
   split = trained(configured("digits_cnn"), "mirrored", tmp_path / "split")

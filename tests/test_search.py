@@ -18,6 +18,8 @@ from launch import sweep_study
 from loops.callbacks import sweep_trial
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 STEPS = 150
 SPACE = ["--grid", "optimizer.learning_rate=loguniform:1e-3:1"]
 TPE = [*SPACE, "--search=tpe", "--trials", "8", "--prune=asha", "--parallel", "2", "--seed", "0"]

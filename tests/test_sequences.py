@@ -51,6 +51,7 @@ def widths(batch_size, steps):
   return found[:steps]
 
 
+@pytest.mark.e2e
 def test_the_example_trains_to_its_stated_accuracy_traced_once_whatever_the_lengths(tmp_path):
   config = load_config("tasks", "sequence")
   config.task.name = "tests.test_sequences:CountingTraces"
@@ -134,6 +135,7 @@ def test_progress_and_summary_count_examples_for_sequences_and_images_for_images
   assert progress.throughput_unit(sources.load(load_config("digits_cnn").data)) == "images"
 
 
+@pytest.mark.e2e
 def test_a_sequence_run_split_by_sigterm_mid_epoch_ends_bit_identical_to_a_straight_one(tmp_path):
   from tests.test_reliability import split_by_sigterm_matches_straight
   args = [PY, "main.py", "--config=configs/tasks.py:sequence", "--config.deterministic=True",

@@ -58,6 +58,7 @@ def test_the_timeout_must_be_positive():
     check.check(config)
 
 
+@pytest.mark.e2e
 def test_an_unreachable_dispatcher_ends_the_run_on_sigterm(tmp_path):
   address = f"grpc://127.0.0.1:{local.free_ports(1)[0]}"  # nothing listens there
   proc = main_py(tmp_path / "run", address, "--config.train.steps=100")
@@ -72,6 +73,7 @@ def test_an_unreachable_dispatcher_ends_the_run_on_sigterm(tmp_path):
   assert "Traceback" not in rest
 
 
+@pytest.mark.e2e
 def test_an_unreachable_dispatcher_ends_the_run_after_the_timeout(tmp_path):
   address = f"grpc://127.0.0.1:{local.free_ports(1)[0]}"
   proc = main_py(tmp_path / "run", address, "--config.train.steps=100", "--config.data.service_timeout_seconds=2")
@@ -89,6 +91,7 @@ def one_data_worker():
     local._stop(proc)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("sigterm", [False, True], ids=["timeout", "sigterm"])
 def test_a_data_worker_killed_mid_run_ends_the_run(one_data_worker, tmp_path, sigterm):
   """No batch after the kill: past data.service_timeout_seconds (8 s), or once a SIGTERM finds the input stuck
@@ -115,6 +118,7 @@ def test_a_data_worker_killed_mid_run_ends_the_run(one_data_worker, tmp_path, si
                            "exiting with code 143 without a save: rerun to resume from the last checkpoint"), lines
 
 
+@pytest.mark.e2e
 def test_launch_local_ends_the_job_when_its_data_worker_is_killed(tmp_path):
   command = [sys.executable, "-m", "launch.local", "--workers=1", "--data_workers=1", "--", sys.executable,
              "main.py", "--config=configs/digits_cnn.py", f"--workdir={tmp_path / 'run'}",
@@ -131,6 +135,7 @@ def test_launch_local_ends_the_job_when_its_data_worker_is_killed(tmp_path):
       "other tasks; exit code 143: rerun to resume from the last checkpoint")
 
 
+@pytest.mark.e2e
 def test_a_sigterm_with_the_service_answering_still_saves_and_resumes(one_data_worker, tmp_path):
   """The watch ends only a stuck input: with batches arriving, the call ends and the run saves as always."""
   address, _ = one_data_worker
@@ -143,6 +148,7 @@ def test_a_sigterm_with_the_service_answering_still_saves_and_resumes(one_data_w
   assert list((tmp_path / "run" / "checkpoints").glob("ckpt-*.index"))
 
 
+@pytest.mark.e2e
 def test_a_dry_run_says_whether_the_dispatcher_answers(one_data_worker, tmp_path):
   from loops import run
   from data import service as service_lib
@@ -156,6 +162,7 @@ def test_a_dry_run_says_whether_the_dispatcher_answers(one_data_worker, tmp_path
     assert run.train_and_evaluate(config, str(tmp_path / "dry"), dry_run=True)["data_service"] == said
 
 
+@pytest.mark.e2e
 def test_a_signal_that_came_between_calls_ends_the_next_calls_stuck_wait(monkeypatch):
   """SIGTERM after one call's end and before the next call's watch began (where the kill test's signal may land)."""
   import time

@@ -15,6 +15,8 @@ from tests.conftest import REPO, load_config
 
 BATCH = 64
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 # What a serving client runs: TensorFlow and numpy only, no project code on the path.
 CLIENT = """
 import json, sys, numpy as np, tensorflow as tf

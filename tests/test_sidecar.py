@@ -46,6 +46,7 @@ def event_scalars(directory, tag):
   return values
 
 
+@pytest.mark.e2e
 def test_an_evaluator_after_a_run_evaluates_each_checkpoint_once_and_matches_the_trainers_eval(tiny_digits, tmp_path,
                                                                                               caplog):
   from absl import logging as absl_logging
@@ -97,6 +98,7 @@ JOB = ["--config=configs/digits_cnn.py", "--config.train.steps=60",
        "--config.eval.sidecar_timeout_seconds=240"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("strategy, launcher", [
     ("multi_worker_mirrored", ["--workers=2"]),
     ("parameter_server", ["--workers=2", "--ps=1"]),

@@ -131,6 +131,7 @@ def saved_step(workdir):
   return max(steps)
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("template, job, requeued", [
     ("multi_node_mwms.sbatch", {"SLURM_JOB_ID": "4242"}, "4242"),
     ("one_node_mirrored.sbatch", {"SLURM_JOB_ID": "4300", "SLURM_ARRAY_JOB_ID": "4299", "SLURM_ARRAY_TASK_ID": "7"},
@@ -156,6 +157,7 @@ def test_usr1_to_the_batch_shell_saves_requeues_and_the_requeued_job_resumes(slu
   assert scontrol_calls(tmp_path) == [f"requeue {requeued}"]  # no second requeue
 
 
+@pytest.mark.e2e
 def test_a_user_error_is_passed_through_without_requeue(slurm, tmp_path):
   env = job_env(slurm, "multi_node_mwms.sbatch", tmp_path / "run-0gpu", {"SLURM_JOB_ID": "4444"},
                 ["--config.train.no_such_key=1"])
@@ -214,6 +216,7 @@ def stand_in_env(bin_dir, tmp_path, template, job, exit, extra=()):
   return env
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("template", ["multi_node_mwms.sbatch", "one_node_mirrored.sbatch"])
 @pytest.mark.parametrize("training_exit, job_exit, requeued", [(0, 0, False), (99, 0, True), (1, 1, False),
                                                                 (128, 128, False), (160, 160, False)])
@@ -252,6 +255,7 @@ def test_a_training_killed_by_the_warning_before_its_handler_is_set_is_requeued_
   assert scontrol_calls(tmp_path) == ["requeue 78"]
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("template", ["multi_node_mwms.sbatch", "one_node_mirrored.sbatch"])
 def test_sigterm_from_slurm_waits_for_the_save_and_does_not_requeue(stand_in, tmp_path, template):
   """scancel, the time limit, SLURM's own preemption: SIGTERM to every process of the job. The batch shell outlives
@@ -291,6 +295,7 @@ def requeue_record(tmp_path):
   return tmp_path / "run-0gpu" / "slurm_requeues.txt"
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("template", ["multi_node_mwms.sbatch", "one_node_mirrored.sbatch"])
 @pytest.mark.parametrize("earlier, restarts, max_requeues, job_exit, requeued", [
     ([], None, None, 0, True), (["81 lost_worker", "81 unasked_preemption"], "2", None, 0, True),

@@ -135,6 +135,7 @@ def saved_steps(slurm, workdir):
   return sorted(int(m.group(1)) for n in names if (m := re.fullmatch(r"ckpt-(\d+)\.index", n)))
 
 
+@pytest.mark.e2e
 def test_a_job_survives_a_lost_worker_and_slurms_usr1_resuming_each_time_and_finishes_once(slurm):
   """kill -9 of task 1's python: srun returns 137, a lost worker, requeued; in the requeued run SLURM's own SIGUSR1
   (what --signal=B:USR1@120 sends before the time limit): both tasks save, requeued again; the third run finishes."""
@@ -162,6 +163,7 @@ def test_a_job_survives_a_lost_worker_and_slurms_usr1_resuming_each_time_and_fin
   assert summary(slurm, "runs/requeue")["step"] == 80
 
 
+@pytest.mark.e2e
 def test_scancel_saves_a_checkpoint_and_does_not_requeue(slurm):
   job = slurm.submit("launch/slurm/one_node_mirrored.sbatch", GPU_COUNTS="0", WORKDIR_PREFIX="runs/cancel",
                      EXTRA_ARGS=PAUSED)
@@ -179,6 +181,7 @@ def test_scancel_saves_a_checkpoint_and_does_not_requeue(slurm):
   assert not os.path.exists(os.path.join(slurm.repo, "runs/cancel-0gpu/summary.json"))
 
 
+@pytest.mark.e2e
 def test_two_mwms_jobs_of_two_tasks_train_to_the_end_at_once_on_one_node(slurm):
   """An array of two `sbatch --nodes=1 --ntasks=2` jobs. Each array task has its own SLURM_JOB_ID, hence its own
   ports (with one fixed port base the second could not start its gRPC server) and its own default workdir."""
@@ -199,6 +202,7 @@ def test_two_mwms_jobs_of_two_tasks_train_to_the_end_at_once_on_one_node(slurm):
     assert re.search(r"^0: .*step 60/60", log, re.M) and re.search(r"^1: .*task worker:1 of 2 workers", log, re.M)
 
 
+@pytest.mark.e2e
 def test_a_batch_shell_with_two_tasks_trains_as_one_local_process(slurm):
   """SLURM_NTASKS=2 in the batch shell is no cluster: without srun there is one process, so auto trains locally
   (`sbatch --ntasks=2 --wrap "python main.py ..."`; before, it stopped: one_device in a 2-worker cluster)."""

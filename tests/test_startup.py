@@ -1,5 +1,6 @@
 """A multi-worker start that cannot hang: a taken port, a peer that never comes, SIGTERM while waiting."""
 
+import pytest
 import json
 import os
 import signal
@@ -34,6 +35,7 @@ def listening(port):
     return False
 
 
+@pytest.mark.e2e
 def test_a_port_in_use_is_one_line_naming_it(tmp_path):
   ports = free_ports(2)
   with socket.socket() as taken:
@@ -48,6 +50,7 @@ def test_a_port_in_use_is_one_line_naming_it(tmp_path):
   assert "Traceback" not in stderr
 
 
+@pytest.mark.e2e
 def test_a_peer_that_never_comes_ends_the_wait_with_one_line_and_the_restart_code(tmp_path):
   ports = free_ports(2)
   done = worker(0, ports, tmp_path, "--config.cluster.startup_timeout_seconds=3")
@@ -57,6 +60,7 @@ def test_a_peer_that_never_comes_ends_the_wait_with_one_line_and_the_restart_cod
                                  f"nothing listens for worker 1 (127.0.0.1:{ports[1]}): did it start? (see its log)"]
 
 
+@pytest.mark.e2e
 def test_sigterm_ends_a_worker_waiting_for_its_peer(tmp_path):
   ports = free_ports(2)
   waiting = worker(0, ports, tmp_path, "--config.cluster.startup_timeout_seconds=300")
@@ -72,6 +76,7 @@ def test_sigterm_ends_a_worker_waiting_for_its_peer(tmp_path):
   assert waiting.returncode == -signal.SIGTERM
 
 
+@pytest.mark.e2e
 def test_a_start_that_hangs_inside_tensorflow_is_ended_by_the_watchdog_with_one_line(tmp_path):
   """Worker 1's port belongs to another program that accepts connections: the peers answer, TensorFlow waits."""
   ports = free_ports(2)

@@ -25,6 +25,8 @@ from tests.conftest import REPO, load_config, run_main
 from tests.test_reliability import checkpoint_tensors, start_and_sigterm
 from tests.test_research import assert_same, configured, mwms, trained
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 PY = sys.executable
 
 

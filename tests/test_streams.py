@@ -76,6 +76,7 @@ def test_a_resumed_run_continues_every_stream_mid_epoch(fixmatch_source):
     assert all(np.array_equal(a, b) for a, b in zip(straight[name][9:], resumed[name])), name
 
 
+@pytest.mark.e2e
 def test_fixmatch_trains_past_its_labeled_only_baseline(tmp_path):
   """Measured (600 steps, seeds 0-2): eval/accuracy 0.942, 0.944, 0.936 and eval/loss 0.25-0.28; on the 100
   labels alone (unlabeled_weight=0) 0.931, 0.931, 0.936 and eval/loss 0.41-0.45."""
@@ -86,12 +87,14 @@ def test_fixmatch_trains_past_its_labeled_only_baseline(tmp_path):
   assert summary["train/mask_rate"] > 0.5, summary  # most unlabeled rows carry a pseudo-label by the end
 
 
+@pytest.mark.e2e
 def test_the_replica_check_passes_fixmatch_with_every_pseudo_label_taken():
   result = run_main("--config=configs/tasks.py:fixmatch", "--check=replicas", "--config.task.kwargs.threshold=0.0")
   assert result.returncode == 0, result.stderr[-2000:]
   assert result.stdout.strip().splitlines()[-1].startswith("replicas: PASS: "), result.stdout[-2000:]
 
 
+@pytest.mark.e2e
 def test_the_replica_check_fails_noise_on_a_stream_that_is_not_keyed_per_example():
   config = load_config("tasks", "fixmatch")
   config.task.name = "tests.fixtures.stream_tasks:UnkeyedStrongNoise"
@@ -101,6 +104,7 @@ def test_the_replica_check_fails_noise_on_a_stream_that_is_not_keyed_per_example
   assert lines[-1].startswith("replicas: FAIL: ")
 
 
+@pytest.mark.e2e
 def test_fixmatch_split_by_sigterm_mid_epoch_ends_bit_identical_to_a_straight_run(tmp_path):
   from tests.test_reliability import split_by_sigterm_matches_straight
   args = [sys.executable, "main.py", "--config=configs/tasks.py:fixmatch", "--config.deterministic=True",

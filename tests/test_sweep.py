@@ -18,6 +18,8 @@ from launch import sweep_lock
 from launch import sweep_slurm
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 GRID = ["--grid", "optimizer.learning_rate=0.05,0.1", "--grid", "train.global_batch_size=32,64"]
 EXTRA = ["--", "--config.train.steps=30", "--config.train.steps_per_loop=10",
          "--config.eval.every_steps=30", "--config.checkpoint.every_steps=10", "--config.export=False",

@@ -99,6 +99,7 @@ def last_attempt(workdir):
     return json.load(f)["attempts"][-1]
 
 
+@pytest.mark.e2e
 def test_a_tpe_search_reruns_after_a_failed_trial(tmp_path):
   """The rerun asked the failed trial's values again with another kind of distribution: Optuna refused it (a
   traceback on every rerun) and the study kept a RUNNING trial without parameters."""
@@ -120,6 +121,7 @@ def test_a_tpe_search_reruns_after_a_failed_trial(tmp_path):
   assert redone.user_attrs == failed.user_attrs  # the same sweep trial: index, name, overrides
 
 
+@pytest.mark.e2e
 def test_a_killed_sweep_takes_its_trial_down_and_the_rerun_waits_for_a_live_run(tmp_path):
   """kill -9 of the sweep left its trial training: the rerun's attempt was refused (workdir in use), told FAIL, and
   the orphan died at its next eval reporting to the finished Optuna trial."""
@@ -150,6 +152,7 @@ def test_a_killed_sweep_takes_its_trial_down_and_the_rerun_waits_for_a_live_run(
   assert "1 trials: 1 complete" in again.stdout
 
 
+@pytest.mark.e2e
 def test_a_second_sweep_on_the_directory_is_refused_in_one_line(tmp_path):
   """Two TPE sweeps on one directory crashed every trial and left it unresumable."""
   sweep_dir = str(tmp_path / "twice")
@@ -169,6 +172,7 @@ def test_a_second_sweep_on_the_directory_is_refused_in_one_line(tmp_path):
   assert not os.path.exists(os.path.join(sweep_dir, "sweep.lock"))
 
 
+@pytest.mark.e2e
 def test_the_report_shows_each_trial_by_its_current_settings_only(tmp_path):
   """After an interrupted rerun with changed flags the report showed a trial that had not run with them as failed
   with an older attempt's error, and more steps spent than the full length (a stale summary's total_steps)."""

@@ -164,6 +164,7 @@ def test_a_per_example_loss_that_reduces_is_one_line_naming_its_file_before_trai
   assert not (tmp_path / "w" / "checkpoints").exists()
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("strategy, replicas", [("one_device", 0), ("mirrored", 2)])
 def test_values_collected_over_the_whole_eval_set_reach_reduce_eval_once_each(strategy, replicas, tmp_path):
   from examples.tasks.regression import digit_values
@@ -312,6 +313,7 @@ def test_ctx_optimizer_passes_keras_arguments_through_and_refuses_unknown_ones(a
     assert getattr(optimizer, key) == pytest.approx(value), key
 
 
+@pytest.mark.e2e
 def test_each_optimizer_logs_the_learning_rate_it_applies(tmp_path):
   """A task with two optimizers: train/learning_rate/<name> each, train/learning_rate the model's."""
   from loops import run

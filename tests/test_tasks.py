@@ -16,6 +16,8 @@ from loops import replica_check
 from loops import run
 from tests.conftest import REPO, load_config, run_main
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 PY = sys.executable
 # example: (metric, "min"/"max", what its docstring promises at least)
 STATED = {

@@ -54,6 +54,7 @@ def run_in_tmux(tmp_path, command):
     subprocess.run([*tmux, "kill-server"], capture_output=True)
 
 
+@pytest.mark.e2e
 def test_the_quickstart_in_a_terminal_shows_one_bar_clean_lines_and_a_short_summary(tmp_path):
   workdir = tmp_path / "digits"
   screen = run_in_tmux(tmp_path, shlex.join([PY, *RUN, f"--workdir={workdir}"]))
@@ -84,6 +85,7 @@ def test_the_quickstart_in_a_terminal_shows_one_bar_clean_lines_and_a_short_summ
     assert key in summary, key  # the full record stays in summary.json
 
 
+@pytest.mark.e2e
 def test_output_to_a_file_has_one_line_per_call_with_every_train_scalar_and_no_bar(tmp_path):
   workdir, log = tmp_path / "digits", tmp_path / "run.log"
   user_env = {k: v for k, v in os.environ.items() if k not in ("TF_CPP_MIN_LOG_LEVEL", "TF_CONFIG")}

@@ -107,6 +107,7 @@ def test_a_feature_the_records_do_not_hold_as_declared_is_one_line_at_load(featu
     sources.load(data_config(files[0], features))
 
 
+@pytest.mark.e2e
 def test_a_task_trains_on_feature_records(tmp_path):
   from examples.tasks.regression import digit_values
   from loops import run

@@ -26,6 +26,8 @@ from tests.conftest import REPO
 from tests.test_reliability import env, start_and_sigterm
 from tests.test_sidecar import event_scalars
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 PY = sys.executable
 RUN = ["--config=configs/digits_cnn.py", "--config.train.steps_per_loop=10", "--config.eval.every_steps=30",
        "--config.summary.progress_bar=off", "--config.export=False"]

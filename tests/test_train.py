@@ -14,6 +14,8 @@ from loops import run
 from loops.distribute import cluster
 from tests.conftest import load_config
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 
 def model_weights(workdir):
   """Every variable of the latest checkpoint (weights, optimizer slots, step) by checkpoint key."""

@@ -46,6 +46,7 @@ def steps_changing(config, steps):
   return changed, parts
 
 
+@pytest.mark.e2e
 def test_the_wgan_gp_example_trains_and_its_check_reaches_the_generator_step(tmp_path):
   summary = run.train_and_evaluate(wgan_gp(), str(tmp_path))
   assert summary["eval/mean_gap"] <= 0.08 and summary["eval/wasserstein"] > 0, summary  # docstring: ≈ 0.04
@@ -84,6 +85,7 @@ def test_an_optimizer_applied_in_control_flow_or_on_a_skipped_step_is_refused_be
   assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.e2e
 def test_check_replicas_ends_with_the_one_line_not_a_traceback():
   result = run_main("--config=configs/tasks.py:wgan_gp", "--check=replicas", f"--config.task.name={FIXTURES}RawCond")
   assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]

@@ -29,6 +29,7 @@ def checkpoint_steps(workdir):
   return sorted(int(m.group(1)) for m in map(re.compile(r"ckpt-(\d+)\.index$").match, names) if m)
 
 
+@pytest.mark.e2e
 def test_ctrl_c_saves_at_the_end_of_the_call_and_exits_130_with_one_line(tmp_path):
   done = main_with_plugins(tmp_path, "--config.train.steps=400", "--config.callbacks=('my_callbacks:ctrl_c_at_step_10',)")
   assert done.returncode == 130, done.stderr[-2000:]
@@ -41,6 +42,7 @@ def test_ctrl_c_saves_at_the_end_of_the_call_and_exits_130_with_one_line(tmp_pat
   assert again.returncode == 0 and f"restored {tmp_path}/checkpoints/ckpt-{steps[-1]}" in again.stderr
 
 
+@pytest.mark.e2e
 def test_a_second_ctrl_c_exits_at_once(tmp_path):
   done = main_with_plugins(tmp_path, "--config.train.steps=400", "--config.checkpoint.every_steps=0",
                            "--config.callbacks=('my_callbacks:ctrl_c_at_step_10',)", env={"CTRL_C_TWICE": "1"})
@@ -48,6 +50,7 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path):
   assert "second Ctrl-C: exiting at once" in done.stderr and "Traceback" not in done.stderr
 
 
+@pytest.mark.e2e
 def test_signals_after_the_last_step_leave_a_finished_run_finished(tmp_path):
   """A scheduler's late SIGUSR1 used to kill the finished run (138) or turn it into a preemption (143)."""
   done = main_with_plugins(tmp_path, "--config.train.steps=10", "--config.preemption.signals=SIGTERM,SIGUSR1",
@@ -57,6 +60,7 @@ def test_signals_after_the_last_step_leave_a_finished_run_finished(tmp_path):
   assert summary["step"] == 10 and summary["train/loss"] > 0
 
 
+@pytest.mark.e2e
 def test_a_rerun_of_a_finished_run_keeps_its_summary(tmp_path):
   main_with_plugins(tmp_path, "--config.train.steps=10")
   first = json.loads((tmp_path / "summary.json").read_text())
@@ -68,6 +72,7 @@ def test_a_rerun_of_a_finished_run_keeps_its_summary(tmp_path):
   assert second["eval/accuracy"] == pytest.approx(first["eval/accuracy"], abs=1e-6)
 
 
+@pytest.mark.e2e
 def test_an_error_in_a_users_callback_names_its_file_and_line(tmp_path):
   done = main_with_plugins(tmp_path, "--config.train.steps=10", "--config.callbacks=('my_callbacks:buggy_callback',)")
   assert done.returncode == 1
@@ -76,6 +81,7 @@ def test_an_error_in_a_users_callback_names_its_file_and_line(tmp_path):
   assert error_lines(done.stderr) == [f"error: callback Buggy.after_eval raised KeyError: 'eval/acc' (in {source}:{line})"]
 
 
+@pytest.mark.e2e
 def test_a_users_callback_raising_after_steps_were_trained_saves_them_and_stops_with_one_line(tmp_path):
   done = main_with_plugins(tmp_path, "--config.train.steps=400", "--config.checkpoint.every_steps=0",
                            "--config.callbacks=('my_callbacks:raises_at_step_20',)")
@@ -90,6 +96,7 @@ def test_a_users_callback_raising_after_steps_were_trained_saves_them_and_stops_
   assert again.returncode == 0 and f"restored {tmp_path}/checkpoints/ckpt-20" in again.stderr
 
 
+@pytest.mark.e2e
 def test_callback_state_a_checkpoint_cannot_hold_or_restore_is_one_line_naming_the_callback(tmp_path):
   counting = "--config.callbacks=('my_callbacks:counting',)"
   plain = main_with_plugins(tmp_path / "plain", "--config.train.steps=10", counting, env={"COUNTER_KIND": "plain"})
@@ -112,6 +119,7 @@ BAD_INPUT = ["--config.data.name=bad_input:batches", "--config.task.name=bad_inp
              "--config.train.global_batch_size=32", "--config.checkpoint.best_metric=", "--config.checkpoint.every_steps=0"]
 
 
+@pytest.mark.e2e
 def test_an_input_function_raising_mid_epoch_is_one_line_and_the_steps_before_it_are_saved(tmp_path):
   done = main_with_plugins(tmp_path, *BAD_INPUT, "--config.train.steps=60", env={"BAD": "raise"})
   assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -124,6 +132,7 @@ def test_an_input_function_raising_mid_epoch_is_one_line_and_the_steps_before_it
   assert again.returncode == 0 and f"restored {tmp_path}/checkpoints/ckpt-4" in again.stderr
 
 
+@pytest.mark.e2e
 def test_an_input_function_yielding_short_batches_is_one_line_and_saves_nothing(tmp_path):
   done = main_with_plugins(tmp_path, *BAD_INPUT, "--config.train.steps=60", env={"BAD": "short"})
   assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
@@ -133,6 +142,7 @@ def test_an_input_function_yielding_short_batches_is_one_line_and_saves_nothing(
   assert not (tmp_path / "checkpoints").exists() or checkpoint_steps(tmp_path) == []
 
 
+@pytest.mark.e2e
 def test_a_metric_that_cannot_take_the_runs_call_is_refused_before_training(tmp_path):
   done = main_with_plugins(tmp_path, "--config.train.steps=10", "--config.eval.metrics=('my_callbacks:count_only',)")
   assert done.returncode == 1
@@ -143,6 +153,7 @@ def test_a_metric_that_cannot_take_the_runs_call_is_refused_before_training(tmp_
   assert not (tmp_path / "checkpoints").exists()
 
 
+@pytest.mark.e2e
 def test_a_misspelled_key_in_a_config_file_is_refused(tmp_path):
   config = tmp_path / "typo.py"
   config.write_text("from configs import digits_cnn\n\n\ndef get_config(arg=None):\n  c = digits_cnn.get_config(arg)\n"
@@ -168,6 +179,7 @@ def small_disk(tmp_path):
   subprocess.run(["umount", str(mount)], check=True)
 
 
+@pytest.mark.e2e
 def test_a_full_disk_is_one_line_and_the_last_checkpoint_resumes(small_disk, tmp_path):
   workdir = small_disk / "run"
   done = main_with_plugins(workdir, "--config.train.steps=100", "--config.checkpoint.every_steps=10")
@@ -183,6 +195,7 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_resumes(small_disk, tmp
   assert again.returncode == 0 and "restored" in again.stderr and "ckpt-20" in again.stderr
 
 
+@pytest.mark.e2e
 def test_an_error_in_a_users_loss_while_traced_names_its_file_and_line(tmp_path):
   losses = os.path.join(REPO, "tests", "fixtures", "user_losses")
   done = run_main(*SHORT, f"--workdir={tmp_path}", "--config.train.steps=10",

@@ -37,6 +37,7 @@ def readme_commands():
           if not part.strip().startswith(("python3 -m venv", ".venv/bin/pip install"))]
 
 
+@pytest.mark.e2e
 def test_readme_quickstart_run_twice_from_a_fresh_copy_resumes_instead_of_failing(tmp_path):
   assert readme_commands() == [README_QUICKSTART]
   clone = fresh_copy(str(tmp_path / "clone"))
@@ -73,6 +74,7 @@ def two_parts(config, workdir, steps=(10, 20)):
   return starts.steps
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("kind", ["relative", "dot_dot", "symlink", "url"])
 def test_a_rerun_resumes_on_every_kind_of_workdir_path(kind, tiny_digits, tmp_path, monkeypatch):
   tiny_digits.checkpoint.every_steps = 10
@@ -88,6 +90,7 @@ def test_a_rerun_resumes_on_every_kind_of_workdir_path(kind, tiny_digits, tmp_pa
     assert (tmp_path / "real" / "r" / "checkpoints" / "ckpt-20.index").exists()
 
 
+@pytest.mark.e2e
 def test_a_damaged_latest_checkpoint_set_aside_on_a_relative_workdir_leaves_an_index_the_next_rerun_reads(
     tiny_digits, tmp_path, monkeypatch):
   monkeypatch.chdir(tmp_path)

@@ -113,6 +113,7 @@ LONG = ["--config=configs/digits_cnn.py", "--config.train.epochs=2000", "--confi
         "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0", "--config.summary.progress_bar=off"]
 
 
+@pytest.mark.e2e
 def test_two_real_runs_on_one_workdir_the_second_stops_at_once_and_a_dead_holder_is_taken_over(tmp_path):
   workdir = tmp_path / "w"
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}

@@ -16,6 +16,7 @@ from loops import worker_check
 from tests.conftest import REPO, load_config, run_main
 
 
+@pytest.mark.e2e
 def test_check_workers_from_the_command_line_passes_a_correct_task():
   result = run_main("--config=configs/tasks.py:regression", "--check=workers")
   assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
@@ -23,6 +24,7 @@ def test_check_workers_from_the_command_line_passes_a_correct_task():
   assert last.startswith("workers: PASS: 1 device and 2 workers agree"), result.stdout[-2000:]
 
 
+@pytest.mark.e2e
 def test_check_workers_from_the_command_line_fails_a_replica_local_statistic():
   result = run_main("--config=configs/tasks.py:regression", "--check=workers",
                     "--config.task.name=tests.fixtures.wrong_tasks:LocallyCentred")
@@ -121,6 +123,7 @@ def test_a_taken_port_starts_the_workers_once_more(monkeypatch, tmp_path):
   assert open(tmp_path / "starts").read() == "xx"  # worker 0 started twice
 
 
+@pytest.mark.e2e
 def test_sigterm_of_the_checking_process_stops_its_workers(tmp_path):
   script = textwrap.dedent(f"""
       import os, sys, time

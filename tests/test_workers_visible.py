@@ -11,6 +11,8 @@ import pytest
 from loops.core import stragglers
 from tests.test_train import scalars
 
+pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "user_losses")
 SLOW_SECONDS = 0.03
