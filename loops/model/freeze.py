@@ -8,11 +8,6 @@ import keras
 from errors import ConfigError
 
 
-def layer_paths(model):
-  """The paths of every layer inside `model` (nested ones too), e.g. "digits_cnn/conv1"."""
-  return [layer.path for layer in model._flatten_layers(include_self=False) if layer.path]  # pylint: disable=protected-access
-
-
 def _named_path(model, layer):
   """The layer's path with its model's name first (a functional model's layers have bare paths in Keras 3)."""
   return layer.path if layer.path.startswith(model.name + "/") else f"{model.name}/{layer.path}"

@@ -39,10 +39,6 @@ class ImageClassification(interface.Task):
     self.loss_fn = loss_fn
     self._metrics = metrics or {}
 
-  @classmethod
-  def from_loss(cls, loss_fn, metrics=None):
-    return cls(loss_fn, metrics)
-
   def per_example_loss(self, batch, models, ctx):
     images, labels = batch
     logits, outputs = forward(models["model"], images, training=ctx.training)
