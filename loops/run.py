@@ -21,7 +21,7 @@ from errors import ConfigError, config_error_within
 from loops import build as build_lib
 from loops import callbacks as callbacks_lib
 from loops import check as check_lib
-from loops import report
+from loops import dry_run as dry_run_lib
 from loops import resume as resume_lib
 from loops import sidecar
 from loops.core import loop as loop_lib
@@ -95,7 +95,7 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
     check_lib.check_callbacks(named_callbacks)
     user_callbacks = [callback for _, callback in named_callbacks]
     if dry_run:
-      return report.dry_run(config, workdir, parts, user_callbacks)
+      return dry_run_lib.report(config, workdir, parts, user_callbacks)
     if task.is_evaluator:
       return sidecar.Sidecar(config, workdir, parts).run()
     return _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume)

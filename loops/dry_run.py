@@ -20,7 +20,7 @@ from loops.persist import init_checkpoint
 from loops.persist import tracking
 
 
-def dry_run(config, workdir, parts, user_callbacks):
+def report(config, workdir, parts, user_callbacks):
   """Prints and returns {setting: value} for a checked and built run (loops/build.py Parts)."""
   plan, source, task = parts.plan, parts.source, parts.task
   report = {
