@@ -74,3 +74,34 @@ def full_runs(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp(strategy))
     results[strategy] = (workdir, run.train_and_evaluate(c, workdir))
   return results
+
+
+
+_file_durations = []  # the Recorder of --record-file-durations, in the controlling process only
+
+
+def pytest_addoption(parser):
+  parser.addoption("--record-file-durations", action="store_true",
+                   help="measure each test file's seconds into tests/file_durations.json (the order of the suite)")
+
+
+def pytest_configure(config):
+  if config.getoption("record_file_durations") and not hasattr(config, "workerinput"):
+    from tests import file_order
+    _file_durations.append(file_order.Recorder())
+
+
+def pytest_collection_modifyitems(config, items):
+  """Longest files first (tests/file_order.py): the two workers of the suite end together."""
+  from tests import file_order
+  file_order.longest_first(items, file_order.load())
+
+
+def pytest_runtest_logreport(report):
+  for recorder in _file_durations:
+    recorder.add(report.nodeid, report.duration)
+
+
+def pytest_sessionfinish(session):
+  for recorder in _file_durations:
+    recorder.write()
