@@ -427,3 +427,20 @@ def test_the_command_checker_reports_a_planted_broken_key_and_type():
 def test_slugs_follow_github():
   assert slugs("# A / b\n## `summary.json`\n## Find a learning rate / batch size\n## A / b\n") == {
       "a--b", "summaryjson", "find-a-learning-rate--batch-size", "a--b-1"}
+
+
+def test_commands_are_sorted_by_what_they_need():
+  assert needs("python -m launch.local --workers 2 -- python main.py", ["--config=configs/digits_cnn.py"]) == "cluster"
+  assert needs("python main.py", ["--config=configs/mnist_cnn.py"]) == "data"
+  assert needs("python main.py", ["--config=configs/digits_cnn.py", "--config.init.checkpoint=runs/x"]) == "a trained run"
+  assert needs("python main.py", ["--config=configs/tasks.py:sequence"]) == ""
+
+
+HISTORY = re.compile(r"\bissue \d+|\bused to\b|before the (fix|change)|\bno longer\b|\bnow (runs|is|does|has)\b|"
+                     r"\bthe old (code|way)\b", re.I)
+
+
+@pytest.mark.parametrize("doc", [doc for doc in DOCS if doc.startswith("docs/") or doc in ("README.md", "WORKSPACE.md")])
+def test_the_guides_say_what_is_not_how_it_came_to_be(doc):
+  assert not HISTORY.search(text(doc)), [m.group(0) for m in HISTORY.finditer(text(doc))]
+  assert HISTORY.search("the report used to show old metrics (issue 35)")
