@@ -178,6 +178,25 @@ def test_the_configuration_reference_lists_every_key_and_no_other():
   assert not set(listed) - reference_keys(), f"not keys of configs/base.py: {set(listed) - reference_keys()}"
 
 
+def shown_default(value):
+  if isinstance(value, ml_collections.ConfigDict):
+    return "{}"
+  return f'`"{value}"`' if isinstance(value, str) else f"`{value!r}`"
+
+
+def test_the_configuration_reference_gives_each_key_its_default():
+  def value(key):
+    node = base.get_config()
+    for part in key.split("."):
+      node = node[part]
+    return node
+
+  rows = re.findall(r"^\| `([\w.]+)` \| (.*?) \| ", text("docs/configuration.md"), re.M)
+  wrong = [(key, shown) for key, shown in rows if shown != shown_default(value(key))]
+  assert len(rows) == len(reference_keys())
+  assert not wrong, f"docs/configuration.md shows other defaults than configs/base.py: {wrong}"
+
+
 # --- links and anchors ------------------------------------------------------------------------------------------
 
 
