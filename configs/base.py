@@ -38,7 +38,7 @@ def _runtime(c):
   # (summaries in workdir/eval, best checkpoint by checkpoint.best_metric in workdir/eval/best) and exits after the
   # final one. A TF_CONFIG task of type "evaluator" (Kubeflow TFJob, Vertex AI) runs in this mode.
   c.mode = "train"
-  # one_device | mirrored (multi_worker_mirrored, parameter_server, central_storage, tpu: see WORKSPACE.md).
+  # one_device | mirrored (multi_worker_mirrored, parameter_server, central_storage, tpu: see docs/clusters.md).
   c.strategy = "one_device"
   c.cpu_replicas = 0  # >0: N logical CPU devices (mirrored on a CPU-only machine). 0 = off.
   c.num_gpus = config_dict.placeholder(int)  # None = all visible GPUs.
@@ -100,7 +100,7 @@ def _data(c):
   c.data.mixup_alpha = 0.0
   c.data.cutmix_alpha = 0.0
   # Load whole splits into memory (tfds, image folders, TFRecords): full per-epoch permutations, device-resident
-  # input. False streams them (datasets larger than memory, see WORKSPACE "Data that does not fit in memory"):
+  # input. False streams them (datasets larger than memory, see docs/data.md):
   # an image folder's file paths are permuted in memory and each pipeline decodes only its own images (after one
   # up-front decode pass that checks every file); tfds splits and TFRecords are read as files of records dealt
   # into data.streams streams, each input pipeline opening only its own files, in an order keyed on (seed,
@@ -128,7 +128,7 @@ def _data(c):
   c.data.tfrecord.features = ()
   c.data.tfrecord.targets = ()
   # A tf.data service dispatcher (grpc://HOST:PORT): the train pipeline's reading, decoding and augmentation run
-  # on its data workers instead of the training hosts ("" = off; see WORKSPACE for what it guarantees).
+  # on its data workers instead of the training hosts ("" = off; see docs/data.md for what it guarantees).
   c.data.service = ""
   # The longest wait for the service (seconds): for its dispatcher to answer at the start, and for a batch while a
   # train call runs (a data worker lost); then one line and the preemption exit code (a rerun resumes). A signal
@@ -154,7 +154,7 @@ def _model_and_loss(c):
   """The task, the model and the loss."""
   c.task = ml_collections.ConfigDict()
   # "classification" (the built-in: model.name, loss.name, eval.metrics) or "package.module:Name", a subclass of
-  # loops.task.Task (README "Your own task"; examples/tasks/).
+  # loops.task.Task (docs/tasks.md; examples/tasks/).
   c.task.name = "classification"
   c.task.kwargs = ml_collections.ConfigDict()  # passed to the task class: Name(**kwargs)
   c.model = ml_collections.ConfigDict()
@@ -247,7 +247,7 @@ def _eval_and_checkpoints(c):
   c.eval = ml_collections.ConfigDict()
   c.eval.every_steps = 0  # 0 = only at the end. Any number: a train call is shortened to end on the boundary.
   # Reported as eval/<name>, with eval/loss always: registry names (accuracy, top5_accuracy) or
-  # "package.module:factory" strings whose factory() returns a keras.metrics.Metric (see WORKSPACE.md).
+  # "package.module:factory" strings whose factory() returns a keras.metrics.Metric (see docs/tasks.md).
   c.eval.metrics = ("accuracy", "top5_accuracy")
   c.eval.sidecar_poll_seconds = 10.0  # mode=evaluate: how often to look for a new checkpoint
   c.eval.sidecar_timeout_seconds = 3600.0  # mode=evaluate: give up after this long without a new checkpoint
@@ -257,7 +257,7 @@ def _eval_and_checkpoints(c):
   c.checkpoint.keep = 3
   # Periodic saves hand the write to a background thread (TensorFlow's asynchronous checkpointing): the loop only
   # waits for a copy of the variables in host memory. The final, best and preemption saves always wait. Used with
-  # one_device, mirrored, multi_worker_mirrored; other strategies save blocking (WORKSPACE.md "Asynchronous saves").
+  # one_device, mirrored, multi_worker_mirrored; other strategies save blocking (docs/reliability.md "Asynchronous saves").
   c.checkpoint.async_save = True
   # Keep the best checkpoint by this eval result in workdir/best ("" = off): eval/loss or eval/<an eval.metrics name>.
   c.checkpoint.best_metric = "eval/accuracy"
@@ -310,7 +310,7 @@ def _monitoring(c):
   c.early_stopping.min_delta = 0.0
 
   # User callbacks: "package.module:factory" strings; factory(config) returns an object with any of
-  # on_train_begin / after_train_call / after_eval / on_call_end / on_train_end(state) (see WORKSPACE.md).
+  # on_train_begin / after_train_call / after_eval / on_call_end / on_train_end(state) (see docs/tasks.md).
   c.callbacks = ()
 
   # Set by `python -m launch.sweep` for each trial (never by hand): the fingerprint of the trial's settings, written
@@ -323,7 +323,7 @@ def _monitoring(c):
   c.sweep.trial = -1
 
   # At the end write workdir/export/model.keras (the final model) and workdir/export/saved_model (serving_default:
-  # raw images in, the eval's preprocessing inside, probabilities and classes out; WORKSPACE "Serving the export").
+  # raw images in, the eval's preprocessing inside, probabilities and classes out; docs/serving.md).
   c.export = True
 
 

@@ -1,7 +1,7 @@
 """Streamed train records: a split kept as files of TFRecords, read in an order that is a pure function of
 (seed, epoch), each input pipeline opening only its own files and decoding only its own examples.
 
-The rule (see WORKSPACE.md, "Data that does not fit in memory"):
+The rule (see docs/data.md, "Data that does not fit in memory"):
 - The split's files are dealt once into `data.streams` streams (V), balanced by record count: the largest file
   first, each to the stream with the fewest records so far (ties: the lower stream). Under W workers (W divides
   V) worker w reads streams w, w + W, ...; a single pipeline reads all of them.

@@ -73,7 +73,7 @@ def test_a_loss_level_task_skips_the_update_of_a_model_on_its_off_steps():
 @pytest.mark.parametrize("task, message", [
     ("RawCond", r"^RawCond.train_step applies optimizer 'model' inside control flow \(tf.cond/if on a tensor/while\): "
                 r"on several replicas this cannot compile; declare update_every = \{'model': k\} and branch on "
-                r"ctx.updates\('model'\) \(see README.md"),
+                r"ctx.updates\('model'\) \(see docs/tasks.md"),
     ("IgnoresUpdateEvery", r"^IgnoresUpdateEvery.train_step applies optimizer 'model' on a step where update_every "
                            r"skips it: apply it only under `if ctx.updates\('model'\):`"),
 ])

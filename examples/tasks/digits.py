@@ -41,7 +41,7 @@ def batches(split, *, batch_size, context, seed, epoch):
 
 class Classifier(Task):
   """The built-in classification written as a user's loss-level task (the same loss and train/accuracy), for
-  measuring what the contract costs a user's task (README, Performance):
+  measuring what the contract costs a user's task (docs/performance.md):
 
     python main.py --config=configs/digits_cnn.py --workdir=runs/digits-task \\
         --config.task.name=examples.tasks.digits:Classifier

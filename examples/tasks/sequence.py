@@ -65,7 +65,7 @@ def bucketed_batches(split, *, batch_size, context, seed, epoch):
   batches, each window sorted by length, the batches' order keyed again), pads each to its longest, keeps its own
   rows and yields them as batch_size slices. So every replica gets the slice of the tensor one device gets, and an
   epoch has the split's length // global batch steps. (tf.data's bucket_by_sequence_length emits a batch when a
-  bucket fills: its batches change with the per-replica batch and the shard; WORKSPACE.md "Sequences".)"""
+  bucket fills: its batches change with the per-replica batch and the shard; docs/tasks.md "Sequences of different lengths".)"""
   if split != "train":
     return padded_batches(split, batch_size=batch_size, context=context, seed=seed, epoch=epoch)
   tokens, splits, labels = sequences(split)

@@ -19,7 +19,7 @@ import tensorflow as tf
 from errors import ConfigError
 from loops.model import losses
 
-PORT = "port it to a Task (WORKSPACE.md 'Coming from Keras fit')"
+PORT = "port it to a Task (docs/tasks.md 'Coming from Keras fit')"
 FIT_METHODS = ("train_step", "test_step", "compute_loss")
 _FIT_STEPS = ("train_step", "test_step")
 

@@ -5,7 +5,7 @@ Checkpoints (checkpoints.py) does the saving."""
 from absl import logging
 
 # Strategies under which checkpoint.async_save takes effect (verified in tests/test_async_save.py and by hand with
-# 2-worker MWMS); elsewhere saves stay blocking: see WORKSPACE.md "Asynchronous saves".
+# 2-worker MWMS); elsewhere saves stay blocking: see docs/reliability.md "Asynchronous saves".
 ASYNC_STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored")
 
 

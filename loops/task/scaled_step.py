@@ -18,7 +18,7 @@ import tensorflow as tf
 from errors import ConfigError
 
 _APPLY = ("apply_gradients", "apply")
-SEE = "see README.md, 'Your own task': a model updated every k steps"
+SEE = "see docs/tasks.md, 'The contract': a model updated every k steps"
 
 
 class _StepWatch:
