@@ -1,4 +1,4 @@
-"""loops/persist/checkpoints.py in-process: damaged checkpoints are skipped; the manager someone holds is never replaced."""
+"""loops/persist/checkpoints.Series in-process: damaged checkpoints are skipped; the manager someone holds is never replaced."""
 
 import pytest
 import os
@@ -18,8 +18,8 @@ def flip_a_byte(prefix):
 def series(workdir):
   weights = tf.Variable(tf.range(1000, dtype=tf.float32))
   step = tf.Variable(0, dtype=tf.int64)
-  return weights, step, checkpoints_lib.Checkpoints(str(workdir), tf.train.Checkpoint(w=weights, step=step), step,
-                                                    keep=3, is_chief=True)
+  return weights, step, checkpoints_lib.Series(str(workdir), tf.train.Checkpoint(w=weights, step=step), step, keep=3,
+                                               is_chief=True)
 
 
 def test_a_damaged_checkpoint_is_set_aside_at_start_but_not_behind_the_back_of_a_manager_in_use(tmp_path):
@@ -57,8 +57,8 @@ def test_a_non_chief_saves_into_its_own_scratch_directory_keeps_one_and_removes_
   assert os.path.basename(scratch).startswith(f"ckpt-nonchief-{host}-{os.getpid()}-")
 
   step = tf.Variable(0, dtype=tf.int64)
-  non_chief = checkpoints_lib.Checkpoints(str(tmp_path / "workdir"), tf.train.Checkpoint(step=step), step, keep=3,
-                                          is_chief=False)
+  non_chief = checkpoints_lib.Series(str(tmp_path / "workdir"), tf.train.Checkpoint(step=step), step, keep=3,
+                                     is_chief=False)
   for n in (10, 20, 30):
     step.assign(n)
     assert non_chief.save(n) is None
