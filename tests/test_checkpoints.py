@@ -67,3 +67,42 @@ def test_a_non_chief_saves_into_its_own_scratch_directory_keeps_one_and_removes_
   assert not (tmp_path / "workdir").exists()
   non_chief.close()
   assert not os.path.exists(own)
+
+
+def run_parts(learning_rate):
+  """A one-layer model, its SGD optimizer (a constant learning rate: a variable the checkpoint holds) and the step
+  counter, as the owner reads them off build.Parts."""
+  import types
+  import keras
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  optimizer = keras.optimizers.SGD(learning_rate)
+  optimizer.build(model.trainable_variables)
+  step = tf.Variable(0, dtype=tf.int64)
+  checkpoint = checkpoints_lib.holding({"model": model}, {"model": optimizer}, step)
+  return types.SimpleNamespace(checkpoint=checkpoint, step_counter=step, task=types.SimpleNamespace(is_chief=True),
+                               model=model, optimizer=optimizer, optimizers={"model": optimizer},
+                               learning_rates={"model": 0.3}, strategy=tf.distribute.get_strategy())
+
+
+def test_the_owner_restores_the_latest_else_warm_starts_and_sets_the_runs_learning_rates_last(tmp_path, caplog):
+  from errors import ConfigError
+  from tests.conftest import load_config
+  config = load_config("digits_cnn")
+  config.checkpoint.best_metric = ""
+  config.init.checkpoint = str(tmp_path / "no-such-run")
+  first = run_parts(0.1)
+  with pytest.raises(ConfigError, match="init.checkpoint .*no-such-run' does not exist"):
+    checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), first).restore()  # nothing to resume: warm start
+  saves = checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), first)
+  first.step_counter.assign(7)
+  saves.save(7, wait=True)
+  saves.close()
+
+  resumed = run_parts(0.5)
+  checkpoints = checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), resumed)
+  assert checkpoints.restore() == ("", {}) and checkpoints.restored.endswith("ckpt-7")
+  assert "no-such-run' is ignored" in caplog.text  # a resumed run ignores init.checkpoint
+  assert int(resumed.step_counter.numpy()) == 7 and float(resumed.optimizer.learning_rate) == pytest.approx(0.1)
+  checkpoints.reset_learning_rates()
+  assert float(resumed.optimizer.learning_rate) == pytest.approx(0.3)
+  checkpoints.close()

@@ -43,22 +43,22 @@ class Checkpoints:
   Args:
     workdir, checkpoint, step_counter, keep, is_chief, async_save: as `Series` (workdir/checkpoints).
     best: whether the best checkpoint is kept (checkpoint.best_metric set).
+    config, parts: the run's config and loops/build.Parts (for the warm start and the learning rates).
   """
 
-  def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, async_save=False, best=False):
-    self.checkpoint = checkpoint
+  def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, async_save=False, best=False, config=None,
+               parts=None):
+    self.checkpoint, self._config, self._parts = checkpoint, config, parts
     self.series = Series(workdir, checkpoint, step_counter, keep, is_chief, async_save=async_save)
     self.best = Series(workdir, checkpoint, step_counter, 1, is_chief, subdir="best") if best else None
     self.restored = None  # the path restore() restored
-    self._config = self._parts = None
 
   @classmethod
   def for_run(cls, config, workdir, parts):
     """The training run's checkpoints (`parts`: loops/build.Parts)."""
-    checkpoints = cls(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep, parts.task.is_chief,
-                      async_save=async_saves.async_save_enabled(config), best=bool(config.checkpoint.best_metric))
-    checkpoints._config, checkpoints._parts = config, parts  # pylint: disable=protected-access
-    return checkpoints
+    return cls(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep, parts.task.is_chief,
+               async_save=async_saves.async_save_enabled(config), best=bool(config.checkpoint.best_metric),
+               config=config, parts=parts)
 
   directory = property(lambda self: self.series.directory)
   last_saved_step = property(lambda self: self.series.last_saved_step)
