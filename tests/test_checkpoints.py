@@ -106,3 +106,16 @@ def test_the_owner_restores_the_latest_else_warm_starts_and_sets_the_runs_learni
   checkpoints.reset_learning_rates()
   assert float(resumed.optimizer.learning_rate) == pytest.approx(0.3)
   checkpoints.close()
+
+
+def test_only_the_owner_makes_checkpoints_and_their_managers():
+  import re
+  from tests.conftest import REPO
+  makers = re.compile(r"\b(tf\.train\.Checkpoint|CheckpointManager|tf\.compat\.v1\.train\.update_checkpoint_state)\(")
+  found = set()
+  for root, _, files in os.walk(os.path.join(REPO, "loops")):
+    for name in files:
+      path = os.path.join(root, name)
+      if name.endswith(".py") and makers.search(open(path).read()):
+        found.add(os.path.relpath(path, REPO).replace(os.sep, "/"))
+  assert found == {"loops/persist/checkpoints.py"}
