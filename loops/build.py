@@ -1,7 +1,7 @@
 """build(config, task) -> Parts: everything a run is made of, built once, in the right scopes.
 
 Strategy, data source, plan (derived values), models, optimizers, step counter, loss, eval metrics and the
-checkpoint holding them (callbacks add their own state to it: loops/callbacks/states.py); loops/check.py judges
+checkpoint holding them (loops/persist/checkpoints.holding; callbacks add their own state to it); loops/check.py judges
 each as it appears. Nothing is written here.
 """
 
@@ -18,7 +18,6 @@ import data
 from errors import ConfigError
 from data import mixing
 from loops import check
-from loops.callbacks import states as callback_states
 from loops import plan as plan_lib
 from loops.distribute import cluster
 from loops.distribute import execution
@@ -31,6 +30,7 @@ from loops.model import metrics as metrics_lib
 from loops.model import model as model_lib
 from loops.model import optimizers
 from loops.model import random_layers
+from loops.persist import checkpoints
 from loops.persist import console
 from loops import task as task_lib
 from loops.task import classification as classification_lib
@@ -125,8 +125,7 @@ def build(config, task, kept=None):
                               soft_labels=mixing.mixes(config.data))
   eval_spec = source.eval.element_spec if source.streams else element_spec  # a task's eval stream's
   eval_means, eval_metrics = _eval_metrics(strategy, training_task, models, eval_spec, plan, made)
-  checkpoint = tf.train.Checkpoint(step=step_counter, callbacks=callback_states.container(),
-                                   **_checkpointed(models, optimizers_by_model))
+  checkpoint = checkpoints.holding(models, optimizers_by_model, step_counter)
   logging.info("task %s: %s", config.task.name, ", ".join(
       f"{name} {m.count_params()} parameters" for name, m in models.items()))
   optimizer = optimizers_by_model.get("model") or next(iter(optimizers_by_model.values()), None)
@@ -164,15 +163,6 @@ def _element_spec(source, input_shape):
   if source.image_shape is None:
     return features, targets
   return tf.TensorSpec(input_shape, tf.float32), tf.TensorSpec(targets.shape, targets.dtype)
-
-
-def _checkpointed(models, optimizers_by_model):
-  """Checkpoint keys: `model`/`optimizer` for the model named "model" (every checkpoint before tasks), else
-  `model_<name>`/`optimizer_<name>`."""
-  key = lambda kind, name: kind if name == "model" else f"{kind}_{name}"
-  items = {key("model", name): m for name, m in models.items()}
-  items.update({key("optimizer", name): o for name, o in optimizers_by_model.items()})
-  return items
 
 
 def _eval_metrics(strategy, training_task, models, element_spec, plan, made):

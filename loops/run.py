@@ -3,6 +3,7 @@
   check.check(config)            every setting, before anything is built or written (loops/check.py)
   check.check_task(config, task) the strategy against the cluster and the devices
   build.build(config, task)      strategy, data, plan, model, optimizer, loss, metrics, checkpoint
+  Checkpoints.for_run(...)       restore, warm start, callback state, learning rates; every save (loops/persist/)
   execution.make(parts, config)  how this strategy family trains and evaluates (loops/distribute/)
   Loop(...).run()                the sequence (loops/core/loop.py); built-in and user callbacks do the rest
 """
@@ -30,11 +31,7 @@ from loops.distribute import cluster
 from loops.distribute import execution as execution_lib
 from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
-from loops.model import model as model_lib
-from loops.model import optimizers
-from loops.persist import async_saves
 from loops.persist import checkpoints as checkpoints_lib
-from loops.persist import init_checkpoint
 from loops.persist import tracking
 from loops.persist import workdir_lock
 from loops.persist import writers
@@ -103,11 +100,9 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
 
 def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume):
   task = parts.task
-  checkpoints = checkpoints_lib.Checkpoints(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep,
-                                            task.is_chief, async_save=async_saves.async_save_enabled(config))
+  checkpoints = checkpoints_lib.Checkpoints.for_run(config, workdir, parts)
   cleanup.callback(checkpoints.close)
-  restored = checkpoints.restore_latest()  # refuses a checkpoint of another model before the workdir is touched
-  init_table, init_counts = _warm_start(config, parts, restored)  # a refusal also stops before anything is written
+  init_table, init_counts = checkpoints.restore()  # the latest, else the warm start: refusals come before any write
   writer = writers.for_task(workdir, task.is_chief)
   writer.prepare_workdir(config)  # only once every name, value and checkpoint has been accepted
   if init_table:
@@ -128,19 +123,14 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
                        log=logging.warning)
   run = callbacks_lib.Run(config, workdir, parts, execution, checkpoints, wall_started)
   observers, saving = callbacks_lib.make(run, callbacks_lib.OBSERVERS), callbacks_lib.make(run, callbacks_lib.SAVING)
-  for callback in observers + saving:
-    if hasattr(callback, "close"):  # BestCheckpoint: its pending write, a non-chief's scratch directory
-      cleanup.callback(callback.close)
-  callbacks_lib.states.attach(parts.checkpoint, observers + saving, user_callbacks, restored)
+  checkpoints.attach_callbacks(observers + saving, user_callbacks)
   preemption = execution.preemption(checkpoints)  # TF's handler restores the latest checkpoint again here
   cleanup.callback(preemption.close)
-  # after every restore
-  for name, optimizer in parts.optimizers.items():
-    optimizers.set_constant_learning_rate(optimizer, parts.learning_rates[name])
+  checkpoints.reset_learning_rates()  # after every restore
   ordered = callbacks_lib.assemble([nan_guard, *observers], user_callbacks, [preemption, *saving])
   loop = loop_lib.Loop(execution, ordered, state, steps_per_loop=parts.plan.steps_per_loop,
                        eval_every_steps=config.eval.every_steps, nan_guard=nan_guard, user_callbacks=user_callbacks,
-                       on_error=_saver_on_error(parts, checkpoints))
+                       on_error=None if strategy_lib.is_multi_worker(parts.strategy) else checkpoints.save_on_error)
   try:
     return dict(loop.run().summary)
   except execution_lib.PEER_FAILURES as e:
@@ -148,36 +138,3 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
     if lost is None:
       raise
     raise lost from e
-
-
-def _saver_on_error(parts, checkpoints):
-  """Loop.on_error: when a callback or an eval raises after steps were trained, save them first (one process
-  only: a save of several workers is collective, and the others may not be raising)."""
-  if strategy_lib.is_multi_worker(parts.strategy):
-    return None
-
-  def save(state):
-    unsaved = state.step - max(state.start_step, checkpoints.last_saved_step or 0)
-    if unsaved <= 0:
-      return
-    try:
-      path = checkpoints.save(state.step, wait=True)
-    except Exception as e:  # pylint: disable=broad-except  # the error that stops the run is the one to report
-      logging.warning("could not save the steps trained since the last checkpoint: %s", e)
-      return
-    logging.warning("the run stops on an error: the %d steps trained since the last checkpoint are saved in %s",
-                    unsaved, path)
-
-  return save
-
-
-def _warm_start(config, parts, restored):
-  """(table text or "", summary counts): init.checkpoint loaded into a new run; a resumed run ignores it."""
-  if not config.init.checkpoint:
-    return "", {}
-  if restored:
-    logging.warning("resuming from %s: init.checkpoint '%s' is ignored (it only initialises a new run)", restored,
-                    config.init.checkpoint)
-    return "", {}
-  twin = lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
-  return init_checkpoint.warm_start(config.init, parts.model, parts.optimizer, parts.strategy, twin)

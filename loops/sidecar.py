@@ -14,7 +14,7 @@ import time
 from absl import logging
 
 from errors import ConfigError
-from loops.callbacks.best_checkpoint import BestCheckpoint
+from loops.callbacks.checkpointing import BestCheckpoint
 from loops.distribute import execution as execution_lib
 from loops.persist import checkpoints as checkpoints_lib
 from loops.persist import writers
@@ -48,8 +48,9 @@ class Sidecar:
     self.eval_dir = posixpath.join(workdir, "eval")
     self.writer = writers.Writer(self.eval_dir)
     self.execution = execution_lib.make(parts, config)
-    self.best = BestCheckpoint(self.eval_dir, parts.checkpoint, parts.step_counter, config.checkpoint.best_metric,
-                               config.checkpoint.best_mode, True, self.execution.averaged_weights)
+    best = checkpoints_lib.Series(self.eval_dir, parts.checkpoint, parts.step_counter, 1, True, subdir="best")
+    self.best = BestCheckpoint(self.eval_dir, best, config.checkpoint.best_metric, config.checkpoint.best_mode, True,
+                               self.execution.averaged_weights)
     done = read_json(posixpath.join(self.eval_dir, PROGRESS)) or {}
     self.last_step, self.final, self.results = done.get("step", -1), done.get("final", False), done.get("eval", {})
 

@@ -1,6 +1,5 @@
-"""Callbacks' own checkpointed state (loops/callbacks/states.py, loops/persist/checkpoints.restore): restored where
-a checkpoint holds it, left as it is where not, and read from the run/... keys of checkpoints written before the
-built-in callbacks kept their own state."""
+"""Callbacks' own checkpointed state (loops/persist/checkpoints.attach and restore): restored where a checkpoint
+holds it, left as it is where not; values a checkpoint holds for no object of this run are not read."""
 
 import math
 
@@ -19,9 +18,9 @@ def _built_ins():
 def _attached(step_value=0):
   """(checkpoint, its step, EarlyStopping, Checkpointing) with the built-ins' state attached."""
   step = tf.Variable(step_value, dtype=tf.int64)
-  checkpoint = tf.train.Checkpoint(step=step, callbacks=callbacks_lib.states.container())
+  checkpoint = tf.train.Checkpoint(step=step, callbacks=checkpoints_lib.callbacks_node())
   stopping, checkpointing = _built_ins()
-  callbacks_lib.states.attach(checkpoint, [stopping, checkpointing], [])
+  checkpoints_lib.attach(checkpoint, [stopping, checkpointing], [])
   return checkpoint, step, stopping, checkpointing
 
 
@@ -30,8 +29,8 @@ def _values(stopping, checkpointing):
           int(checkpointing.stopped_total_steps.numpy()))
 
 
-def _old_checkpoint(directory, step):
-  """A checkpoint as runs before callbacks kept their own state wrote it: the loop's values in one module, run/."""
+def _checkpoint_with_foreign_values(directory, step):
+  """A checkpoint that holds, besides the step, values under run/ that no object of the runs below has."""
   run = tf.Module()
   run.stopped_total_steps = tf.Variable(120, dtype=tf.int64)
   run.early_stopping_best = tf.Variable(0.25, dtype=tf.float64)
@@ -40,16 +39,17 @@ def _old_checkpoint(directory, step):
   return tf.train.Checkpoint(step=step, run=run).save(str(directory / "old"))
 
 
-def test_a_checkpoint_from_before_callback_states_resumes_the_built_ins_state(tmp_path):
-  path = _old_checkpoint(tmp_path, tf.Variable(120, dtype=tf.int64))
+def test_values_a_checkpoint_holds_for_no_object_of_this_run_are_not_read(tmp_path):
+  path = _checkpoint_with_foreign_values(tmp_path, tf.Variable(120, dtype=tf.int64))
   step = tf.Variable(0, dtype=tf.int64)
-  checkpoint = tf.train.Checkpoint(step=step, callbacks=callbacks_lib.states.container())
+  checkpoint = tf.train.Checkpoint(step=step, callbacks=checkpoints_lib.callbacks_node())
   checkpoints_lib.restore(checkpoint, path)
   built_ins = _built_ins()
-  callbacks_lib.states.attach(checkpoint, built_ins, [], restored=path)
+  checkpoints_lib.attach(checkpoint, built_ins, [], restored=path)
   assert int(step.numpy()) == 120
-  assert _values(*built_ins) == ({"best": 0.25, "best_step": 80.0, "evals_since": 2.0}, 120)
-  saved = dict(tf.train.list_variables(checkpoint.save(str(tmp_path / "new"))))  # written under the new keys
+  fresh = _values(*built_ins)
+  assert math.isnan(fresh[0]["best"]) and fresh[0]["evals_since"] == 0.0 and fresh[1] == 0
+  saved = dict(tf.train.list_variables(checkpoint.save(str(tmp_path / "new"))))
   assert "callbacks/early_stopping/best/.ATTRIBUTES/VARIABLE_VALUE" in saved
   assert "callbacks/checkpointing/stopped_total_steps/.ATTRIBUTES/VARIABLE_VALUE" in saved
   assert not any(name.startswith("run/") for name in saved)
@@ -75,8 +75,8 @@ def test_callback_state_is_restored_where_a_checkpoint_holds_it_and_kept_where_n
 def test_a_checkpoint_of_another_model_is_still_refused_with_callback_states_attached(tmp_path):
   other = tf.train.Checkpoint(step=tf.Variable(1, dtype=tf.int64)).save(str(tmp_path / "other"))
   checkpoint = tf.train.Checkpoint(step=tf.Variable(0, dtype=tf.int64), weights=tf.Variable([1.0, 2.0]),
-                                   callbacks=callbacks_lib.states.container())
-  callbacks_lib.states.attach(checkpoint, _built_ins(), [])
+                                   callbacks=checkpoints_lib.callbacks_node())
+  checkpoints_lib.attach(checkpoint, _built_ins(), [])
   with pytest.raises(ConfigError, match=r"does not match this model/optimizer .*; use a new --workdir"):
     checkpoints_lib.restore(checkpoint, other)
   assert "callbacks" in dict(checkpoint._trackable_children())  # put back after the refusal

@@ -1,4 +1,4 @@
-"""loops/persist/checkpoints.py in-process: damaged checkpoints are skipped; the manager someone holds is never replaced."""
+"""loops/persist/checkpoints.Series in-process: damaged checkpoints are skipped; the manager someone holds is never replaced."""
 
 import pytest
 import os
@@ -18,8 +18,8 @@ def flip_a_byte(prefix):
 def series(workdir):
   weights = tf.Variable(tf.range(1000, dtype=tf.float32))
   step = tf.Variable(0, dtype=tf.int64)
-  return weights, step, checkpoints_lib.Checkpoints(str(workdir), tf.train.Checkpoint(w=weights, step=step), step,
-                                                    keep=3, is_chief=True)
+  return weights, step, checkpoints_lib.Series(str(workdir), tf.train.Checkpoint(w=weights, step=step), step, keep=3,
+                                               is_chief=True)
 
 
 def test_a_damaged_checkpoint_is_set_aside_at_start_but_not_behind_the_back_of_a_manager_in_use(tmp_path):
@@ -57,8 +57,8 @@ def test_a_non_chief_saves_into_its_own_scratch_directory_keeps_one_and_removes_
   assert os.path.basename(scratch).startswith(f"ckpt-nonchief-{host}-{os.getpid()}-")
 
   step = tf.Variable(0, dtype=tf.int64)
-  non_chief = checkpoints_lib.Checkpoints(str(tmp_path / "workdir"), tf.train.Checkpoint(step=step), step, keep=3,
-                                          is_chief=False)
+  non_chief = checkpoints_lib.Series(str(tmp_path / "workdir"), tf.train.Checkpoint(step=step), step, keep=3,
+                                     is_chief=False)
   for n in (10, 20, 30):
     step.assign(n)
     assert non_chief.save(n) is None
@@ -67,3 +67,55 @@ def test_a_non_chief_saves_into_its_own_scratch_directory_keeps_one_and_removes_
   assert not (tmp_path / "workdir").exists()
   non_chief.close()
   assert not os.path.exists(own)
+
+
+def run_parts(learning_rate):
+  """A one-layer model, its SGD optimizer (a constant learning rate: a variable the checkpoint holds) and the step
+  counter, as the owner reads them off build.Parts."""
+  import types
+  import keras
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+  optimizer = keras.optimizers.SGD(learning_rate)
+  optimizer.build(model.trainable_variables)
+  step = tf.Variable(0, dtype=tf.int64)
+  checkpoint = checkpoints_lib.holding({"model": model}, {"model": optimizer}, step)
+  return types.SimpleNamespace(checkpoint=checkpoint, step_counter=step, task=types.SimpleNamespace(is_chief=True),
+                               model=model, optimizer=optimizer, optimizers={"model": optimizer},
+                               learning_rates={"model": 0.3}, strategy=tf.distribute.get_strategy())
+
+
+def test_the_owner_restores_the_latest_else_warm_starts_and_sets_the_runs_learning_rates_last(tmp_path, caplog):
+  from errors import ConfigError
+  from tests.conftest import load_config
+  config = load_config("digits_cnn")
+  config.checkpoint.best_metric = ""
+  config.init.checkpoint = str(tmp_path / "no-such-run")
+  first = run_parts(0.1)
+  with pytest.raises(ConfigError, match="init.checkpoint .*no-such-run' does not exist"):
+    checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), first).restore()  # nothing to resume: warm start
+  saves = checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), first)
+  first.step_counter.assign(7)
+  saves.save(7, wait=True)
+  saves.close()
+
+  resumed = run_parts(0.5)
+  checkpoints = checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), resumed)
+  assert checkpoints.restore() == ("", {}) and checkpoints.restored.endswith("ckpt-7")
+  assert "no-such-run' is ignored" in caplog.text  # a resumed run ignores init.checkpoint
+  assert int(resumed.step_counter.numpy()) == 7 and float(resumed.optimizer.learning_rate) == pytest.approx(0.1)
+  checkpoints.reset_learning_rates()
+  assert float(resumed.optimizer.learning_rate) == pytest.approx(0.3)
+  checkpoints.close()
+
+
+def test_only_the_owner_makes_checkpoints_and_their_managers():
+  import re
+  from tests.conftest import REPO
+  makers = re.compile(r"\b(tf\.train\.Checkpoint|CheckpointManager|tf\.compat\.v1\.train\.update_checkpoint_state)\(")
+  found = set()
+  for root, _, files in os.walk(os.path.join(REPO, "loops")):
+    for name in files:
+      path = os.path.join(root, name)
+      if name.endswith(".py") and makers.search(open(path).read()):
+        found.add(os.path.relpath(path, REPO).replace(os.sep, "/"))
+  assert found == {"loops/persist/checkpoints.py"}

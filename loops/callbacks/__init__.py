@@ -5,10 +5,8 @@ State; subclassing `Callback` is optional. A `trigger` attribute (a `Trigger`) m
 each of its boundaries. Everything a callback writes goes through state.writer (a no-op off the chief).
 """
 
-from loops.callbacks import states
-from loops.callbacks.best_checkpoint import BestCheckpoint
 from loops.callbacks.built_in import OBSERVERS, SAVING, Run, make
-from loops.callbacks.checkpointing import Checkpointing
+from loops.callbacks.checkpointing import BestCheckpoint, Checkpointing
 from loops.callbacks.early_stopping import EarlyStopping
 from loops.callbacks.eval_log import EvalLog
 from loops.callbacks.export import Export
@@ -25,7 +23,7 @@ from loops.core.loop import Trigger
 
 __all__ = ["BestCheckpoint", "Callback", "Checkpointing", "EarlyStopping", "EvalLog", "Export", "HOOKS",
            "Histograms", "OBSERVERS", "Overview", "ProfileTrace", "Run", "RunSummary", "SAVING", "SweepTrial",
-           "TrainLog", "Trigger", "WorkerMonitor", "assemble", "load_user", "make", "states"]
+           "TrainLog", "Trigger", "WorkerMonitor", "assemble", "load_user", "make"]
 
 
 def assemble(built_in_first, user, built_in_last):

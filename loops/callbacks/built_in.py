@@ -4,8 +4,7 @@ settings it reads (None when they turn it off)."""
 import dataclasses
 from typing import Any
 
-from loops.callbacks.best_checkpoint import BestCheckpoint
-from loops.callbacks.checkpointing import Checkpointing
+from loops.callbacks.checkpointing import BestCheckpoint, Checkpointing
 from loops.callbacks.early_stopping import EarlyStopping
 from loops.callbacks.eval_log import EvalLog
 from loops.callbacks.export import Export

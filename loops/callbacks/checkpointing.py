@@ -1,5 +1,8 @@
-"""Checkpointing: every checkpoint.every_steps and at the end; the memory of an early stop."""
+"""The callbacks that save: `Checkpointing` (every checkpoint.every_steps and at the end; the memory of an early
+stop) and `BestCheckpoint` (the checkpoint with the best eval metric). Both ask the run's checkpoints
+(loops/persist/checkpoints.py), which do every save."""
 
+import contextlib
 import json
 import posixpath
 
@@ -7,6 +10,8 @@ import tensorflow as tf
 
 from loops.core.interfaces import Callback
 from loops.core.loop import Trigger
+
+BEST_RECORD = "best/best.json"  # under DIR, written by DIR's writer
 
 
 class Checkpointing(Callback):
@@ -62,6 +67,64 @@ class Checkpointing(Callback):
     if needed:
       self.checkpoints.save(state.step, wait=True)  # complete (after any pending write) before the run ends
     state.summary["checkpoint"] = self.checkpoints.latest()
+
+
+class BestCheckpoint(Callback):
+  """After each eval: saves when results[metric] beats the best so far, into DIR/best with DIR/best/best.json; the
+  trainer (DIR = the workdir) and the sidecar evaluator (DIR = workdir/eval) share it. Every task decides alike
+  (metrics are reduced; non-chief tasks save into scratch directories).
+
+  Args:
+    directory: DIR (a workdir, or workdir/eval for the sidecar evaluator).
+    series: DIR/best's checkpoints.Series (None when metric is "").
+    metric, mode: checkpoint.best_metric ("" = off) and checkpoint.best_mode.
+    is_chief: whether this task's saves are the real ones.
+    weights_context: fn() -> context in which the model holds the weights that were evaluated (EMA averages).
+  """
+
+  def __init__(self, directory, series, metric, mode, is_chief, weights_context=contextlib.nullcontext):
+    self.metric, self.mode, self.is_chief, self.weights_context = metric, mode, is_chief, weights_context
+    self._series = series if metric else None
+    self.value = self.step = None
+    record = posixpath.join(directory, BEST_RECORD)
+    if metric and tf.io.gfile.exists(record):
+      with tf.io.gfile.GFile(record) as f:
+        saved = json.load(f)
+      self.value, self.step = saved["value"], saved["step"]
+
+  @classmethod
+  def for_run(cls, run):
+    settings = run.config.checkpoint
+    return cls(run.workdir, run.checkpoints.best, settings.best_metric, settings.best_mode, run.parts.task.is_chief,
+               run.execution.averaged_weights)
+
+  def update(self, step, results, writer):
+    """Saves and writes best.json through `writer` when results[metric] is the best so far; returns the record
+    or None."""
+    if not self._series:
+      return None
+    value = results[self.metric]
+    better = self.value is None or (value > self.value if self.mode == "max" else value < self.value)
+    if not better or step == self.step:
+      return None
+    self.value, self.step = value, step
+    with self.weights_context():
+      self._series.save(step)
+    record = {"metric": self.metric, "value": value, "step": step}
+    writer.write_json(BEST_RECORD, record)
+    return record
+
+  def after_eval(self, state):
+    self.update(state.step, state.eval, state.writer)
+
+  def on_train_end(self, state):
+    state.summary.update(self.summary())
+
+  def summary(self):
+    if not self._series:
+      return {}
+    return {"best_metric": self.metric, "best_value": self.value, "best_step": self.step,
+            "best_checkpoint": self._series.latest() if self.is_chief else None}
 
 
 def previous_stop_reason(workdir):

@@ -1,6 +1,8 @@
-"""Checkpoint series under workdir/checkpoints: explicit restore (never partial, damaged checkpoints skipped), save
-(blocking or asynchronous), and where each task's saves go (the chief's into the workdir, the others' into private
-scratch directories)."""
+"""The run's checkpoints, one owner: what a checkpoint holds (`holding`), the order of every restore (the latest
+checkpoint, else init.checkpoint's warm start; the callbacks' state; this run's learning rates last) and every save
+(periodic, final, best, on a preemption, on an error; blocking or asynchronous). `Series` is one directory's
+series: explicit restore (never partial, damaged checkpoints skipped), save, and where each task's saves go (the
+chief's into the workdir, the others' into private scratch directories)."""
 
 import os
 import shutil
@@ -11,13 +13,123 @@ from absl import logging
 import tensorflow as tf
 
 from errors import ConfigError, first_line
-from loops.persist import async_saves, workdir_lock
+from loops.model import model as model_lib
+from loops.model import optimizers as optimizers_lib
+from loops.persist import async_saves, init_checkpoint, workdir_lock
 
 SCRATCH_PREFIX = "ckpt-nonchief-"
+_VALUE = "/.ATTRIBUTES/VARIABLE_VALUE"
+
+
+def holding(models, optimizers, step_counter):
+  """The run's tf.train.Checkpoint: the step counter, every model and optimizer (`model`/`optimizer` for the model
+  named "model", else `model_<name>`/`optimizer_<name>`) and the callbacks' node (`callbacks_node`)."""
+  key = lambda kind, name: kind if name == "model" else f"{kind}_{name}"
+  items = {key("model", name): m for name, m in models.items()}
+  items.update({key("optimizer", name): o for name, o in optimizers.items()})
+  return tf.train.Checkpoint(step=step_counter, callbacks=callbacks_node(), **items)
 
 
 class Checkpoints:
-  """Every task saves (saves may involve collectives); only the chief's series lands in the workdir.
+  """The run's checkpoints. run.py calls, in this order: `restore()` (the latest checkpoint, else the warm start),
+  `attach_callbacks` (their state, as the restored checkpoint holds it), then, once the preemption handler has
+  restored the latest again, `reset_learning_rates()`.
+
+  Saves: `save(step)` (periodic; asynchronous when `async_save`), `save(step, wait=True)` (final, preemption),
+  `best.save(step)` (workdir/best, one kept, blocking: BestCheckpoint), `save_on_error(state)`; the preemption
+  handler saves through `manager`. `latest()`, `restore_latest()` (a NaN rollback) and `close()` first wait for
+  pending writes.
+
+  Args:
+    workdir, checkpoint, step_counter, keep, is_chief, async_save: as `Series` (workdir/checkpoints).
+    best: whether the best checkpoint is kept (checkpoint.best_metric set).
+    config, parts: the run's config and loops/build.Parts (for the warm start and the learning rates).
+  """
+
+  def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, async_save=False, best=False, config=None,
+               parts=None):
+    self.checkpoint, self._config, self._parts = checkpoint, config, parts
+    self.series = Series(workdir, checkpoint, step_counter, keep, is_chief, async_save=async_save)
+    self.best = Series(workdir, checkpoint, step_counter, 1, is_chief, subdir="best") if best else None
+    self.restored = None  # the path restore() restored
+
+  @classmethod
+  def for_run(cls, config, workdir, parts):
+    """The training run's checkpoints (`parts`: loops/build.Parts)."""
+    return cls(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep, parts.task.is_chief,
+               async_save=async_saves.async_save_enabled(config), best=bool(config.checkpoint.best_metric),
+               config=config, parts=parts)
+
+  directory = property(lambda self: self.series.directory)
+  last_saved_step = property(lambda self: self.series.last_saved_step)
+  manager = property(lambda self: self.series.manager)
+
+  def restore(self):
+    """The latest checkpoint, else init.checkpoint into the new run's model (a resumed run ignores it). Refuses a
+    checkpoint of another model before anything is written. Returns (the warm start's table or "", its counts)."""
+    self.restored = self.series.restore_latest()
+    init = self._config.init if self._config else None
+    if not init or not init.checkpoint:
+      return "", {}
+    if self.restored:
+      logging.warning("resuming from %s: init.checkpoint '%s' is ignored (it only initialises a new run)",
+                      self.restored, init.checkpoint)
+      return "", {}
+    config, parts = self._config, self._parts
+    twin = lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
+    return init_checkpoint.warm_start(init, parts.model, parts.optimizer, parts.strategy, twin)
+
+  def attach_callbacks(self, built_ins, users):
+    """Every callback's state joins the checkpoint (`attach`), restored where the restored checkpoint holds it."""
+    attach(self.checkpoint, built_ins, users, self.restored)
+
+  def reset_learning_rates(self):
+    """This run's learning rates over the restored ones (after every restore: a resume may change them)."""
+    for name, optimizer in self._parts.optimizers.items():
+      optimizers_lib.set_constant_learning_rate(optimizer, self._parts.learning_rates[name])
+
+  def save(self, step, wait=False):
+    """Saves at `step` into workdir/checkpoints (asynchronously when enabled, unless `wait`); the path or None."""
+    return self.series.save(step, wait=wait)
+
+  def save_on_error(self, state):
+    """Loop.on_error: when a callback or an eval raises after steps were trained, saves them first (for one
+    process only: a save of several workers is collective, and the others may not be raising)."""
+    unsaved = state.step - max(state.start_step, self.last_saved_step or 0)
+    if unsaved <= 0:
+      return
+    try:
+      path = self.save(state.step, wait=True)
+    except Exception as e:  # pylint: disable=broad-except  # the error that stops the run is the one to report
+      logging.warning("could not save the steps trained since the last checkpoint: %s", e)
+      return
+    logging.warning("the run stops on an error: the %d steps trained since the last checkpoint are saved in %s",
+                    unsaved, path)
+
+  def latest(self):
+    return self.series.latest()
+
+  def restore_latest(self):
+    return self.series.restore_latest()
+
+  def save_options(self):
+    return self.series.save_options()
+
+  def wait(self):
+    self.series.wait()
+
+  def close(self):
+    """Waits for pending writes, then removes the scratch directories (a non-chief's)."""
+    try:
+      self.series.close()
+    finally:
+      if self.best:
+        self.best.close()
+
+
+class Series:
+  """One directory's checkpoints. Every task saves (saves may involve collectives); only the chief's series lands
+  in the workdir.
 
   Non-chief tasks write to a private temporary directory (scratch_directory, one checkpoint kept: nobody reads it)
   that `close()` removes.
@@ -149,7 +261,7 @@ def restore(checkpoint, path):
   """Restores `checkpoint` (tf.train.Checkpoint) from `path`, every saved value matched to an object of this run;
   a checkpoint of another model or shape raises ConfigError, and nothing is restored in part.
 
-  Callbacks' own state (checkpoint.callbacks, loops/callbacks/states.py) is restored where `path` holds it and
+  Callbacks' own state (checkpoint.callbacks, `attach`) is restored where `path` holds it and
   otherwise left as it is: a callback may be new to a resumed run, or a checkpoint older than it."""
   callback_states = getattr(checkpoint, "callbacks", None)
   if callback_states is None:
@@ -220,3 +332,50 @@ def unreadable(path):
   except (tf.errors.OpError, IndexError, ValueError) as e:
     return f"{type(e).__name__}: {first_line(e)}"
   return None
+
+
+def callbacks_node():
+  """The checkpoint's callbacks/ node, made with the checkpoint (TF's asynchronous writer saves what a checkpoint
+  was constructed with, not what is attached to it later)."""
+  return tf.Module(name="callbacks")
+
+
+def attach(checkpoint, built_ins, users, restored=None):
+  """Puts every callback's `checkpointed` (a tf.Module or a dict of tf.Variables) into `checkpoint.callbacks`
+  (call after its restore); TF's deferred restoration then assigns what `restored` holds for it, and a callback new
+  to a resumed run starts afresh (`restore` never requires it).
+
+  Keys: a built-in callback's `state_key` ("early_stopping", "checkpointing"); a user callback's
+  <index among the user callbacks>_<class name>.
+  """
+  states = {c.state_key: c.checkpointed for c in built_ins if getattr(c, "checkpointed", None) is not None}
+  states.update({f"{index}_{type(c).__name__}": c.checkpointed for index, c in enumerate(users)
+                 if getattr(c, "checkpointed", None) is not None})
+  if restored:
+    _check_against_checkpoint(restored, states)
+  for key, state in states.items():
+    setattr(checkpoint.callbacks, key, state)
+
+
+def _check_against_checkpoint(path, states):
+  """ConfigError when a callback's state variable has another shape or dtype than the checkpoint holds for it (TF
+  would fail naming only 'Variable:0', or with a RestoreV2 traceback)."""
+  reader = tf.compat.v1.train.NewCheckpointReader(path)
+  shapes, dtypes = reader.get_variable_to_shape_map(), reader.get_variable_to_dtype_map()
+  for key, state in states.items():
+    for name, variable in _named_variables(state):
+      saved = f"callbacks/{key}/{name}{_VALUE}"
+      if saved not in shapes:
+        continue
+      now, before = (variable.dtype.name, list(variable.shape)), (dtypes[saved].name, list(shapes[saved]))
+      if now != before:
+        owner = key.split('_', 1)[1] if key[0].isdigit() else key
+        raise ConfigError(f"callback {owner}: its checkpointed '{name}' is {now[0]} {now[1]} here "
+                          f"but {before[0]} {before[1]} in {path}: keep its dtype and shape, or give the new one "
+                          "another name (a name new to the checkpoint starts afresh)")
+
+
+def _named_variables(state):
+  """(checkpoint name, tf.Variable) of a callback's state: a dict's entries, a tf.Module's variable attributes."""
+  items = state.items() if isinstance(state, dict) else vars(state).items()
+  return [(name, value) for name, value in items if isinstance(value, tf.Variable)]
