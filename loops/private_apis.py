@@ -3,14 +3,13 @@
 Each access goes through `private` or `private_module`: when the attribute or module is missing, the run stops with
 one line naming the API, the installed version and the pinned one (requirements.txt); when the installed version
 is not the pinned one, the first access logs one warning line. tests/test_private_apis.py touches each as the
-code does; WORKSPACE.md's "Private APIs and their guards" lists why no public API serves.
+code does; WORKSPACE.md's "Private APIs and their guards" lists why no public API serves. Importing it imports no
+TensorFlow or Keras (loops/distribute/cluster.py and others stay light); each function imports what it touches.
 """
 
 import importlib
 
 from absl import logging
-import keras
-import tensorflow as tf
 
 # As pinned in requirements.txt (tests/test_private_apis.py checks they agree).
 PINNED = {"tensorflow": "2.21.0", "keras": "3.15.1", "optuna": "5.0.0"}
@@ -22,6 +21,7 @@ class PrivateApiMoved(RuntimeError):
 
 
 def installed_version(library):
+  """The installed version of `library` (its __version__)."""
   return importlib.import_module(library).__version__
 
 
@@ -66,6 +66,7 @@ def all_layers(model, include_self=True):
 
 def overrides_moments(layer):
   """True when `layer`'s class replaces BatchNormalization's `_moments` (the statistics the fused kernel assumes)."""
+  import keras  # pylint: disable=import-outside-toplevel
   method = lambda cls: private(cls, "_moments", "keras", "keras.layers.BatchNormalization._moments")
   return method(type(layer)) is not method(keras.layers.BatchNormalization)
 
@@ -96,6 +97,7 @@ def resolve_metric(identifier, labels, outputs):
 
 def gradient_sum(optimizer):
   """The optimizer's cross-replica gradient sum (pairs -> pairs), or None for an optimizer that is not Keras'."""
+  import keras  # pylint: disable=import-outside-toplevel
   if not isinstance(optimizer, keras.optimizers.Optimizer):
     return getattr(optimizer, "_all_reduce_sum_gradients", None)
   return private(optimizer, "_all_reduce_sum_gradients", "keras", "keras.optimizers.Optimizer._all_reduce_sum_gradients")

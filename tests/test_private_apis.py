@@ -157,13 +157,10 @@ def test_op_determinism_is_read_and_turned_off():
 
 
 @pytest.mark.parametrize("strategy_class", [tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy])
-def test_next_collective_keys_sets_the_class_base(strategy_class):
-  before = strategy_class._collective_key_base  # pylint: disable=protected-access
-  try:
-    private_apis.next_collective_keys(strategy_class, 123_456)
-    assert strategy_class._collective_key_base == 123_456  # pylint: disable=protected-access
-  finally:
-    strategy_class._collective_key_base = before  # pylint: disable=protected-access
+def test_next_collective_keys_sets_the_class_base(strategy_class, monkeypatch):
+  monkeypatch.setattr(strategy_class, "_collective_key_base", strategy_class._collective_key_base)  # put back after
+  private_apis.next_collective_keys(strategy_class, 123_456)
+  assert strategy_class._collective_key_base == 123_456  # pylint: disable=protected-access
 
 
 def test_slurm_host_and_task_lists_expand():
