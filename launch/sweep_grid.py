@@ -2,9 +2,9 @@
 
 No TensorFlow, nothing of ours: the points come from Optuna's GridSampler and RandomSampler (seeded; Optuna is
 imported when points are drawn), the one search engine of every sweep (tpe: launch/sweep_study.py). A value is
-passed to main.py as `--config.KEY=VALUE`, exactly as written. A random sweep (`--random N --seed S`) may also give ranges instead of values:
-`KEY=loguniform:LOW:HIGH`, `KEY=uniform:LOW:HIGH` (floats, drawn then rounded to 3 significant digits, so the
-name and the value agree) and `KEY=int:LOW:HIGH` (integers, both ends included).
+passed to main.py as `--config.KEY=VALUE`, exactly as written. A random sweep (`--random N --seed S`) may also
+give ranges instead of values: `KEY=loguniform:LOW:HIGH`, `KEY=uniform:LOW:HIGH` (floats, drawn then rounded to 3
+significant digits, so the name and the value agree) and `KEY=int:LOW:HIGH` (integers, both ends included).
 """
 
 import ast

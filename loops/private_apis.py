@@ -61,7 +61,8 @@ def private_module(path, library):
 
 def all_layers(model, include_self=True):
   """Every layer of `model`, nested ones too (Keras' `layers` lists only the direct children)."""
-  return list(private(model, "_flatten_layers", "keras", "keras.layers.Layer._flatten_layers")(include_self=include_self))
+  flatten = private(model, "_flatten_layers", "keras", "keras.layers.Layer._flatten_layers")
+  return list(flatten(include_self=include_self))
 
 
 def overrides_moments(layer):
@@ -100,7 +101,8 @@ def gradient_sum(optimizer):
   import keras  # pylint: disable=import-outside-toplevel
   if not isinstance(optimizer, keras.optimizers.Optimizer):
     return getattr(optimizer, "_all_reduce_sum_gradients", None)
-  return private(optimizer, "_all_reduce_sum_gradients", "keras", "keras.optimizers.Optimizer._all_reduce_sum_gradients")
+  return private(optimizer, "_all_reduce_sum_gradients", "keras",
+                 "keras.optimizers.Optimizer._all_reduce_sum_gradients")
 
 
 def replace_gradient_sum(optimizer, fn):
@@ -176,7 +178,8 @@ def disable_op_determinism():
 
 def next_collective_keys(strategy_class, base):
   """Makes the next `strategy_class` (Mirrored or MultiWorkerMirrored) start its collective keys at `base`."""
-  private(strategy_class, "_collective_key_base", "tensorflow", f"tf.distribute.{strategy_class.__name__}._collective_key_base")
+  private(strategy_class, "_collective_key_base", "tensorflow",
+          f"tf.distribute.{strategy_class.__name__}._collective_key_base")
   strategy_class._collective_key_base = base  # pylint: disable=protected-access
 
 

@@ -30,7 +30,8 @@ def test_a_missing_attribute_is_one_line_naming_the_api_and_both_versions(monkey
 
 
 def test_a_missing_module_names_it():
-  with pytest.raises(private_apis.PrivateApiMoved, match=r"private API keras\.src\.no_such_module is missing from keras"):
+  moved = r"private API keras\.src\.no_such_module is missing from keras"
+  with pytest.raises(private_apis.PrivateApiMoved, match=moved):
     private_apis.private_module("keras.src.no_such_module", "keras")
 
 
@@ -77,7 +78,8 @@ def test_compile_arguments_are_the_objects_given():
 def test_keras_resolves_crossentropy_and_accuracy_by_the_shapes():
   labels, outputs = tf.constant([0, 2]), tf.zeros([2, 3])
   assert private_apis.resolve_loss("crossentropy", labels, outputs).fn is keras.losses.sparse_categorical_crossentropy
-  assert private_apis.resolve_loss("crossentropy", tf.one_hot(labels, 3), outputs).fn is keras.losses.categorical_crossentropy
+  one_hot = tf.one_hot(labels, 3)
+  assert private_apis.resolve_loss("crossentropy", one_hot, outputs).fn is keras.losses.categorical_crossentropy
   assert isinstance(private_apis.resolve_metric("accuracy", labels, outputs), keras.metrics.SparseCategoricalAccuracy)
 
 
