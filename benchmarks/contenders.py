@@ -266,9 +266,6 @@ def gemm_peak_gflops(n=2048, repeats=10):
 
 def training_gflops_per_image(model, loss_fn, input_shape, batch=8):
   """Float operations of one forward + backward pass, from the TF profiler, per image."""
-  from tensorflow.python.profiler import model_analyzer
-  from tensorflow.python.profiler import option_builder
-
   @tf.function
   def grads(x, y):
     with tf.GradientTape() as tape:
@@ -276,7 +273,7 @@ def training_gflops_per_image(model, loss_fn, input_shape, batch=8):
     return tape.gradient(loss, model.trainable_variables)
 
   graph = grads.get_concrete_function(tf.TensorSpec([batch, *input_shape]), tf.TensorSpec([batch], tf.int64)).graph
-  options = option_builder.ProfileOptionBuilder(
-      option_builder.ProfileOptionBuilder.float_operation()).with_empty_output().build()
-  stats = model_analyzer.profile(graph, options=options)
+  builder = tf.compat.v1.profiler.ProfileOptionBuilder
+  options = builder(builder.float_operation()).with_empty_output().build()
+  stats = tf.compat.v1.profiler.profile(graph, options=options)
   return stats.total_float_ops / batch / 1e9

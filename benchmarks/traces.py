@@ -50,11 +50,11 @@ def efficiency_split(one, two):
 
 def read(workdir, steps_per_call):
   """step_anatomy of the one profiler trace a run wrote under workdir/profile."""
-  from tensorflow.tsl.profiler.protobuf import xplane_pb2
   paths = glob.glob(os.path.join(workdir, "profile", "plugins", "profile", "*", "*.xplane.pb"))
   if len(paths) != 1:
     raise SystemExit(f"expected one profiler trace under {workdir}/profile, found {len(paths)}")
-  xspace = xplane_pb2.XSpace()
+  from loops import private_apis  # pylint: disable=import-outside-toplevel  (TensorFlow only when reading)
+  xspace = private_apis.profiler_xspace()
   with open(paths[0], "rb") as f:
     xspace.ParseFromString(f.read())
   return step_anatomy(*call_and_op_intervals(xspace), steps_per_call)

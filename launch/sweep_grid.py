@@ -1,16 +1,16 @@
 """The trials of a sweep: `--grid KEY=V1,V2` specs, the full grid or N reproducible random draws, trial names.
 
-Pure Python (no TensorFlow, nothing of ours). A value is passed to main.py as `--config.KEY=VALUE`, exactly as
-written. A random sweep (`--random N --seed S`) may also give ranges instead of values:
-`KEY=loguniform:LOW:HIGH`, `KEY=uniform:LOW:HIGH` (floats, drawn then rounded to 3 significant digits, so the
-name and the value agree) and `KEY=int:LOW:HIGH` (integers, both ends included).
+No TensorFlow, nothing of ours: the points come from Optuna's GridSampler and RandomSampler (seeded; Optuna is
+imported when points are drawn), the one search engine of every sweep (tpe: launch/sweep_study.py). A value is
+passed to main.py as `--config.KEY=VALUE`, exactly as written. A random sweep (`--random N --seed S`) may also
+give ranges instead of values: `KEY=loguniform:LOW:HIGH`, `KEY=uniform:LOW:HIGH` (floats, drawn then rounded to 3
+significant digits, so the name and the value agree) and `KEY=int:LOW:HIGH` (integers, both ends included).
 """
 
 import ast
 import hashlib
 import itertools
 import math
-import random
 import re
 
 KEY = re.compile(r"^[A-Za-z_]\w*(\.\w+)*$")
@@ -73,15 +73,6 @@ class Range:
   def __init__(self, kind, low, high):
     self.kind, self.low, self.high = kind, low, high
 
-  def draw(self, rng):
-    if self.kind == "int":
-      return str(rng.randint(int(self.low), int(self.high)))
-    if self.kind == "loguniform":
-      value = math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
-    else:
-      value = rng.uniform(self.low, self.high)
-    return f"{value:.3g}"
-
   def __repr__(self):
     return f"{self.kind}:{self.low:g}:{self.high:g}"
 
@@ -98,34 +89,64 @@ def _range(key, text):
 
 
 def grid_points(grid):
-  """Every combination, the first key varying slowest: [{KEY: value}, ...]."""
+  """Every combination (Optuna's GridSampler), in the grid's order, the first key varying slowest: [{KEY: value}]."""
   ranged = [key for key, values in grid.items() if isinstance(values, Range)]
   if ranged:
     raise SweepError(f"--grid {ranged[0]}={grid[ranged[0]]!r} is a range: ranges need --random N --seed S")
-  return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
+  size = math.prod(len(values) for values in grid.values())
+  position = {combo: i for i, combo in enumerate(itertools.product(*grid.values()))}
+  return sorted(_sampled(grid, _grid_sampler(grid, 0), size), key=lambda p: position[tuple(p.values())])
 
 
 def random_points(grid, count, seed):
-  """`count` distinct points drawn with random.Random(seed): the same points on every rerun."""
+  """`count` distinct points, the same on every rerun: a seeded Optuna GridSampler's first `count` over a grid of
+  values, a seeded RandomSampler's draws (floats rounded to 3 significant digits) when the grid has ranges."""
   if count < 1:
     raise SweepError(f"--random must be >= 1, got {count}")
-  rng = random.Random(seed)
   if not any(isinstance(values, Range) for values in grid.values()):
-    points = grid_points(grid)
-    if count > len(points):
-      raise SweepError(f"--random {count}: the grid has only {len(points)} points; use fewer or add values")
-    return [points[i] for i in rng.sample(range(len(points)), count)]
+    size = math.prod(len(values) for values in grid.values())
+    if count > size:
+      raise SweepError(f"--random {count}: the grid has only {size} points; use fewer or add values")
+    return _sampled(grid, _grid_sampler(grid, seed), count)
+  import optuna  # pylint: disable=import-outside-toplevel
+  points = _sampled(grid, optuna.samplers.RandomSampler(seed=seed), count, tries=100 * count)
+  if len(points) < count:
+    raise SweepError(f"--random {count}: only {len(points)} distinct points could be drawn; widen the ranges")
+  return points
+
+
+def _grid_sampler(grid, seed):
+  import optuna  # pylint: disable=import-outside-toplevel
+  return optuna.samplers.GridSampler(dict(grid), seed=seed)
+
+
+def _sampled(grid, sampler, count, tries=None):
+  """Up to `count` points of distinct names that `sampler` proposes over `grid` in an in-memory study of at most
+  `tries` trials (default `count`)."""
+  import optuna  # pylint: disable=import-outside-toplevel
+  optuna.logging.set_verbosity(optuna.logging.WARNING)
   points, names = [], set()
-  for _ in range(100 * count):
-    point = {key: values.draw(rng) if isinstance(values, Range) else rng.choice(values)
-             for key, values in grid.items()}
-    name = trial_name(point)
-    if name not in names:
-      names.add(name)
+
+  def objective(trial):
+    point = {key: _suggest(trial, key, values) for key, values in grid.items()}
+    if trial_name(point) not in names:
+      names.add(trial_name(point))
       points.append(point)
-      if len(points) == count:
-        return points
-  raise SweepError(f"--random {count}: only {len(points)} distinct points could be drawn; widen the ranges")
+    if len(points) == count:
+      trial.study.stop()
+    return 0.0
+
+  optuna.create_study(sampler=sampler).optimize(objective, n_trials=tries or count)
+  return points
+
+
+def _suggest(trial, key, values):
+  """The trial's value for `key` as main.py is given it: a listed value as written, a range's draw as text."""
+  if not isinstance(values, Range):
+    return trial.suggest_categorical(key, values)
+  if values.kind == "int":
+    return str(trial.suggest_int(key, int(values.low), int(values.high)))
+  return f"{trial.suggest_float(key, values.low, values.high, log=values.kind == 'loguniform'):.3g}"
 
 
 def short_keys(keys):

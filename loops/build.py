@@ -12,7 +12,6 @@ from absl import logging
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.framework import config as tf_config
 
 import data
 from errors import ConfigError
@@ -32,6 +31,7 @@ from loops.model import optimizers
 from loops.model import random_layers
 from loops.persist import checkpoints
 from loops.persist import console
+from loops import private_apis
 from loops import task as task_lib
 from loops.task import classification as classification_lib
 
@@ -69,12 +69,12 @@ class Parts:
 def determinism_restored():
   """Leaves op determinism as it was on entry (build turns it on for config.deterministic; it is process-wide:
   notebooks and tests run several configs in one process)."""
-  enabled = tf_config.is_op_determinism_enabled()  # no public getter in TF 2.21
+  enabled = private_apis.op_determinism_enabled()
   try:
     yield
   finally:
     if not enabled:
-      tf_config.disable_op_determinism()
+      private_apis.disable_op_determinism()
 
 
 def build(config, task, kept=None):

@@ -30,6 +30,7 @@ from loops.distribute import strategy as strategy_lib
 from loops.model import model as model_lib
 from loops.model import optimizers as optimizers_lib
 from loops.model import random_layers
+from loops import private_apis
 
 TOLERANCE = 1e-3  # largest relative difference of an update (float32 sums in another order stay below 1e-4)
 # Under mixed precision a replica's partial sums are rounded to 16 bits before the all-reduce: measured on digits
@@ -87,7 +88,7 @@ def train(config, steps, turn_off=(), task=None):
 
 def _unsynchronized_batchnorm(parts):
   return [layer for model in parts.models.values() if model.trainable
-          for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+          for layer in private_apis.all_layers(model, include_self=False)
           if isinstance(layer, keras.layers.BatchNormalization) and layer.trainable and not layer.synchronized]
 
 

@@ -1,11 +1,13 @@
 """Shared test setup: two logical CPUs (before TensorFlow starts) so mirrored runs get 2 replicas in-process."""
 
 import os
+import signal
 import subprocess
 import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import keras
 import pytest
 import tensorflow as tf
 
@@ -48,6 +50,49 @@ def info_logging():
   process left (main.main, the batch-size finder and others change the verbosity)."""
   from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.INFO)
+
+
+# The signals a run's watchers handle (loops/persist/preemption.py CATCHABLE_SIGNALS).
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP, signal.SIGCONT)
+
+
+def process_state():
+  """What a test may change for the whole process: op determinism, the Keras dtype policy, signal handlers, the
+  signal wakeup fd and the preemption module's globals."""
+  from loops import private_apis
+  from loops.persist import preemption
+  wakeup = signal.set_wakeup_fd(-1)
+  signal.set_wakeup_fd(wakeup)
+  return {"determinism": private_apis.op_determinism_enabled(), "policy": keras.mixed_precision.dtype_policy().name,
+          "handlers": {number: signal.getsignal(number) for number in HANDLED_SIGNALS}, "wakeup_fd": wakeup,
+          "process_ends_after_run": preemption.PROCESS_ENDS_AFTER_RUN,
+          "signal_listeners": list(preemption.SIGNAL_LISTENERS), "received": list(preemption.RECEIVED)}
+
+
+def restore_process_state(saved):
+  from loops import private_apis
+  from loops.persist import preemption
+  if private_apis.op_determinism_enabled() != saved["determinism"]:
+    if saved["determinism"]:
+      tf.config.experimental.enable_op_determinism()
+    else:
+      private_apis.disable_op_determinism()
+  keras.mixed_precision.set_dtype_policy(saved["policy"])
+  for number, handler in saved["handlers"].items():
+    if handler is not None:  # None: set outside Python, cannot be set back from here
+      signal.signal(number, handler)
+  signal.set_wakeup_fd(saved["wakeup_fd"])
+  preemption.PROCESS_ENDS_AFTER_RUN = saved["process_ends_after_run"]
+  preemption.SIGNAL_LISTENERS[:] = saved["signal_listeners"]
+  preemption.RECEIVED[:] = saved["received"]
+
+
+@pytest.fixture(autouse=True)
+def process_state_restored():
+  """Each test leaves the process-wide state (process_state) as it found it, whatever it or the code it ran set."""
+  saved = process_state()
+  yield
+  restore_process_state(saved)
 
 
 @pytest.fixture

@@ -235,6 +235,7 @@ def _capture(monkeypatch, name):
   def fake(*args, cluster_resolver=None, **kwargs):
     resolver = cluster_resolver or args[0]
     raise _Captured(resolver.cluster_spec().as_dict(), resolver.task_type, resolver.task_id, resolver.rpc_layer)
+  fake._collective_key_base = 0  # as the strategy class it stands in for (loops/private_apis.py sets it)
   monkeypatch.setattr(tf.distribute, name, fake)
 
 

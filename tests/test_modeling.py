@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from errors import ConfigError
 from loops import check
+from loops import private_apis
 from loops.task import classification
 from loops.model import model as model_lib
 from tests.conftest import load_config
@@ -63,4 +64,4 @@ def test_sync_batchnorm_reaches_every_batchnorm_layer_nested_ones_too():
   inputs = keras.Input((4,))
   model = keras.Model(inputs, keras.layers.BatchNormalization()(inner(inputs)))
   assert model_lib.synchronize_batchnorm(model) == 2
-  assert all(l.synchronized for l in model._flatten_layers() if isinstance(l, keras.layers.BatchNormalization))
+  assert all(l.synchronized for l in private_apis.all_layers(model) if isinstance(l, keras.layers.BatchNormalization))

@@ -346,3 +346,16 @@ def test_a_second_interrupt_while_trials_save_kills_them_at_once():
   sweep_local._stop_all(trials, out)
   assert "[sweep] interrupted again: killing the trials still saving" in out.getvalue()
   assert [t.proc.real.returncode for t in trials] == [-9, -9] and all(t.finished for t in trials)
+
+
+def test_the_trial_list_of_a_seed_is_stable_and_covers_the_grid():
+  """Optuna's samplers draw the points: these lists are what every rerun (any process, optuna as pinned) gets."""
+  discrete = sweep_grid.parse_grid(["a=1,2,3", "b=x,y"])
+  assert [t["name"] for t in sweep_grid.trials(discrete)] == [
+      "a=1,b=x", "a=1,b=y", "a=2,b=x", "a=2,b=y", "a=3,b=x", "a=3,b=y"]
+  assert [t["name"] for t in sweep_grid.trials(discrete, 4, seed=0)] == ["a=3,b=y", "a=2,b=x", "a=1,b=y", "a=2,b=y"]
+  every = sweep_grid.trials(discrete, 6, seed=1)
+  assert sorted(t["name"] for t in every) == [t["name"] for t in sweep_grid.trials(discrete)]
+  ranged = sweep_grid.parse_grid(["lr=loguniform:1e-4:1e-1", "depth=int:1:3", "act=relu,gelu"])
+  assert [t["name"] for t in sweep_grid.trials(ranged, 3, seed=7)] == [
+      "lr=0.000169,depth=3,act=gelu", "lr=0.0859,depth=2,act=relu", "lr=0.000639,depth=2,act=gelu"]

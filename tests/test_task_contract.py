@@ -16,8 +16,7 @@ from tests.conftest import load_config
 def mirrored():
   """2 replicas, with collective keys of their own (loops/distribute/strategy.py: other strategies in this process)."""
   from loops.distribute import strategy as strategy_lib
-  tf.distribute.MirroredStrategy._collective_key_base = next(strategy_lib._COLLECTIVE_KEY_BASES)  # pylint: disable=protected-access
-  return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])
+  return strategy_lib.mirrored(["/cpu:0", "/cpu:1"])
 
 
 def gathered_loss_gradient(strategy, x):

@@ -98,11 +98,11 @@ def test_the_gan_trains_under_float16_with_a_loss_scale_per_optimizer(tmp_path):
 def test_the_replica_check_passes_the_distillation_example(teacher):
   """The other examples and the built-in are rows of tests/test_replica_matrix.py (this one needs the teacher)."""
   config = example_config("distillation", teacher)
-  from tensorflow.python.framework import config as tf_config
-  lines, determinism = [], tf_config.is_op_determinism_enabled()
+  from loops import private_apis
+  lines, determinism = [], private_apis.op_determinism_enabled()
   assert replica_check.run(config, out=lines.append), "\n".join(lines)
   assert lines[-1].startswith("replicas: PASS: 1 and 2 replicas agree on all ")
-  assert tf_config.is_op_determinism_enabled() == determinism  # left as it was (XLA's MaxPool gradient refuses it)
+  assert private_apis.op_determinism_enabled() == determinism  # left as it was (XLA's MaxPool gradient refuses it)
 
 
 @pytest.mark.parametrize("wrong, overrides", [

@@ -13,6 +13,7 @@ import math
 import warnings
 
 from errors import ConfigError
+from loops import private_apis
 from loops.core.interfaces import Callback
 
 STUDY_NAME = "sweep"
@@ -69,7 +70,7 @@ class SweepTrial(Callback):
       self.pruned = {"step": frozen.last_step, "value": frozen.intermediate_values[frozen.last_step]}
       state.request_stop(f"pruned at step {self.pruned['step']} (value {self.pruned['value']:.4g})")
     elif not frozen.state.is_finished():  # a rerun of a complete trial evaluates again: nothing to report
-      self.trial = optuna.trial.Trial(study, frozen._trial_id)  # pylint: disable=protected-access
+      self.trial = optuna.trial.Trial(study, private_apis.trial_id(frozen))
 
   def after_eval(self, state):
     value = state.eval.get(self.metric)

@@ -8,6 +8,7 @@ import os
 from absl import logging
 
 from errors import ConfigError
+from loops import private_apis
 from loops.distribute import k8s
 from loops.distribute import mpi
 from loops.distribute import rendezvous
@@ -144,8 +145,6 @@ def slurm_port_base(environ, explicit=None):
 
 def from_slurm(environ, port_base=None):
   """One worker per srun task, ports port_base + local task number; tasks numbered node by node (block)."""
-  from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
-
   def get(name):
     if environ.get(name):
       return environ[name]
@@ -155,8 +154,8 @@ def from_slurm(environ, port_base=None):
   try:
     rank = int(get("SLURM_PROCID"))
     num_tasks = int(get("SLURM_STEP_NUM_TASKS"))
-    hosts = slurm.expand_hostlist(get("SLURM_STEP_NODELIST"))
-    tasks_per_node = slurm.expand_tasks_per_node(get("SLURM_STEP_TASKS_PER_NODE"))
+    hosts = private_apis.expand_hostlist(get("SLURM_STEP_NODELIST"))
+    tasks_per_node = private_apis.expand_tasks_per_node(get("SLURM_STEP_TASKS_PER_NODE"))
   except ValueError as e:
     raise ConfigError(f"cannot read the SLURM environment: {e}") from None
   layout = list(zip(hosts, tasks_per_node))

@@ -6,6 +6,7 @@ from absl import logging
 import tensorflow as tf
 
 from errors import ConfigError
+from loops import private_apis
 from loops.distribute import parameter_server
 
 STRATEGIES = ("one_device", "mirrored", "central_storage", "multi_worker_mirrored", "parameter_server", "tpu")
@@ -25,7 +26,7 @@ _COLLECTIVE_KEY_BASES = itertools.count(start=0, step=10_000)
 
 def mirrored(devices):
   """A MirroredStrategy over `devices` whose collective keys no other strategy of this process uses."""
-  tf.distribute.MirroredStrategy._collective_key_base = next(_COLLECTIVE_KEY_BASES)  # pylint: disable=protected-access
+  private_apis.next_collective_keys(tf.distribute.MirroredStrategy, next(_COLLECTIVE_KEY_BASES))
   return tf.distribute.MirroredStrategy(devices)
 
 
@@ -118,7 +119,7 @@ def _multi_worker(config, task):
   options = tf.distribute.experimental.CommunicationOptions(
       implementation=COLLECTIVES[config.cluster.collective], bytes_per_pack=int(config.cluster.bytes_per_pack),
       timeout_seconds=config.cluster.collective_timeout_seconds)
-  tf.distribute.MultiWorkerMirroredStrategy._collective_key_base = next(_COLLECTIVE_KEY_BASES)
+  private_apis.next_collective_keys(tf.distribute.MultiWorkerMirroredStrategy, next(_COLLECTIVE_KEY_BASES))
   try:
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
   except RuntimeError as e:

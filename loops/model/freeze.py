@@ -6,6 +6,7 @@ import re
 import keras
 
 from errors import ConfigError
+from loops import private_apis
 
 
 def _named_path(model, layer):
@@ -29,7 +30,7 @@ def freeze(model, patterns, batchnorm_stats=True):
     ConfigError: a pattern that matches no layer (one line listing the layers).
   """
   models = model if isinstance(model, (list, tuple)) else [model]
-  named = [(_named_path(m, l), l) for m in models for l in m._flatten_layers(include_self=False) if l.path]  # pylint: disable=protected-access
+  named = [(_named_path(m, l), l) for m in models for l in private_apis.all_layers(m, include_self=False) if l.path]
   chosen = []
   for pattern in patterns:
     matched = [l for path, l in named if re.search(pattern, l.path) or re.search(pattern, path)]
@@ -39,8 +40,8 @@ def freeze(model, patterns, batchnorm_stats=True):
     chosen.extend(matched)
   frozen = {}
   for layer in chosen:
-    for inner in layer._flatten_layers(include_self=True):  # pylint: disable=protected-access
-      if not inner._flatten_layers(include_self=False):  # leaves only: a container's flag would reach its BN  # pylint: disable=protected-access
+    for inner in private_apis.all_layers(layer):
+      if not private_apis.all_layers(inner, include_self=False):  # leaves only: a container's flag would reach its BN
         frozen[id(inner)] = inner
   for layer in frozen.values():
     if isinstance(layer, keras.layers.BatchNormalization) and not batchnorm_stats:

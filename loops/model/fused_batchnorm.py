@@ -16,6 +16,8 @@ does not take, goes through Keras' own call.
 import keras
 import tensorflow as tf
 
+from loops import private_apis
+
 FUSED_DTYPES = (tf.float16, tf.bfloat16, tf.float32)
 
 
@@ -23,7 +25,7 @@ def eligible(layer):
   """True when `layer` is a BatchNormalization whose computation the fused kernel reproduces."""
   keras_class, own = keras.layers.BatchNormalization, type(layer)
   return (isinstance(layer, keras_class)
-          and own.call is keras_class.call and own._moments is keras_class._moments  # pylint: disable=protected-access
+          and own.call is keras_class.call and not private_apis.overrides_moments(layer)
           and not layer.synchronized and not layer.renorm and layer.axis in (-1, _last_axis(layer)))
 
 
@@ -35,7 +37,7 @@ def _last_axis(layer):
 def fuse(model):
   """Gives every eligible BatchNormalization of `model` (nested ones too) the fused call. Returns how many it
   changed (a layer already fused is left as it is)."""
-  layers = [l for l in model._flatten_layers() if eligible(l) and not getattr(l.call, "fused", False)]  # pylint: disable=protected-access
+  layers = [l for l in private_apis.all_layers(model) if eligible(l) and not getattr(l.call, "fused", False)]
   for layer in layers:
     layer.call = fused_call(layer)  # an instance attribute: the class (and so the saved model) stays Keras'
   return len(layers)
@@ -43,7 +45,7 @@ def fuse(model):
 
 def fused_layers(model):
   """How many of `model`'s layers run through the fused kernel."""
-  return sum(1 for l in model._flatten_layers() if getattr(l.call, "fused", False))  # pylint: disable=protected-access
+  return sum(1 for l in private_apis.all_layers(model) if getattr(l.call, "fused", False))
 
 
 def fused_call(layer):

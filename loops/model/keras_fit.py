@@ -18,6 +18,7 @@ import tensorflow as tf
 
 from errors import ConfigError
 from loops.model import losses
+from loops import private_apis
 
 PORT = "port it to a Task (docs/tasks.md 'Coming from Keras fit')"
 FIT_METHODS = ("train_step", "test_step", "compute_loss")
@@ -31,11 +32,11 @@ def compiled_loss(model):
 
 def compiled_metrics(model):
   """[metric identifiers] of compile(metrics=..., weighted_metrics=...), in order; [] when there are none."""
-  compiled = getattr(model, "_compile_metrics", None) if getattr(model, "compiled", False) else None
-  if compiled is None:
+  if not getattr(model, "compiled", False):
     return []
+  arguments = private_apis.compile_arguments(model)
   found = []
-  for given in (compiled._user_metrics, compiled._user_weighted_metrics):  # pylint: disable=protected-access
+  for given in (arguments.get("metrics"), arguments.get("weighted_metrics")):
     if isinstance(given, dict):
       raise ConfigError(f"model '{model.name}' was compiled with metrics per output ({sorted(given)}); the built-in "
                         f"classification reads one output: {PORT}")
@@ -98,8 +99,7 @@ def per_example_loss(model, labels, outputs):
     raise ConfigError(f"model '{model.name}' was compiled with a loss per output; the built-in classification "
                       f"trains one output: {PORT}")
   weight = _loss_weight(model)
-  from keras.src.trainers import compile_utils  # Keras' own resolution of "crossentropy"/"ce" by the shapes
-  loss = copy.copy(compile_utils.get_loss(identifier, labels, outputs))
+  loss = copy.copy(private_apis.resolve_loss(identifier, labels, outputs))  # "crossentropy"/"ce" as Keras reads them
   loss.reduction = None
   name = f"compiled {describe(identifier)}"
 
@@ -121,7 +121,7 @@ def per_example_loss(model, labels, outputs):
 
 
 def _loss_weight(model):
-  weights = model._compile_config.config.get("loss_weights")  # pylint: disable=protected-access
+  weights = model.get_compile_config().get("loss_weights")
   if weights is None:
     return 1.0
   if isinstance(weights, (int, float)):
@@ -134,13 +134,12 @@ def metrics(model, labels, outputs):
   """[(identifier, new keras Metric)] of the compiled metrics, resolved as Keras resolves them for these labels
   and outputs ("accuracy" -> SparseCategoricalAccuracy for class ids); a Metric object is copied fresh (its
   variables belong to no strategy). Call inside the metrics' scope."""
-  from keras.src.trainers import compile_utils
   made = []
   for identifier in compiled_metrics(model):
     if isinstance(identifier, keras.metrics.Metric):
       made.append((identifier, type(identifier).from_config(identifier.get_config())))
     else:
-      made.append((identifier, compile_utils.get_metric(identifier, labels, outputs)))
+      made.append((identifier, private_apis.resolve_metric(identifier, labels, outputs)))
   return made
 
 

@@ -8,6 +8,7 @@ import tensorflow as tf
 from errors import ConfigError
 from loops.core import plugins
 from loops.model import fused_batchnorm
+from loops import private_apis
 import models
 
 MIXED_PRECISION_POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
@@ -80,7 +81,7 @@ def synchronize_batchnorm(model):
   """Makes every BatchNormalization of `model` (nested ones too) compute its batch statistics over the global
   batch: Keras' synchronized=True (one all-reduce each of sum, sum of squares and count per layer and step;
   gradients flow through them). Returns how many layers it changed."""
-  layers = [l for l in model._flatten_layers()  # pylint: disable=protected-access
+  layers = [l for l in private_apis.all_layers(model)
             if isinstance(l, keras.layers.BatchNormalization) and not l.synchronized]
   for layer in layers:
     layer.synchronized = True  # read at call time by the layer's moments

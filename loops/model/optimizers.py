@@ -9,6 +9,7 @@ import keras
 import tensorflow as tf
 
 from errors import ConfigError
+from loops import private_apis
 
 
 LR_SCALING = {
@@ -141,7 +142,7 @@ def take_over_the_sum(optimizer, name="model"):
   """
   inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer: the one that applies
   settings = [(key, getattr(inner, key, None)) for key in CLIP_SETTINGS if getattr(inner, key, None)]
-  summed = getattr(inner, "_all_reduce_sum_gradients", None)  # Keras 3's TensorFlow optimizer (private: tested)
+  summed = private_apis.gradient_sum(inner)
   if summed is None:
     if settings:
       raise ConfigError(f"optimizer '{name}' ({type(inner).__name__}) clips with {settings[0][0]}, which this "
@@ -160,7 +161,7 @@ def take_over_the_sum(optimizer, name="model"):
       clipped = iter(_CLIPS[setting]([g for g, _ in pairs if g is not None], float(value)))
     return [(None if g is None else next(clipped), v) for g, v in pairs]
 
-  inner._all_reduce_sum_gradients = sum_then_clip  # pylint: disable=protected-access
+  private_apis.replace_gradient_sum(inner, sum_then_clip)
   inner.sum_taken_over = True
   return (setting, float(value)) if setting else None
 
@@ -203,14 +204,14 @@ def set_constant_learning_rate(optimizer, learning_rate):
   """After a restore: a constant learning rate is a variable the checkpoint brought back; this run's value wins
   (a schedule is rebuilt from the config at each start and holds no state)."""
   inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
-  if isinstance(inner._learning_rate, keras.Variable):  # pylint: disable=protected-access
+  if isinstance(inner.learning_rate, keras.Variable):  # a schedule's learning_rate is its value now, a tensor
     inner.learning_rate = learning_rate
 
 
 def moving_averages(optimizer):
   """The optimizer's exponential moving averages of the trainable weights, or None when optimizer.ema_decay is 0."""
   inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
-  return inner._model_variables_moving_average if getattr(inner, "use_ema", False) else None  # pylint: disable=protected-access
+  return private_apis.moving_averages(inner) if getattr(inner, "use_ema", False) else None
 
 
 @contextlib.contextmanager

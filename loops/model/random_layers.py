@@ -22,7 +22,10 @@ import zlib
 import keras
 import tensorflow as tf
 
+from loops import private_apis
+
 _ACTIVE = threading.local()  # MirroredStrategy runs each replica's step in a thread of its own
+SPATIAL_DROPOUTS = (keras.layers.SpatialDropout1D, keras.layers.SpatialDropout2D, keras.layers.SpatialDropout3D)
 LAYER_DOMAIN = 0x6C61796572  # keeps layer draws apart from a task's ctx.normal(salt=...) draws
 ALPHA, SCALE = 1.6732632423543772848170429916717, 1.0507009873554804934193349852946  # SELU's (AlphaDropout)
 
@@ -41,7 +44,7 @@ def keyed(ctx):
 def key(model, model_name, seed):
   """Gives every keyable random layer of `model` (nested ones too) the keyed call; returns their paths."""
   keyed_paths = []
-  for index, layer in enumerate(model._flatten_layers(include_self=False)):  # pylint: disable=protected-access
+  for index, layer in enumerate(private_apis.all_layers(model, include_self=False)):
     noise = _noise_of(layer)
     if noise is not None and not getattr(layer.call, "keyed", False):
       salt = zlib.crc32(f"{model_name}/{index}".encode())
@@ -52,7 +55,7 @@ def key(model, model_name, seed):
 
 def unkeyed(model):
   """`model`'s layers that draw from a Keras SeedGenerator and have no keyed call."""
-  return [layer for layer in model._flatten_layers(include_self=False)  # pylint: disable=protected-access
+  return [layer for layer in private_apis.all_layers(model, include_self=False)
           if not getattr(layer.call, "keyed", False)
           and any(isinstance(value, keras.random.SeedGenerator) for value in vars(layer).values())]
 
@@ -95,8 +98,11 @@ def _keyed_call(layer, noise, seed, salt):
 
 
 def _noise_shape(layer, inputs):
-  if hasattr(layer, "_get_noise_shape"):  # SpatialDropout: [rows, 1, ..., channels]
-    return [tf.shape(inputs)[i] if d is None else d for i, d in enumerate(layer._get_noise_shape(inputs))]  # pylint: disable=protected-access
+  if isinstance(layer, SPATIAL_DROPOUTS):  # one draw per (row, channel): [rows, 1, ..., channels]
+    shape = tf.shape(inputs)
+    ones = [1] * (len(inputs.shape) - 2)
+    first = getattr(layer, "data_format", "channels_last") == "channels_first"
+    return [shape[0], shape[1], *ones] if first else [shape[0], *ones, shape[-1]]
   if layer.noise_shape is None:
     return tf.shape(inputs)
   return [tf.shape(inputs)[i] if d is None else d for i, d in enumerate(layer.noise_shape)]

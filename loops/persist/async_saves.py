@@ -4,6 +4,8 @@ Checkpoints (checkpoints.py) does the saving."""
 
 from absl import logging
 
+from loops import private_apis
+
 # Strategies under which checkpoint.async_save takes effect (verified in tests/test_async_save.py and by hand with
 # 2-worker MWMS); elsewhere saves stay blocking: see docs/reliability.md "Asynchronous saves".
 ASYNC_STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored")
@@ -32,18 +34,8 @@ class LastStaysLast(list):
 
 
 def keras_variables_reuse_their_host_copy():
-  """Makes Keras 3 variables usable with TensorFlow's asynchronous checkpointing (idempotent).
+  """Makes Keras 3 variables usable with TensorFlow's asynchronous checkpointing (idempotent; process-wide).
 
-  Keras 3.15's tensorflow Variable._copy_trackable_to_cpu wraps the host copy in a new tf.Variable on every call;
-  TensorFlow calls it inside a tf.function from the second asynchronous save on, which fails ("tf.function only
-  supports singleton tf.Variables created on the first call"). The Keras variable is saved as the tf.Variable it
-  wraps (same tensors, same names), so it maps to that variable's host copy, made once and updated each save.
-  """
-  from keras.src.backend.tensorflow import core
-
-  def copy_trackable_to_cpu(self, object_map):
-    self.value._copy_trackable_to_cpu(object_map)  # pylint: disable=protected-access
-    if self not in object_map:
-      object_map[self] = object_map[self.value]
-
-  core.Variable._copy_trackable_to_cpu = copy_trackable_to_cpu  # pylint: disable=protected-access
+  The Keras variable is saved as the tf.Variable it wraps (same tensors, same names), so it maps to that variable's
+  host copy, made once and updated each save (loops/private_apis.py says why Keras' own copy fails)."""
+  private_apis.keras_variables_reuse_their_host_copy()

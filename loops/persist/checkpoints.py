@@ -13,6 +13,7 @@ from absl import logging
 import tensorflow as tf
 
 from errors import ConfigError, first_line
+from loops import private_apis
 from loops.model import model as model_lib
 from loops.model import optimizers as optimizers_lib
 from loops.persist import async_saves, init_checkpoint, workdir_lock
@@ -236,7 +237,7 @@ class Series:
     """TensorFlow's writer saves through a tf.train.Checkpoint of its own, whose save_counter nothing increments;
     it is set to the number the manager is about to give this save, so asynchronous checkpoints hold the same
     save_counter as blocking ones (resumed runs end bit-identical). Called after wait(): the writer is idle."""
-    writer = self._checkpoint._async_checkpointer()  # pylint: disable=protected-access  (made on first use)
+    writer = private_apis.async_writer(self._checkpoint, create=True)
     writer.checkpointer().save_counter.assign(self._checkpoint.save_counter + 1)
 
   def wait(self):
@@ -244,9 +245,9 @@ class Series:
     if not self.async_save:
       return
     self._checkpoint.sync()
-    writer = getattr(self._checkpoint, "_async_checkpointer_impl", None)  # no public way to see a write's error
+    writer = private_apis.async_writer(self._checkpoint)  # no public way to see a write's error
     if writer is not None:
-      writer._check_async_thread_error()  # pylint: disable=protected-access
+      private_apis.raise_async_write_error(writer)
 
   def close(self):
     """Waits for pending writes (the process never exits with one half done), then removes the scratch directory."""
@@ -291,8 +292,7 @@ def _restore_matched(checkpoint, path):
 
 def _pending(trackable):
   """TF's {name: [restore positions]} a trackable keeps for dependencies not attached yet (no public accessor)."""
-  trackable._maybe_initialize_trackable()  # pylint: disable=protected-access
-  return trackable._deferred_dependencies  # pylint: disable=protected-access
+  return private_apis.pending_restores(trackable)
 
 
 def scratch_directory(root=None):

@@ -25,9 +25,9 @@ from absl import logging
 import keras
 import numpy as np
 import tensorflow as tf
-from tensorflow.core.protobuf import trackable_object_graph_pb2
 
 from errors import ConfigError, first_line
+from loops import private_apis
 from loops.model.freeze import compact
 
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
@@ -165,7 +165,7 @@ def _read_checkpoint(prefix, slots):
   if not reader.has_tensor(OBJECT_GRAPH):
     raise ConfigError(f"init.checkpoint '{prefix}' has no object graph (a TF1 name-based checkpoint?); give "
                       f"{SOURCES}")
-  graph = trackable_object_graph_pb2.TrackableObjectGraph()
+  graph = private_apis.trackable_object_graph()
   graph.ParseFromString(reader.get_tensor(OBJECT_GRAPH))
   root = {child.local_name: child.node_id for child in graph.nodes[0].children}
   if "model" not in root:
@@ -305,7 +305,7 @@ def _load_slots(source, optimizer, model, loaded_places):
                     source.description)
     return 0
   owner_place = {id(v): place for place, v in model_variables(model).items()}
-  trainables = [owner_place.get(id(v)) for v in optimizer._trainable_variables]  # pylint: disable=protected-access
+  trainables = [owner_place.get(id(v)) for v in private_apis.built_variables(optimizer)]
   taken, loaded = 0, set(loaded_places)
   for name, group in tf.train.TrackableView(optimizer).children(optimizer).items():
     items = list(tf.train.TrackableView(group).children(group).values())

@@ -11,6 +11,7 @@ from absl import logging
 import tensorflow as tf
 
 from errors import ConfigError
+from loops import private_apis
 
 
 def signal_numbers(names):
@@ -179,12 +180,11 @@ class _SignalReader:
 def _with_platform_notices(watcher):
   """Adds, on GCE, TensorFlow's maintenance-event watcher (a custom watcher replaces it). The platform probe (an
   HTTP request, up to 5 s) runs once, in the handler's polling thread, not in the run's start-up."""
-  from tensorflow.python.distribute.failure_handling import failure_handling_util as util
   on_gce = []
 
   def watch():
     if not on_gce:
-      on_gce.append(util.on_gcp())
-    return watcher() or (on_gce[0] and util.termination_watcher_function_gce())
+      on_gce.append(private_apis.on_gce())
+    return watcher() or (on_gce[0] and private_apis.gce_maintenance_notice())
 
   return watch
