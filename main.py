@@ -40,7 +40,7 @@ from loops import finders
 from loops import replica_check
 from loops import run
 from loops import worker_check
-from loops.persist import console
+from loops.core import console
 from loops.persist import preemption
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Path to a config file (configs/*.py[:arg]).")

@@ -16,10 +16,10 @@ from loops.core import plugins
 from loops.distribute import cluster
 from loops.distribute import steps
 from loops.distribute import strategy as strategy_lib
-from loops.model import fused_batchnorm
-from loops.model import losses
-from loops.model import model as model_lib
-from loops.model import optimizers
+from loops.modeling import fused_batchnorm
+from loops.modeling import losses
+from loops.modeling import model as model_lib
+from loops.modeling import optimizers
 import models
 
 # The built-in classification written as a user's loss-level task: what the contract costs a user's step.
@@ -80,7 +80,7 @@ class Contenders:
   def __init__(self, config, window_calls):
     self.config, self.window_calls = config, window_calls
     strategy_lib.configure_devices(config)
-    self.strategy = strategy_lib.build(config, cluster.ClusterTask())
+    self.strategy = strategy_lib.build(config, cluster.ClusterRole())
     keras.utils.set_random_seed(config.seed)
     self.source = data.load(config.data)
     self.plan = plan_lib.derive(config, self.strategy.num_replicas_in_sync, self.source.train_size)

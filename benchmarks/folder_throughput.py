@@ -73,7 +73,7 @@ def main(argv):
   if _MAKE.value:
     timed.make_folder(_FOLDER.value, _MAKE.value, _SIZE.value)
   strategy_lib.configure_devices(config)
-  strategy = strategy_lib.build(config, cluster.ClusterTask())
+  strategy = strategy_lib.build(config, cluster.ClusterRole())
   keras.utils.set_random_seed(config.seed)
   cases, load_seconds = load_cases(config)
   folder_config, folder = cases["streamed"]

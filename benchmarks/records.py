@@ -136,7 +136,7 @@ def main(argv):
     timed.make_folder(_FOLDER.value, _MAKE.value, _SIZE.value, classes=2)
   outs = {fmt: prepared(config, fmt) for fmt in ("jpeg", "raw")}
   strategy_lib.configure_devices(config)
-  strategy = strategy_lib.build(config, cluster.ClusterTask())
+  strategy = strategy_lib.build(config, cluster.ClusterRole())
   keras.utils.set_random_seed(config.seed)
   batch = config.train.global_batch_size
   cases = {"folder": data_config(config)}

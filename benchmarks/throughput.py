@@ -16,7 +16,7 @@ Same model, data, strategy, global batch and steps per call for all (built in be
              model has BatchNorm layers the framework fuses: what the loop alone gains
   user_task  "framework" with examples.tasks.digits:Classifier, the built-in classification (same loss, same
              train/accuracy) written as a user's loss-level task: what the task contract costs a user's step
-The framework contenders run the model as a run does (loops.model.model.configure_batchnorm: fused BatchNorm by
+The framework contenders run the model as a run does (loops.modeling.model.configure_batchnorm: fused BatchNorm by
 default); keras_fit and bare_loop run it as Keras does.
 Warm-up calls (tracing) are not timed; every figure is the median of --windows timed windows, interleaved
 in rounds (a, b, c, then b, c, a, ...: each takes every place in turn) so machine noise hits all alike; the
@@ -110,7 +110,7 @@ def main(argv):
 
 def half_precision_units():
   """The CPU's native bfloat16/float16 units (oneDNN uses them): without them mixed precision is emulated, slower."""
-  from loops.model import model as model_lib
+  from loops.modeling import model as model_lib
   native = {flag for flags in model_lib.NATIVE_CPU_FLAGS.values() for flag in flags}
   return sorted(native & model_lib.cpu_flags())
 

@@ -9,8 +9,8 @@ import numpy as np
 import tensorflow as tf
 
 from loops.distribute import steps
-from loops.model import losses
-from loops.model import optimizers
+from loops.modeling import losses
+from loops.modeling import optimizers
 
 
 def make_folder(root, count, size, classes=10):

@@ -171,7 +171,7 @@ def _model_and_loss(c):
 
   c.loss = ml_collections.ConfigDict()
   # "" = the loss the model was compile()d with (per example, averaged over the global batch; its metrics join
-  # eval.metrics), else sparse_categorical_crossentropy. Or a registry name (loops/model/losses.py) or
+  # eval.metrics), else sparse_categorical_crossentropy. Or a registry name (loops/modeling/losses.py) or
   # "package.module:function"; a name set here wins over a compiled loss (a warning says so).
   c.loss.name = ""
   c.loss.label_smoothing = 0.0

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from data import tfrecord as tfrecord_lib
 from data import user_source
-from data.source import Source, from_arrays
+from data.loaded_source import Source, from_arrays
 from errors import ConfigError, first_line, unknown_name
 
 

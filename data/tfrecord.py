@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from data import records
-from data.source import Source, from_arrays
+from data.loaded_source import Source, from_arrays
 from errors import ConfigError
 
 MANIFEST = "manifest.json"

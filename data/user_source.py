@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 from data import user_stream
-from data.source import Source
+from data.loaded_source import Source
 from errors import ConfigError
 
 

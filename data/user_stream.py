@@ -29,7 +29,7 @@ import re
 
 import tensorflow as tf
 
-from data.source import Source
+from data.loaded_source import Source
 from errors import ConfigError, InputPipelineError
 
 _MAX_EPOCHS = 1 << 40

@@ -1,4 +1,4 @@
-"""build(config, task) -> Parts: everything a run is made of, built once, in the right scopes.
+"""build(config, role) -> Parts: everything a run is made of, built once, in the right scopes.
 
 Strategy, data source, plan (derived values), models, optimizers, step counter, loss, eval metrics and the
 checkpoint holding them (loops/persist/checkpoints.holding; callbacks add their own state to it); loops/check.py judges
@@ -22,15 +22,15 @@ from loops.distribute import cluster
 from loops.distribute import execution
 from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
-from loops.model import freeze as freeze_lib
-from loops.model import keras_fit
-from loops.model import losses
-from loops.model import metrics as metrics_lib
-from loops.model import model as model_lib
-from loops.model import optimizers
-from loops.model import random_layers
+from loops.modeling import freeze as freeze_lib
+from loops.modeling import keras_fit
+from loops.modeling import losses
+from loops.modeling import metrics as metrics_lib
+from loops.modeling import model as model_lib
+from loops.modeling import optimizers
+from loops.modeling import random_layers
 from loops.persist import checkpoints
-from loops.persist import console
+from loops.core import console
 from loops import private_apis
 from loops import task as task_lib
 from loops.task import classification as classification_lib
@@ -38,7 +38,7 @@ from loops.task import classification as classification_lib
 
 @dataclasses.dataclass(frozen=True)
 class Parts:
-  task: cluster.ClusterTask
+  role: cluster.ClusterRole
   strategy: tf.distribute.Strategy
   source: data.Source
   plan: plan_lib.Plan
@@ -46,7 +46,7 @@ class Parts:
   model: keras.Model  # the task's model named "model" (exported, warm-started)
   optimizer: keras.optimizers.Optimizer  # its optimizer (or the first one)
   step_counter: tf.Variable
-  training_task: task_lib.Task  # what is trained (loops/task)
+  task: task_lib.Task  # what is trained (loops/task)
   models: dict  # {name: keras.Model}
   optimizers: dict  # {model name: optimizer}, trainable models only
   learning_rates: dict  # {model name: scaled base learning rate}
@@ -58,7 +58,7 @@ class Parts:
   @property
   def eval_tags(self):
     """Every eval result a run reports: eval/<metric>, then the task's reduce_eval names."""
-    return metrics_lib.tags(list(self.eval_metrics) + list(self.training_task.eval_reduced))
+    return metrics_lib.tags(list(self.eval_metrics) + list(self.task.eval_reduced))
 
   @property
   def task_metrics(self):
@@ -77,12 +77,12 @@ def determinism_restored():
       private_apis.disable_op_determinism()
 
 
-def build(config, task, kept=None):
-  """Builds every part of the run for this task (config already passed loops/check.py's check and check_task).
+def build(config, role, kept=None):
+  """Builds every part of the run for this task (config already passed loops/check.py's check and check_role).
 
   Args:
     config: the resolved config.
-    task: this process's cluster.ClusterTask.
+    role: this process's cluster.ClusterRole.
     kept: plan values a resumed run keeps from its record (loops/resume.py), or None.
 
   Returns:
@@ -91,14 +91,14 @@ def build(config, task, kept=None):
   Raises:
     ConfigError: for what only the data, the replica count or the built model reveal.
   """
-  with startup.bounded_start(task, config.cluster.startup_timeout_seconds):
-    strategy = strategy_lib.build(config, task)
+  with startup.bounded_start(role, config.cluster.startup_timeout_seconds):
+    strategy = strategy_lib.build(config, role)
   keras.utils.set_random_seed(config.seed)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
   source = data.load(config.data, *task_lib.streams_of(config))
   plan = plan_lib.derive(config, strategy.num_replicas_in_sync, source.train_size,
-                         num_input_pipelines=execution.input_pipelines(strategy, task),
+                         num_input_pipelines=execution.input_pipelines(strategy, role),
                          epoch_steps=lambda global_batch: data.steps_per_epoch(source, config.data, global_batch),
                          kept=kept)
   check.check_derived(config, plan, source)
@@ -113,42 +113,42 @@ def build(config, task, kept=None):
     made = metrics_lib.build(tuple(config.eval.metrics), source.num_classes) if classification else []
   check.check_metrics(made, tuple(config.eval.metrics))
   classification_metrics = {name: m for name, m in metrics_lib.by_name(made).items() if name != metrics_lib.LOSS}
-  training_task = task_lib.load(config, loss_fn, classification_metrics)
+  task = task_lib.load(config, loss_fn, classification_metrics)
   element_spec = _element_spec(source, input_shape)
   learning_rates = {}
-  models, optimizers_by_model, step_counter = _build_trainables(config, strategy, plan, training_task, element_spec,
+  models, optimizers_by_model, step_counter = _build_trainables(config, strategy, plan, task, element_spec,
                                                                 source.num_classes, learning_rates)
   model = models.get("model") or next(iter(models.values()))
   if classification:
-    made = _take_compiled(config, strategy, training_task, model, element_spec, made)
-    check.check_model_outputs(training_task.loss_fn, model, input_shape, source.num_classes,
+    made = _take_compiled(config, strategy, task, model, element_spec, made)
+    check.check_model_outputs(task.loss_fn, model, input_shape, source.num_classes,
                               soft_labels=mixing.mixes(config.data))
   eval_spec = source.eval.element_spec if source.streams else element_spec  # a task's eval stream's
-  eval_means, eval_metrics = _eval_metrics(strategy, training_task, models, eval_spec, plan, made)
+  eval_means, eval_metrics = _eval_metrics(strategy, task, models, eval_spec, plan, made)
   checkpoint = checkpoints.holding(models, optimizers_by_model, step_counter)
   logging.info("task %s: %s", config.task.name, ", ".join(
       f"{name} {m.count_params()} parameters" for name, m in models.items()))
   optimizer = optimizers_by_model.get("model") or next(iter(optimizers_by_model.values()), None)
-  parts = Parts(task=task, strategy=strategy, source=source, plan=plan, input_shape=input_shape, model=model,
-                optimizer=optimizer, step_counter=step_counter, training_task=training_task, models=models,
+  parts = Parts(role=role, strategy=strategy, source=source, plan=plan, input_shape=input_shape, model=model,
+                optimizer=optimizer, step_counter=step_counter, task=task, models=models,
                 optimizers=optimizers_by_model, learning_rates=learning_rates, eval_means=eval_means,
                 eval_metrics=eval_metrics, element_spec=element_spec, checkpoint=checkpoint)
   check.check_metric_references(config, parts.eval_tags)
   return parts
 
 
-def _take_compiled(config, strategy, training_task, model, element_spec, made):
-  """The built-in classification on a compile()d model (loops/model/keras_fit.py): its loss when loss.name is
+def _take_compiled(config, strategy, task, model, element_spec, made):
+  """The built-in classification on a compile()d model (loops/modeling/keras_fit.py): its loss when loss.name is
   "", its metrics after eval.metrics'. Returns every eval metric made."""
   labels = tf.zeros([2, *element_spec[1].shape], element_spec[1].dtype)
   outputs, _ = classification_lib.forward(model, tf.zeros([2, *element_spec[0].shape], element_spec[0].dtype), False)
   loss_fn = keras_fit.loss_for_run(config, model, labels, outputs)
   if loss_fn is not None:
-    training_task.loss_fn = loss_fn
+    task.loss_fn = loss_fn
   with execution.metrics_scope(strategy):
     added = keras_fit.added_metrics(made, model, labels, outputs)
   check.check_metrics(made + added, tuple(config.eval.metrics) + tuple(keras_fit.describe(i) for i, _ in added))
-  training_task.add_metrics(metrics_lib.by_name(added))
+  task.add_metrics(metrics_lib.by_name(added))
   if loss_fn is not None or added:
     logging.info("model '%s' was compile()d: the run trains %s, reports %s", model.name,
                  "its loss per example over the global batch" if loss_fn else f"loss.name={config.loss.name!r}",
@@ -165,18 +165,18 @@ def _element_spec(source, input_shape):
   return tf.TensorSpec(input_shape, tf.float32), tf.TensorSpec(targets.shape, targets.dtype)
 
 
-def _eval_metrics(strategy, training_task, models, element_spec, plan, made):
+def _eval_metrics(strategy, task, models, element_spec, plan, made):
   """(means of the task's per-example eval values, every eval metric by name), created in the metrics' scope."""
   with execution.metrics_scope(strategy):
     if made:  # the built-in: "loss" and eval.metrics, as check_metrics accepted them
       eval_metrics = metrics_lib.by_name(made)
       return {metrics_lib.LOSS: eval_metrics[metrics_lib.LOSS]}, eval_metrics
-    task_metrics = training_task.build_metrics()
-    names = task_lib.eval_names(training_task, models, element_spec, plan.global_batch_size, task_metrics)
+    task_metrics = task.build_metrics()
+    names = task_lib.eval_names(task, models, element_spec, plan.global_batch_size, task_metrics)
     means = {name: keras.metrics.Mean(name=name) for name in names}
   clash = sorted(set(means) & set(task_metrics))
   if clash:
-    raise ConfigError(f"{type(training_task).__name__}: eval_step values and build_metrics share the names {clash}")
+    raise ConfigError(f"{type(task).__name__}: eval_step values and build_metrics share the names {clash}")
   return means, {**means, **task_metrics}
 
 
@@ -194,7 +194,7 @@ def _known(num_classes, config):
   return num_classes
 
 
-def _build_trainables(config, strategy, plan, training_task, element_spec, num_classes, learning_rates):
+def _build_trainables(config, strategy, plan, task, element_spec, num_classes, learning_rates):
   """The task's models (built on the element spec), their optimizers (built before the first step: a Keras 3
   multi-replica pitfall) and the step counter, in the strategy's scope."""
   made_rates = {}  # id(optimizer) -> its scaled base learning rate
@@ -203,8 +203,8 @@ def _build_trainables(config, strategy, plan, training_task, element_spec, num_c
         config, element_spec, num_classes,
         make_model=lambda: model_lib.build_model(config, tuple(element_spec[0].shape), _known(num_classes, config)),
         make_optimizer=lambda **overrides: _make_optimizer(config, plan, made_rates, overrides))
-    models = dict(training_task.build_models(context))
-    check.check_models(training_task, models)
+    models = dict(task.build_models(context))
+    check.check_models(task, models)
     for name, model in models.items():
       _ensure_built(model, element_spec)
       keras_fit.warn_unused_overrides(name, model)
@@ -213,17 +213,17 @@ def _build_trainables(config, strategy, plan, training_task, element_spec, num_c
       _key_random_layers(name, model, config.seed)
     if config.train.freeze:
       _freeze(config, list(models.values()))
-    optimizers_by_model = dict(training_task.build_optimizers(context, models))
+    optimizers_by_model = dict(task.build_optimizers(context, models))
     for name, optimizer in optimizers_by_model.items():
       learning_rates[name] = made_rates.get(id(optimizer), plan.learning_rate)
-    check.check_optimizers(training_task, models, optimizers_by_model, config.mixed_precision == "float16")
+    check.check_optimizers(task, models, optimizers_by_model, config.mixed_precision == "float16")
     for name, optimizer in optimizers_by_model.items():
       clipping = optimizers.take_over_the_sum(optimizer, name)
       if clipping:
         logging.info("optimizer '%s' clips by %s=%g after the cross-replica gradient sum", name, *clipping)
-      if training_task.transforms_gradients and not getattr(
+      if task.transforms_gradients and not getattr(
           getattr(optimizer, "inner_optimizer", optimizer), "sum_taken_over", False):
-        raise ConfigError(f"{type(training_task).__name__}.transform_gradients needs keras.optimizers optimizers; "
+        raise ConfigError(f"{type(task).__name__}.transform_gradients needs keras.optimizers optimizers; "
                           f"'{name}' is {type(optimizer).__name__}")
       optimizer.build(models[name].trainable_variables)
     step_counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="step",

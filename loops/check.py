@@ -1,11 +1,11 @@
 """Every rule of a run, in stages, before anything is trained or written (runs and --dry_run alike). The rules live
-with what they check (data/checks.py, loops/model/checks.py, loops/distribute/checks.py, loops/task/checks.py,
+with what they check (data/checks.py, loops/modeling/checks.py, loops/distribute/checks.py, loops/task/checks.py,
 loops/callbacks/checks.py, loops/finders/checks.py); this module runs them in order, plus the rules of the run
 itself (length, cadence, outputs, resume and preemption). Each raises ConfigError: one line, what is wrong, what
 is valid.
 
   check(config)                          every setting on its own; no TensorFlow state (imports the registries)
-  check_task(config, task)               the strategy against the cluster and the machine's devices
+  check_role(config, role)               the strategy against the cluster and the machine's devices
   check_derived(config, plan, source)    what needs the replica count and the data: batch splits, epochs, warmup,
                                          channels; then, once built, check_metric_references, check_model_outputs,
                                          check_callbacks
@@ -18,8 +18,8 @@ from data import checks as data_checks
 from errors import ConfigError, at_least, one_of
 from loops.callbacks import checks as callback_checks
 from loops.distribute import checks as distribute_checks
-from loops.model import checks as model_checks
-from loops.model import optimizers
+from loops.modeling import checks as model_checks
+from loops.modeling import optimizers
 from loops.persist import preemption
 from loops.persist import tracking
 from loops.task import checks as task_checks
@@ -30,7 +30,7 @@ NAN_POLICIES = ("stop", "rollback")
 MODES_OF_RUN = ("train", "evaluate")
 
 # The build-time stages, where their rules live.
-check_task = distribute_checks.check_task
+check_role = distribute_checks.check_role
 check_metrics = model_checks.check_metrics
 check_model_outputs = task_checks.check_model_outputs
 check_models = task_checks.check_models

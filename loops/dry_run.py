@@ -14,19 +14,19 @@ from data import user_stream
 from loops import build as build_lib
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
-from loops.model import fused_batchnorm
-from loops.model import model as model_lib
+from loops.modeling import fused_batchnorm
+from loops.modeling import model as model_lib
 from loops.persist import init_checkpoint
 from loops.persist import tracking
 
 
 def report(config, workdir, parts, user_callbacks):
   """Prints and returns {setting: value} for a checked and built run (loops/build.py Parts)."""
-  plan, source, task = parts.plan, parts.source, parts.task
+  plan, source, role = parts.plan, parts.source, parts.role
   report = {
       "dry_run": True,
       "strategy": config.strategy,
-      "process": f"{task.type}:{task.index}" + (" (chief)" if task.is_chief else ""),
+      "process": f"{role.type}:{role.index}" + (" (chief)" if role.is_chief else ""),
       "replicas": plan.replicas,
       "global_batch_size": plan.global_batch_size,
       "per_replica_batch_size": plan.per_replica_batch_size,
@@ -66,7 +66,7 @@ def report(config, workdir, parts, user_callbacks):
       "resumes_from": tf.train.latest_checkpoint(posixpath.join(workdir, "checkpoints")),
   }
   report["trained_parameters"] = build_lib.trained_parameters(parts)
-  if parts.training_task.writes_step or config.task.name != "classification":
+  if parts.task.writes_step or config.task.name != "classification":
     del report["model"], report["parameters"]  # model.name is the built-in's; the models row says it all
   if config.init.checkpoint:
     report["init"] = _init_line(config, parts, report["resumes_from"])
@@ -109,7 +109,7 @@ def _data_checks(d):
 
 
 def _task_line(config, parts):
-  task = parts.training_task
+  task = parts.task
   level = "step level (its own train_step)" if task.writes_step else "loss level (per_example_loss)"
   return f"{config.task.name}: {level}; train scalars {['loss', *task.train_metrics]}"
 

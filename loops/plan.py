@@ -7,7 +7,7 @@ size; it checks nothing (loops/check.py's check_derived judges the values, befor
 import dataclasses
 import math
 
-from loops.model import optimizers
+from loops.modeling import optimizers
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,9 +27,9 @@ from loops import check as check_lib
 from loops.distribute import cluster
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
-from loops.model import model as model_lib
-from loops.model import optimizers as optimizers_lib
-from loops.model import random_layers
+from loops.modeling import model as model_lib
+from loops.modeling import optimizers as optimizers_lib
+from loops.modeling import random_layers
 from loops import private_apis
 
 TOLERANCE = 1e-3  # largest relative difference of an update (float32 sums in another order stay below 1e-4)
@@ -63,18 +63,18 @@ class Suspects:
   clipping: tuple = ()  # gradient clipping in the step (name scopes), before the optimizers' cross-replica sum
 
 
-def trained_values(config, steps, task=None):
-  """{key: (initial, final, path)} of every model and optimizer variable after `steps` steps. task: this process's
-  cluster.ClusterTask (a worker of loops/worker_check.py), default local."""
-  return train(config, steps, task=task)[0]
+def trained_values(config, steps, role=None):
+  """{key: (initial, final, path)} of every model and optimizer variable after `steps` steps. role: this process's
+  cluster.ClusterRole (a worker of loops/worker_check.py), default local."""
+  return train(config, steps, role=role)[0]
 
 
-def train(config, steps, turn_off=(), task=None):
+def train(config, steps, turn_off=(), role=None):
   """(trained_values, Suspects) of this config; turn_off: suspects removed first ("batchnorm": synchronized,
   "random": in inference mode)."""
   check_lib.check(config)
   strategy_lib.configure_devices(config)
-  parts = build_lib.build(config, task or cluster.ClusterTask())
+  parts = build_lib.build(config, role or cluster.ClusterRole())
   _turn_off(parts, turn_off)
   variables = _named_variables(parts)
   initial = {key: v.numpy().copy() for key, v in variables.items()}
@@ -103,7 +103,7 @@ def _turn_off(parts, kinds):
 
 def clipping_scopes(graph_def):
   """The name scopes of gradient clipping (tf.clip_by_global_norm, tf.clip_by_norm) in a traced step, but for the
-  optimizers' own clipping after the sum (loops/model/optimizers.py)."""
+  optimizers' own clipping after the sum (loops/modeling/optimizers.py)."""
   names = [node.name for node in graph_def.node] + [
       node.name for function in graph_def.library.function for node in function.node_def]
   scopes = {re.sub(r"^(.*?clip_by_(?:global_)?norm(?:_\d+)?)/.*$", r"\1", name) for name in names

@@ -54,7 +54,7 @@ def decide(config: Any, workdir: str, trains: bool) -> Resume:
   return Resume(recorded, changes, starts.kept_plan_values(recorded, [key for key, _, _ in changes]))
 
 
-def record(resume: Resume, config: Any, plan: Any, step: int, workdir: str, task: Any) -> None:
+def record(resume: Resume, config: Any, plan: Any, step: int, workdir: str, role: Any) -> None:
   """Logs what this start changed (settings, replica count) and appends it to the record (chief)."""
   if resume.changes:
     logging.warning("resumed with changed settings (recorded -> now): %s", starts.describe(resume.changes))
@@ -64,6 +64,6 @@ def record(resume: Resume, config: Any, plan: Any, step: int, workdir: str, task
     logging.warning("resumed on %d replica(s), recorded %d: global batch %d and learning rate %g %s; per-replica "
                     "batch %d", plan.replicas, recorded_plan["replicas"], plan.global_batch_size, plan.learning_rate,
                     kept, plan.per_replica_batch_size)
-  if task.is_chief:
+  if role.is_chief:
     starts.append(workdir, starts.entry(step, json.loads(config.to_json_best_effort()), dataclasses.asdict(plan),
-                                        list(resume.changes), f"{task.type}:{task.index}"))
+                                        list(resume.changes), f"{role.type}:{role.index}"))

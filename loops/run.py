@@ -1,8 +1,8 @@
 """train_and_evaluate(config, workdir): check, build, restore, then the outer loop with its callbacks.
 
   check.check(config)            every setting, before anything is built or written (loops/check.py)
-  check.check_task(config, task) the strategy against the cluster and the devices
-  build.build(config, task)      strategy, data, plan, model, optimizer, loss, metrics, checkpoint
+  check.check_role(config, role) the strategy against the cluster and the devices
+  build.build(config, role)      strategy, data, plan, model, optimizer, loss, metrics, checkpoint
   Checkpoints.for_run(...)       restore, warm start, callback state, learning rates; every save (loops/persist/)
   execution.make(parts, config)  how this strategy family trains and evaluates (loops/distribute/)
   Loop(...).run()                the sequence (loops/core/loop.py); built-in and user callbacks do the rest
@@ -72,51 +72,51 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   wall_started = time.perf_counter()
   check_lib.check(config)
   strategy_lib.configure_devices(config)
-  task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
+  role = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
                                   workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
                                   k8s_port=config.cluster.k8s_port)
-  if config.mode == "evaluate" and not task.is_evaluator:
-    task = cluster.ClusterTask(type="evaluator", cluster=task.cluster)
-  check_lib.check_task(config, task)
-  if task.is_distributed and not dry_run:
-    startup.check_port_free(task)
-  if execution_lib.serve_if_server(config, task):
+  if config.mode == "evaluate" and not role.is_evaluator:
+    role = cluster.ClusterRole(type="evaluator", cluster=role.cluster)
+  check_lib.check_role(config, role)
+  if role.is_distributed and not dry_run:
+    startup.check_port_free(role)
+  if execution_lib.serve_if_server(config, role):
     return None
   with contextlib.ExitStack() as cleanup:
     if not dry_run:  # before anything is built, restored or written: a second run on this workdir stops here
-      locked = posixpath.join(workdir, "eval") if task.is_evaluator else workdir  # one evaluator per workdir
-      cleanup.enter_context(workdir_lock.held(locked, task.is_chief or task.is_evaluator))
-    resume = resume_lib.decide(config, workdir, trains=not task.is_evaluator)
-    parts = build_lib.build(config, task, kept=resume.kept)
+      locked = posixpath.join(workdir, "eval") if role.is_evaluator else workdir  # one evaluator per workdir
+      cleanup.enter_context(workdir_lock.held(locked, role.is_chief or role.is_evaluator))
+    resume = resume_lib.decide(config, workdir, trains=not role.is_evaluator)
+    parts = build_lib.build(config, role, kept=resume.kept)
     named_callbacks = callbacks_lib.load_user(config, callback_objects)
     check_lib.check_callbacks(named_callbacks)
     user_callbacks = [callback for _, callback in named_callbacks]
     if dry_run:
       return dry_run_lib.report(config, workdir, parts, user_callbacks)
-    if task.is_evaluator:
+    if role.is_evaluator:
       return sidecar.Sidecar(config, workdir, parts).run()
     return _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume)
 
 
 def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume):
-  task = parts.task
+  role = parts.role
   checkpoints = checkpoints_lib.Checkpoints.for_run(config, workdir, parts)
   cleanup.callback(checkpoints.close)
   init_table, init_counts = checkpoints.restore()  # the latest, else the warm start: refusals come before any write
-  writer = writers.for_task(workdir, task.is_chief)
+  writer = writers.for_role(workdir, role.is_chief)
   writer.prepare_workdir(config)  # only once every name, value and checkpoint has been accepted
   if init_table:
     writer.info("%s", init_table)
   cleanup.callback(writer.close)
-  trackers = tracking.start(config, workdir, parts.plan, task)
+  trackers = tracking.start(config, workdir, parts.plan, role)
   if trackers:
     cleanup.push(trackers.on_exit)
     writer.track(trackers)
   writer.write_json("plan.json", dataclasses.asdict(parts.plan))  # the derived values (the evaluator's end step)
   execution = execution_lib.make(parts, config)
-  resume_lib.record(resume, config, parts.plan, execution.step, workdir, task)
+  resume_lib.record(resume, config, parts.plan, execution.step, workdir, role)
   state = loop_lib.State(step=execution.step, total_steps=parts.plan.total_steps,
-                         steps_per_epoch=parts.plan.steps_per_epoch, is_chief=task.is_chief, workdir=workdir,
+                         steps_per_epoch=parts.plan.steps_per_epoch, is_chief=role.is_chief, workdir=workdir,
                          writer=writer, config=config, models=parts.models)
   state.summary.update(init_counts)
   nan_guard = NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,

@@ -312,12 +312,12 @@ def worker_main(argv):
   """The worker side: trains each config of DIRECTORY in turn; the chief writes each one's values there."""
   directory, parent_pid = argv[1], int(argv[2])
   die_with_parent(parent_pid, directory)
-  task = cluster.from_environment(source="tf_config")
-  startup.check_port_free(task)
+  role = cluster.from_environment(source="tf_config")
+  startup.check_port_free(role)
   for n, config in enumerate(load_configs(directory)):
-    check_lib.check_task(config, task)
-    values = replica_check.trained_values(config, config.train.steps, task)
-    if task.is_chief:
+    check_lib.check_role(config, role)
+    values = replica_check.trained_values(config, config.train.steps, role)
+    if role.is_chief:
       save_values(values_path(directory, n), values)
 
 

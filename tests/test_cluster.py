@@ -90,7 +90,7 @@ def test_single_srun_task_is_local_and_bad_slurm_env_is_explained():
 
 def test_auto_trains_locally_in_a_batch_shell_and_joins_the_cluster_in_an_srun_task():
   """`sbatch --ntasks=2 --wrap "python main.py ..."` is one process: SLURM_NTASKS=2 alone is no cluster."""
-  assert cluster.from_environment(BATCH_SHELL) == cluster.ClusterTask()
+  assert cluster.from_environment(BATCH_SHELL) == cluster.ClusterRole()
   task = cluster.from_environment(SRUN_TASK_1)
   assert (task.type, task.index, task.num_workers, task.is_chief) == ("worker", 1, 2, False)
   base = 20000 + 17 * 64

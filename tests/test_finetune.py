@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from errors import ConfigError
 from loops import run
-from loops.model import freeze as freeze_lib
+from loops.modeling import freeze as freeze_lib
 from loops.persist import init_checkpoint
 from loops.persist import starts
 import models

@@ -1,4 +1,4 @@
-"""float16 with dynamic loss scaling (Keras 3's LossScaleOptimizer, wrapped by loops/model/optimizers.build): digits
+"""float16 with dynamic loss scaling (Keras 3's LossScaleOptimizer, wrapped by loops/modeling/optimizers.build): digits
 trains to >= 0.95, and a step whose gradients overflow float16 is skipped while the loss scale halves."""
 
 import numpy as np
@@ -8,7 +8,7 @@ import tensorflow as tf
 from loops import build as build_lib
 from loops import run
 from loops.distribute import execution as execution_lib
-from loops.model import model as model_lib
+from loops.modeling import model as model_lib
 from tests.conftest import load_config, set_keys
 
 
@@ -59,7 +59,7 @@ def test_an_overflowing_step_is_skipped_and_the_loss_scale_halves(strategy, repl
   config = float16_digits(**{"strategy": strategy, "cpu_replicas": replicas, "train.steps": 6,
                              "loss.name": "tests.test_float16:overflows_at_step", "loss.kwargs.at_step": 3})
   from loops.finders import trial
-  parts = build_lib.build(config, trial.task_of(config))
+  parts = build_lib.build(config, trial.role_of(config))
   execution = execution_lib.make(parts, config)
   optimizer = parts.optimizer
   assert type(optimizer).__name__ == "LossScaleOptimizer"

@@ -1,4 +1,4 @@
-"""loops/model/fused_batchnorm.py: the fused kernel computes what Keras' BatchNormalization computes, and only where it can."""
+"""loops/modeling/fused_batchnorm.py: the fused kernel computes what Keras' BatchNormalization computes, and only where it can."""
 
 import os
 
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from loops.model import fused_batchnorm
-from loops.model import model as model_lib
+from loops.modeling import fused_batchnorm
+from loops.modeling import model as model_lib
 from tests.conftest import load_config
 
 

@@ -11,7 +11,7 @@ from tests.conftest import REPO
 
 OURS = ("errors", "data", "models", "loops", "launch", "configs", "benchmarks", "examples", "main", "tests")
 # Inside loops/: a room may import itself and the rooms after it (the top modules may import every room).
-ROOMS = ("callbacks", "distribute", "task", "persist", "model", "private_apis", "core")
+ROOMS = ("callbacks", "distribute", "task", "persist", "modeling", "private_apis", "core")
 
 
 def python_files(folder):

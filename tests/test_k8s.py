@@ -354,13 +354,13 @@ def test_auto_takes_tf_config_mpi_and_srun_first_and_k8s_only_with_the_completio
           "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURM_JOB_ID": "7"}
   assert cluster.from_environment({**indexed_pod(0), **srun}).cluster["worker"][0].startswith("n1:")
   without_completions = {k: v for k, v in indexed_pod(1).items() if k != "K8S_JOB_COMPLETIONS"}
-  assert cluster.from_environment(without_completions) == cluster.ClusterTask()  # an Indexed Job of local runs
-  assert cluster.from_environment(indexed_pod(1), source="local") == cluster.ClusterTask()
+  assert cluster.from_environment(without_completions) == cluster.ClusterRole()  # an Indexed Job of local runs
+  assert cluster.from_environment(indexed_pod(1), source="local") == cluster.ClusterRole()
 
 
 def test_a_single_pod_job_trains_locally():
-  assert cluster.from_environment(indexed_pod(0, completions=1)) == cluster.ClusterTask()
-  assert cluster.from_environment(jobset_pod(0, 0, replicas=1, completions=1), source="k8s") == cluster.ClusterTask()
+  assert cluster.from_environment(indexed_pod(0, completions=1)) == cluster.ClusterRole()
+  assert cluster.from_environment(jobset_pod(0, 0, replicas=1, completions=1), source="k8s") == cluster.ClusterRole()
 
 
 @pytest.mark.parametrize("env, message", [

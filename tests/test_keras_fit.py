@@ -1,4 +1,4 @@
-"""Models as Keras fit users have them (loops/model/keras_fit.py): a compile()d model trains its own loss and
+"""Models as Keras fit users have them (loops/modeling/keras_fit.py): a compile()d model trains its own loss and
 metrics (loss.name=""), alike on one and two replicas; what compile() or a fit override sets that the run does not
 use is one line; Keras' fit step called inside the framework's step is one error line, not a placeholder crash."""
 
@@ -16,7 +16,7 @@ from loops import replica_check
 from loops import run
 from loops import task as task_lib
 from loops.distribute import cluster
-from loops.model import losses
+from loops.modeling import losses
 from loops.persist import starts
 from tests.conftest import load_config, run_main, set_keys
 
@@ -30,7 +30,7 @@ def digits(model, **overrides):
 
 def built(config):
   check_lib.check(config)
-  return build_lib.build(config, cluster.ClusterTask())
+  return build_lib.build(config, cluster.ClusterRole())
 
 
 @pytest.mark.e2e
@@ -46,7 +46,7 @@ def test_the_compiled_loss_and_metrics_are_what_the_run_trains_and_reports(caplo
   images = tf.random.stateless_uniform([6, 8, 8, 1], seed=(1, 2))
   labels = tf.constant([0, 1, 2, 3, 4, 5], tf.int64)
   probabilities = parts.model(images)
-  trained = parts.training_task.loss_fn(labels, probabilities).numpy()
+  trained = parts.task.loss_fn(labels, probabilities).numpy()
   assert trained.shape == (6,)  # per example: the framework averages over the global batch
   keras_own = parts.model.compute_loss(x=images, y=labels, y_pred=probabilities)  # Keras fit's loss (weight 0.5)
   assert trained.mean() == pytest.approx(float(keras_own), rel=1e-5)
@@ -81,7 +81,7 @@ def test_a_compiled_model_learns_the_same_on_one_device_and_mirrored_x2(tmp_path
 def test_a_loss_name_wins_over_the_compiled_loss_and_a_train_step_override_is_named(caplog):
   parts = built(digits("own_step", **{"loss.name": "focal"}))
   outputs, labels = parts.model(tf.ones([3, 8, 8, 1])), tf.constant([1, 2, 3], tf.int64)
-  np.testing.assert_allclose(parts.training_task.loss_fn(labels, outputs), losses.focal(labels, outputs), rtol=1e-6)
+  np.testing.assert_allclose(parts.task.loss_fn(labels, outputs), losses.focal(labels, outputs), rtol=1e-6)
   warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
   assert ("model 'own_step' was compiled with loss SparseCategoricalCrossentropy(from_logits=True); the run trains "
           "loss.name='focal' (the config's; loss.name='' trains the compiled one)") in warnings

@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from errors import ConfigError
 from loops import check
-from loops.model import losses
+from loops.modeling import losses
 from tests.conftest import load_config
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures", "user_losses")

@@ -1,4 +1,4 @@
-"""loops/model/model.py and loops/task/classification.py forward: models by import path with kwargs, named outputs, synchronized BatchNorm."""
+"""loops/modeling/model.py and loops/task/classification.py forward: models by import path with kwargs, named outputs, synchronized BatchNorm."""
 
 import keras
 import numpy as np
@@ -9,7 +9,7 @@ from errors import ConfigError
 from loops import check
 from loops import private_apis
 from loops.task import classification
-from loops.model import model as model_lib
+from loops.modeling import model as model_lib
 from tests.conftest import load_config
 
 

@@ -90,7 +90,7 @@ def test_bad_launcher_environment_is_one_line(env, message):
 
 
 def test_one_rank_is_a_local_run_and_writes_nothing(tmp_path):
-  assert cluster.from_environment(open_mpi(0, size=1), workdir=str(tmp_path)) == cluster.ClusterTask()
+  assert cluster.from_environment(open_mpi(0, size=1), workdir=str(tmp_path)) == cluster.ClusterRole()
   assert os.listdir(tmp_path) == []
 
 
@@ -125,7 +125,7 @@ def meet(environs, workdir, timeout=20.0):
 def test_mpirun_in_an_sbatch_job_takes_the_ranks_and_every_rank_gets_every_address_in_rank_order(tmp_path):
   sbatch = {"SLURM_JOB_ID": "9", "SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "0"}  # orted's step: 1 per node
   tasks = meet([open_mpi(rank, size=3, **sbatch) for rank in range(3)], str(tmp_path))
-  assert all(isinstance(task, cluster.ClusterTask) for task in tasks.values()), tasks
+  assert all(isinstance(task, cluster.ClusterRole) for task in tasks.values()), tasks
   addresses = tasks[0].cluster["worker"]
   assert len(set(addresses)) == 3 and all(a.startswith(rendezvous.this_host() + ":") for a in addresses)
   for rank, task in tasks.items():
@@ -142,7 +142,7 @@ def test_mpirun_in_an_sbatch_job_takes_the_ranks_and_every_rank_gets_every_addre
 
 def test_a_missing_rank_times_out_naming_it_and_an_earlier_launchs_files_are_not_read(tmp_path):
   earlier = meet([open_mpi(rank, size=3, jobid="1111") for rank in range(3)], str(tmp_path))
-  assert all(isinstance(task, cluster.ClusterTask) for task in earlier.values())  # left behind: another job id
+  assert all(isinstance(task, cluster.ClusterRole) for task in earlier.values())  # left behind: another job id
   tasks = meet([open_mpi(0, size=3, jobid="2222")], str(tmp_path), timeout=1.0)
   assert isinstance(tasks[0], WorkerLostError)
   assert str(tasks[0]).startswith("the MPI ranks did not meet within cluster.startup_timeout_seconds=1: no address "

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 from loops import run
-from loops.model import optimizers
+from loops.modeling import optimizers
 import models
 from tests.conftest import REPO, load_config
 from tests.test_train import model_weights, scalars

@@ -1,5 +1,5 @@
 """Where Keras breaks "N replicas compute what one computes" underneath, the framework mends it: clipping after the
-cross-replica sum (loops/model/optimizers.py), random layers keyed per example (loops/model/random_layers.py);
+cross-replica sum (loops/modeling/optimizers.py), random layers keyed per example (loops/modeling/random_layers.py);
 and where it cannot, the replica check names the cause (loops/replica_check.py)."""
 
 import keras
@@ -9,8 +9,8 @@ import tensorflow as tf
 
 from loops import replica_check
 from loops.distribute import strategy as strategy_lib
-from loops.model import optimizers
-from loops.model import random_layers
+from loops.modeling import optimizers
+from loops.modeling import random_layers
 from loops.task.context import StepContext
 from tests.conftest import load_config, run_main, set_keys
 

@@ -140,8 +140,8 @@ def restored(config, directory, input_shape=(8, 8, 1), num_classes=10):
   """(model weights, optimizer moving averages) of the latest checkpoint in `directory`, restored into fresh objects
   built as a run builds them."""
   import tensorflow as tf
-  from loops.model import model as model_lib
-  from loops.model import optimizers
+  from loops.modeling import model as model_lib
+  from loops.modeling import optimizers
   model = model_lib.build_model(config, input_shape, num_classes)
   optimizer = optimizers.build(config.optimizer, 0.1)
   optimizer.build(model.trainable_variables)

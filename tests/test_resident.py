@@ -49,7 +49,7 @@ MIXES = {"mixup_alpha": 0.4, "cutmix_alpha": 1.0}
 def test_resident_batches_equal_the_host_pipelines_batch_for_batch(strategy_name, start, mixes):
   config = digits_config(**mixes)
   config.strategy, config.cpu_replicas = strategy_name, 2 if strategy_name == "mirrored" else 0
-  strategy = strategy_lib.build(config, task=_local_task())
+  strategy = strategy_lib.build(config, role=_local_role())
   source = data.load(config.data)
   global_batch, steps_per_epoch = 64, source.train_size // 64
   steps = range(start, start + steps_per_epoch + 5)  # crosses an epoch boundary
@@ -63,9 +63,9 @@ def test_resident_batches_equal_the_host_pipelines_batch_for_batch(strategy_name
   assert labels.shape == ((64, 10) if mixes else (64,))  # mixed: soft labels
 
 
-def _local_task():
+def _local_role():
   from loops.distribute import cluster
-  return cluster.ClusterTask()
+  return cluster.ClusterRole()
 
 
 def short_run(tmp_path, name, steps, **overrides):
@@ -109,7 +109,7 @@ def test_calls_read_in_several_blocks_with_mixes_train_bit_identically_to_the_ho
   config = digits_config(**MIXES)
   config.strategy, config.cpu_replicas = "mirrored", 2
   source = data.load(config.data)
-  on_devices = resident.ResidentTrainData(strategy_lib.build(config, task=_local_task()), source, config.data,
+  on_devices = resident.ResidentTrainData(strategy_lib.build(config, role=_local_role()), source, config.data,
                                           global_batch_size=64, steps_per_epoch=22, seed=config.seed)
   assert on_devices.steps_per_block == 2
   host, host_dir = short_run(tmp_path, "host", 30, device_resident="off", **MIXES)
@@ -184,7 +184,7 @@ def test_two_mwms_workers_train_bit_identically_resident_or_not(tmp_path, mixes)
 def test_one_call_spanning_several_epochs_takes_each_steps_rows_of_its_own_epoch():
   config = digits_config()
   source = data.load(config.data)
-  strategy = strategy_lib.build(config, task=_local_task())
+  strategy = strategy_lib.build(config, role=_local_role())
   steps_per_epoch = source.train_size // 64  # 22: a call of 50 steps from step 15 touches epochs 0, 1, 2 and 3
   on_devices = resident.ResidentTrainData(strategy, source, config.data, global_batch_size=64,
                                           steps_per_epoch=steps_per_epoch, seed=config.seed)

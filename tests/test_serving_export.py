@@ -68,8 +68,8 @@ def framework_eval(config, workdir):
   moving averages): the final checkpoint restored into a model built as a run builds it."""
   import tensorflow as tf
   import data
-  from loops.model import model as model_lib
-  from loops.model import optimizers
+  from loops.modeling import model as model_lib
+  from loops.modeling import optimizers
   source = data.load(config.data)
   raw = np.stack([image for image, _ in source.eval.take(BATCH).as_numpy_iterator()])
   preprocessed, _, _ = next(iter(data.eval_dataset(source, config.data, batch_size=BATCH)))

@@ -303,10 +303,10 @@ def test_ctx_optimizer_passes_keras_arguments_through_and_refuses_unknown_ones(a
   check.check(config)
   if isinstance(expected, str):
     with pytest.raises(ConfigError, match=expected):
-      build_lib.build(config, cluster.ClusterTask())
+      build_lib.build(config, cluster.ClusterRole())
     return
-  parts = build_lib.build(config, cluster.ClusterTask())
-  assert parts.training_task.kwargs == arguments  # self.kwargs: task.kwargs, as the constructor got them
+  parts = build_lib.build(config, cluster.ClusterRole())
+  assert parts.task.kwargs == arguments  # self.kwargs: task.kwargs, as the constructor got them
   optimizer = parts.optimizers["model"]
   for key, value in expected.items():
     assert getattr(optimizer, key) == pytest.approx(value), key

@@ -142,7 +142,7 @@ def test_a_finished_run_only_evaluates(tiny_digits, tmp_path):
 
 
 def test_a_non_chief_task_writes_no_summaries_or_checkpoints(tiny_digits, tmp_path, monkeypatch):
-  monkeypatch.setattr(cluster, "from_environment", lambda **kwargs: cluster.ClusterTask(type="worker", index=1))
+  monkeypatch.setattr(cluster, "from_environment", lambda **kwargs: cluster.ClusterRole(type="worker", index=1))
   scratch = tmp_path / "scratch"
   scratch.mkdir()
   monkeypatch.setattr(tempfile, "tempdir", str(scratch))

@@ -31,7 +31,7 @@ def steps_changing(config, steps):
   """({model name: [steps whose update changed its weights]} over `steps` calls of one step each, the run's parts)."""
   check_lib.check(config)
   strategy_lib.configure_devices(config)
-  parts = build_lib.build(config, cluster.ClusterTask())
+  parts = build_lib.build(config, cluster.ClusterRole())
   execution = execution_lib.make(parts, config)
   weights = lambda model: np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
   before = {name: weights(model) for name, model in parts.models.items()}

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from loops.task import Task
 from loops.task.classification import correct, forward
-from loops.model import losses
+from loops.modeling import losses
 
 
 class SharpnessAware(Task):

@@ -95,7 +95,7 @@ class BestCheckpoint(Callback):
   @classmethod
   def for_run(cls, run):
     settings = run.config.checkpoint
-    return cls(run.workdir, run.checkpoints.best, settings.best_metric, settings.best_mode, run.parts.task.is_chief,
+    return cls(run.workdir, run.checkpoints.best, settings.best_metric, settings.best_mode, run.parts.role.is_chief,
                run.execution.averaged_weights)
 
   def update(self, step, results, writer):

@@ -10,13 +10,13 @@ from absl import logging
 from errors import first_line
 import data
 from loops.core.interfaces import Callback
-from loops.model import model as model_lib
-from loops.model import serving
+from loops.modeling import model as model_lib
+from loops.modeling import serving
 from loops import task as task_lib
 
 
 class Export(Callback):
-  """At the end, when config.export is set: the model file and the serving SavedModel (loops/model/serving.py),
+  """At the end, when config.export is set: the model file and the serving SavedModel (loops/modeling/serving.py),
   both with the averaged weights under optimizer.ema_decay (`weights_context`).
   summary["export"] = {"keras" or "weights": path, "saved_model": path} (None when nothing was written; with
   "error" when writing failed).
@@ -41,7 +41,7 @@ class Export(Callback):
     if run.config.task.name == task_lib.BUILT_IN:
       return cls(parts.model, enabled, weights, data.eval_images(parts.source, run.config.data),
                  data.raw_image_spec(parts.source))
-    return cls(parts.model, enabled, weights, None, parts.training_task.serving_spec(parts.element_spec[0]))
+    return cls(parts.model, enabled, weights, None, parts.task.serving_spec(parts.element_spec[0]))
 
   def on_train_begin(self, state):
     if self.serving_problem:

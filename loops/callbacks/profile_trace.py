@@ -14,8 +14,8 @@ class ProfileTrace(Callback):
 
   @classmethod
   def for_run(cls, run):
-    task = run.parts.task  # the chief traces into workdir/profile, the others into profile/<type>-<index>
-    folder = "profile" if task.is_chief else f"profile/{task.type}-{task.index}"
+    role = run.parts.role  # the chief traces into workdir/profile, the others into profile/<type>-<index>
+    folder = "profile" if role.is_chief else f"profile/{role.type}-{role.index}"
     return cls(run.config.summary.profile_steps, run.parts.plan.steps_per_loop, folder)
 
   def on_train_begin(self, state):

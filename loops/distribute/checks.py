@@ -1,5 +1,5 @@
 """The rules of where a run executes: strategy, devices, cluster settings (`check_settings`, before anything is
-built) and the strategy against this process's cluster task and the machine (`check_task`)."""
+built) and the strategy against this process's cluster task and the machine (`check_role`)."""
 
 from errors import ConfigError, at_least, one_of
 from loops.distribute import cluster
@@ -33,29 +33,29 @@ def check_settings(config):
                       "datasets cannot be rewound); use 'stop'")
 
 
-def check_task(config, task):
+def check_role(config, role):
   """The strategy against this process's task (loops/distribute/cluster.py) and the machine's devices.
 
   Args:
     config: the checked config.
-    task: this process's cluster.ClusterTask.
+    role: this process's cluster.ClusterRole.
 
   Raises:
     ConfigError: a strategy the cluster cannot run, or more GPUs asked for than the machine has.
   """
   name = config.strategy
-  if task.is_evaluator:
+  if role.is_evaluator:
     pass  # an evaluator evaluates on its own devices, whatever the training cluster runs
-  elif name in strategy_lib.MULTI_WORKER and not task.is_distributed:
+  elif name in strategy_lib.MULTI_WORKER and not role.is_distributed:
     raise ConfigError("strategy 'multi_worker_mirrored' needs a cluster: set TF_CONFIG, run under srun, or start "
                       "it with `python -m launch.local --workers N -- python main.py ...`")
   elif name in strategy_lib.ASYNCHRONOUS:
-    parameter_server.check_cluster(task)
-  elif name not in strategy_lib.MULTI_WORKER and name != "tpu" and task.is_distributed and task.num_workers > 1:
-    raise ConfigError(f"strategy '{name}' runs on one machine, but this process is task {task.type}:{task.index} "
-                      f"of a {task.num_workers}-worker cluster; use multi_worker_mirrored (or unset TF_CONFIG)")
+    parameter_server.check_cluster(role)
+  elif name not in strategy_lib.MULTI_WORKER and name != "tpu" and role.is_distributed and role.num_workers > 1:
+    raise ConfigError(f"strategy '{name}' runs on one machine, but this process is task {role.type}:{role.index} "
+                      f"of a {role.num_workers}-worker cluster; use multi_worker_mirrored (or unset TF_CONFIG)")
   if config.strategy in strategy_lib.MULTI_WORKER:
-    check_micro_batches_across_workers(config, task.num_workers)
+    check_micro_batches_across_workers(config, role.num_workers)
   gpus = strategy_lib.gpu_count()
   if config.num_gpus is not None and not config.num_gpus <= gpus:
     raise ConfigError(f"num_gpus={config.num_gpus} but this machine has {gpus} GPU(s); valid: 0..{gpus} or None (all)")

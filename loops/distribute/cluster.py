@@ -18,7 +18,7 @@ JOBS = ("chief", "worker", "ps", "evaluator")  # what tf.distribute accepts; "ma
 
 
 @dataclasses.dataclass(frozen=True)
-class ClusterTask:
+class ClusterRole:
   type: str = "local"  # local (no cluster), chief, worker, ps, evaluator
   index: int = 0
   cluster: dict = dataclasses.field(default_factory=dict)  # the training cluster: never an "evaluator" job
@@ -59,7 +59,7 @@ SLURM_PORT_FIRST, SLURM_PORTS_PER_JOB, SLURM_PORT_BLOCKS = 20000, 64, 199
 
 def from_environment(environ=None, source="auto", slurm_port_base=None, workdir=None, startup_timeout_seconds=600.0,
                      k8s_port=k8s.DEFAULT_PORT):
-  """The ClusterTask of this process.
+  """The ClusterRole of this process.
 
   source: "tf_config" reads TF_CONFIG, "slurm" reads srun's variables, "mpi" an MPI launcher's (mpi.py), "k8s" a
   Kubernetes Indexed Job's or JobSet's (k8s.py), "local" ignores them all; "auto" takes TF_CONFIG when it is set,
@@ -73,7 +73,7 @@ def from_environment(environ=None, source="auto", slurm_port_base=None, workdir=
   """
   environ = os.environ if environ is None else environ
   if source == "local":
-    return ClusterTask()
+    return ClusterRole()
   no_tf_config = not environ.get("TF_CONFIG", "").strip()
   if source == "mpi" or (source == "auto" and no_tf_config and mpi.detect(environ)):
     return from_mpi(environ, workdir, startup_timeout_seconds)
@@ -89,7 +89,7 @@ def from_mpi(environ, workdir, timeout_seconds):
   no cluster (a local run)."""
   launch = mpi.from_environment(environ)
   if launch.size == 1:
-    return ClusterTask()
+    return ClusterRole()
   if not workdir:
     raise ConfigError(f"{mpi.NAMES[launch.launcher]} started {launch.size} ranks but no workdir was given: the "
                       "ranks exchange their addresses through it")
@@ -102,7 +102,7 @@ def from_mpi(environ, workdir, timeout_seconds):
       logging.warning("%s", warning)
   addresses, own_file = rendezvous.exchange(workdir, launch.job_key, launch.rank, launch.size, timeout_seconds)
   logging.info("%s rank %d of %d: cluster %s", mpi.NAMES[launch.launcher], launch.rank, launch.size, addresses)
-  return ClusterTask(type="worker", index=launch.rank, cluster={"worker": addresses}, rendezvous_file=own_file)
+  return ClusterRole(type="worker", index=launch.rank, cluster={"worker": addresses}, rendezvous_file=own_file)
 
 
 def from_k8s(environ, port=k8s.DEFAULT_PORT):
@@ -110,10 +110,10 @@ def from_k8s(environ, port=k8s.DEFAULT_PORT):
   pod is no cluster (a local run)."""
   pods = k8s.from_environment(environ)
   if len(pods.hosts) == 1:
-    return ClusterTask()
+    return ClusterRole()
   addresses = [f"{host}:{port}" for host in pods.hosts]
   logging.info("Kubernetes pod %d of %d: cluster %s", pods.index, len(addresses), addresses)
-  return ClusterTask(type="worker", index=pods.index, cluster={"worker": addresses})
+  return ClusterRole(type="worker", index=pods.index, cluster={"worker": addresses})
 
 
 def _gpu_count():
@@ -165,7 +165,7 @@ def from_slurm(environ, port_base=None):
                       f"nodes {hosts} ({tasks_per_node} per node), SLURM_PROCID={rank}")
   base = _checked_port_base(slurm_port_base(environ, port_base), max(tasks_per_node), derived=port_base is None)
   addresses = [f"{host}:{base + i}" for host, count in layout for i in range(count)]
-  return ClusterTask(type="worker", index=rank, cluster={"worker": addresses})
+  return ClusterRole(type="worker", index=rank, cluster={"worker": addresses})
 
 
 def _checked_port_base(base, tasks_on_a_node, derived):
@@ -180,7 +180,7 @@ def _checked_port_base(base, tasks_on_a_node, derived):
 
 
 def from_tf_config(environ):
-  """Parses TF_CONFIG (if set) into a ClusterTask; a malformed TF_CONFIG raises ConfigError naming the field.
+  """Parses TF_CONFIG (if set) into a ClusterRole; a malformed TF_CONFIG raises ConfigError naming the field.
 
   Accepts what cluster managers write: extra keys ("environment": "cloud", "job", task "trial"), a "master" job
   for the chief (SageMaker, AI Platform), and an evaluator task whether or not its job is in "cluster"
@@ -188,7 +188,7 @@ def from_tf_config(environ):
   """
   raw = environ.get("TF_CONFIG", "").strip()
   if not raw:
-    return ClusterTask()
+    return ClusterRole()
   try:
     spec = json.loads(raw)
   except json.JSONDecodeError as e:
@@ -210,7 +210,7 @@ def from_tf_config(environ):
   training = {job: addresses for job, addresses in cluster.items() if job != "evaluator"}
   if not training:
     raise ConfigError("TF_CONFIG cluster has no training job (chief, worker or ps), only an evaluator")
-  return ClusterTask(type=task_type, index=index, cluster=training)
+  return ClusterRole(type=task_type, index=index, cluster=training)
 
 
 def _master_is_chief(cluster, task_type):

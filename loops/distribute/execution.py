@@ -28,7 +28,7 @@ from loops.distribute import service_watch
 from loops.distribute import steps
 from loops.distribute import strategy as strategy_lib
 from loops import task as task_lib
-from loops.model import optimizers
+from loops.modeling import optimizers
 from loops.persist.preemption import PreemptionWatcher
 from loops.task import update_every
 
@@ -38,10 +38,10 @@ PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf
                  tf.errors.CancelledError)
 
 
-def serve_if_server(config, task):
+def serve_if_server(config, role):
   """Parameter-server worker and ps tasks only serve (until stopped); returns True when this task did."""
-  if config.strategy in strategy_lib.ASYNCHRONOUS and task.type in ("worker", "ps"):
-    parameter_server.serve(task)
+  if config.strategy in strategy_lib.ASYNCHRONOUS and role.type in ("worker", "ps"):
+    parameter_server.serve(role)
     return True
   return False
 
@@ -50,14 +50,14 @@ def _asynchronous(strategy):
   return isinstance(strategy, tf.distribute.ParameterServerStrategy)
 
 
-def input_pipelines(strategy, task):
+def input_pipelines(strategy, role):
   """Input pipelines the global batch is split over: one per worker under multi_worker_mirrored, else one."""
-  return task.num_workers if strategy_lib.is_multi_worker(strategy) else 1
+  return role.num_workers if strategy_lib.is_multi_worker(strategy) else 1
 
 
-def train_metrics(training_task):
+def train_metrics(task):
   """{name: keras.metrics.Mean}: train/loss and the task's own train scalars (Task.train_metrics)."""
-  return {name: keras.metrics.Mean(name=name) for name in ("loss", *training_task.train_metrics)}
+  return {name: keras.metrics.Mean(name=name) for name in ("loss", *task.train_metrics)}
 
 
 def metrics_scope(strategy):
@@ -115,14 +115,14 @@ class _Execution:
 
   def _eval_step(self):
     p = self.parts
-    return steps.make_eval_step(p.training_task, p.models, p.eval_means, p.task_metrics, p.plan.global_batch_size,
+    return steps.make_eval_step(p.task, p.models, p.eval_means, p.task_metrics, p.plan.global_batch_size,
                                 p.step_counter, p.plan.input_pipelines)
 
   def _eval_results(self, collected=None):
     """The eval metrics' results, and the task's reduce_eval of the values collected over the whole set."""
     results = {f"eval/{name}": float(m.result().numpy()) for name, m in self.parts.eval_metrics.items()}
     if collected is not None:
-      reduced = task_lib.reduce_eval(self.parts.training_task, collected)
+      reduced = task_lib.reduce_eval(self.parts.task, collected)
       results.update({f"eval/{name}": value for name, value in reduced.items()})
     return results
 
@@ -154,21 +154,21 @@ class SyncExecution(_Execution):
     strategy, p = parts.strategy, parts
     self._multi_worker = strategy_lib.is_multi_worker(strategy)
     with metrics_scope(strategy):
-      self.train_metrics = train_metrics(p.training_task)
+      self.train_metrics = train_metrics(p.task)
     # TensorFlow refuses its clock op under op determinism: no worker times with deterministic=True.
     timed = self._multi_worker and not config.deterministic
-    clock = steps.WorkerClock(strategy, p.task.worker_index, p.task.num_workers) if timed else None
-    train_step = steps.make_task_train_step(p.training_task, p.models, p.optimizers, self.train_metrics,
+    clock = steps.WorkerClock(strategy, p.role.worker_index, p.role.num_workers) if timed else None
+    train_step = steps.make_task_train_step(p.task, p.models, p.optimizers, self.train_metrics,
                                             p.plan.global_batch_size, p.step_counter, p.plan.grad_accum_steps,
                                             config.jit_compile, clock, p.plan.input_pipelines)
     self._train_step, self._resident_fn = train_step, None
     self._read_out = steps.CallReadOut(strategy, self.train_metrics, clock)
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter, self._read_out)
-    collects = bool(p.training_task.eval_collect)
+    collects = bool(p.task.eval_collect)
     self._eval_fn = (steps.make_collecting_eval_fn if collects else steps.make_eval_fn)(strategy, self._eval_step())
     self._eval_data = self._distribute(lambda batch, shards, index, local: data.eval_dataset(
         p.source, config.data, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
-    self._sum_over_workers = steps.make_sum_over_workers(strategy, parts.task.num_workers)
+    self._sum_over_workers = steps.make_sum_over_workers(strategy, parts.role.num_workers)
     self._iterator, self._start_step, self._norms = None, self.step, None
 
   def train(self, num_steps):
@@ -219,7 +219,7 @@ class SyncExecution(_Execution):
     data_on_devices = resident_lib.ResidentTrainData(
         strategy, p.source, self.config.data, global_batch_size=p.plan.global_batch_size,
         steps_per_epoch=p.plan.steps_per_epoch, seed=self.config.seed,
-        num_workers=input_pipelines(strategy, p.task), worker_index=p.task.worker_index if self._multi_worker else 0)
+        num_workers=input_pipelines(strategy, p.role), worker_index=p.role.worker_index if self._multi_worker else 0)
     self._resident_fn = steps.make_resident_train_fn(strategy, self._train_step, p.step_counter, data_on_devices,
                                                      self._read_out)
 
@@ -242,22 +242,22 @@ class SyncExecution(_Execution):
       return reason
     if float(self._sum_over_workers(tf.constant(1.0 if reason else 0.0))) < 0.5:
       return None
-    task = self.parts.task
-    rows = np.zeros([task.num_workers, STOP_REASON_BYTES], np.float32)  # each worker fills its own row
+    role = self.parts.role
+    rows = np.zeros([role.num_workers, STOP_REASON_BYTES], np.float32)  # each worker fills its own row
     if reason:
       encoded = reason.encode()[:STOP_REASON_BYTES]
-      rows[task.worker_index, :len(encoded)] = np.frombuffer(encoded, np.uint8)
+      rows[role.worker_index, :len(encoded)] = np.frombuffer(encoded, np.uint8)
     gathered = np.rint(self._sum_over_workers(tf.constant(rows)).numpy()).astype(np.uint8)
     first = next(row for row in gathered if row.any())
     return reason or bytes(first).rstrip(b"\0").decode(errors="replace")
 
   def gradient_norms(self):
-    if self.parts.training_task.writes_step or self.parts.source.streams:
+    if self.parts.task.writes_step or self.parts.source.streams:
       return None  # a step-level task has no one loss to differentiate; the eval probe holds one stream only
     if self._norms is None:
       p = self.parts
       probe = next(iter(data.eval_dataset(p.source, self.config.data, batch_size=min(64, p.plan.global_batch_size))))
-      fn = steps.make_gradient_norms(p.strategy, p.training_task, p.models, p.plan.global_batch_size,
+      fn = steps.make_gradient_norms(p.strategy, p.task, p.models, p.plan.global_batch_size,
                                      p.step_counter)
       self._norms = lambda: fn(*probe[:2])
     return self._norms()
@@ -295,12 +295,12 @@ class ParameterServerExecution(_Execution):
   def __init__(self, parts, config):
     super().__init__(parts, config)
     p = parts
-    self.train_metrics = train_metrics(p.training_task)
-    train_step = steps.make_task_train_step(p.training_task, p.models, p.optimizers, None,
+    self.train_metrics = train_metrics(p.task)
+    train_step = steps.make_task_train_step(p.task, p.models, p.optimizers, None,
                                             p.plan.global_batch_size, p.step_counter, p.plan.grad_accum_steps,
                                             config.jit_compile)
     if isinstance(train_step, update_every.UpdateVariants):
-      raise ConfigError(f"{type(p.training_task).__name__}.update_every needs a synchronous strategy: "
+      raise ConfigError(f"{type(p.task).__name__}.update_every needs a synchronous strategy: "
                         f"parameter_server workers step asynchronously, so no one step count says when a model "
                         f"updates; use mirrored or multi_worker_mirrored")
     self._coordinator = tf.distribute.coordinator.ClusterCoordinator(p.strategy)
@@ -320,7 +320,7 @@ class ParameterServerExecution(_Execution):
   def _make_eval(self, eval_data):
     """fn() -> the collected values (or None): one pass over the eval set on the coordinator."""
     eval_step = self._eval_step()
-    if self.parts.training_task.eval_collect:
+    if self.parts.task.eval_collect:
       step = tf.function(eval_step, reduce_retracing=True)  # per batch: one trace for sequences of any length
       return lambda: steps.collected_rows(step(*batch) for batch in eval_data)
 
@@ -338,7 +338,7 @@ class ParameterServerExecution(_Execution):
     self._reset(self.train_metrics)
     for result in results:
       steps.add_sums(self.train_metrics["loss"], result["loss_sum"], result["count"])
-      for name in self.parts.training_task.train_metrics:
+      for name in self.parts.task.train_metrics:
         steps.add_sums(self.train_metrics[name], *result[name])
     return self._train_output(float(results[-1]["loss"]),
                               {name: float(m.result().numpy()) for name, m in self.train_metrics.items()})

@@ -13,26 +13,26 @@ import tensorflow as tf
 from errors import ConfigError
 
 
-def check_cluster(task):
+def check_cluster(role):
   """The rule (called by loops/check.py): one chief, at least one worker and one ps task."""
-  jobs = {job: len(addresses) for job, addresses in task.cluster.items()}
+  jobs = {job: len(addresses) for job, addresses in role.cluster.items()}
   if not jobs.get("ps") or not jobs.get("worker") or jobs.get("chief") != 1:
     raise ConfigError(f"strategy 'parameter_server' needs a cluster with one chief, workers and ps tasks; TF_CONFIG "
                       f"has {jobs or 'no cluster'} (start it with `python -m launch.local --workers N --ps M -- ...`)")
 
 
-def build_strategy(task):
+def build_strategy(role):
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-      tf.train.ClusterSpec(task.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+      tf.train.ClusterSpec(role.cluster), task_type="chief", task_id=0, rpc_layer="grpc")
   strategy = tf.distribute.ParameterServerStrategy(resolver)
-  logging.info("strategy parameter_server: %d workers, %d ps", len(task.cluster["worker"]), len(task.cluster["ps"]))
+  logging.info("strategy parameter_server: %d workers, %d ps", len(role.cluster["worker"]), len(role.cluster["ps"]))
   return strategy
 
 
-def serve(task):
+def serve(role):
   """Runs this worker or ps task's server until the process is stopped (by the launcher or the cluster)."""
-  server = tf.distribute.Server(tf.train.ClusterSpec(task.cluster), job_name=task.type, task_index=task.index,
+  server = tf.distribute.Server(tf.train.ClusterSpec(role.cluster), job_name=role.type, task_index=role.index,
                                 protocol="grpc", start=True)
-  logging.info("parameter_server: %s:%d serving at %s", task.type, task.index, task.cluster[task.type][task.index])
+  logging.info("parameter_server: %s:%d serving at %s", role.type, role.index, role.cluster[role.type][role.index])
   server.join()
 

@@ -22,9 +22,9 @@ from loops.distribute import startup_watchdog
 WATCHDOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup_watchdog.py")
 
 
-def check_port_free(task):
+def check_port_free(role):
   """Raises ConfigError naming host:port when this task's own cluster port is already taken."""
-  address = task.cluster[task.type][task.index]
+  address = role.cluster[role.type][role.index]
   port = int(address.rpartition(":")[2])
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
     probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a closed run's TIME_WAIT is not "in use"
@@ -33,19 +33,19 @@ def check_port_free(task):
     except OSError as e:
       if e.errno != errno.EADDRINUSE:
         raise
-      raise ConfigError(f"port {port} of {task.type} {task.index} ({address}) is in use by another process; "
+      raise ConfigError(f"port {port} of {role.type} {role.index} ({address}) is in use by another process; "
                         "free it or give this cluster other ports (TF_CONFIG, or cluster.slurm_port_base under "
                         "SLURM)") from None
 
 
-def peers(task):
+def peers(role):
   """{'worker 1': 'host:port', ...}: the cluster's other tasks."""
-  return {f"{job} {index}": address for job, addresses in task.cluster.items()
-          for index, address in enumerate(addresses) if (job, index) != (task.type, task.index)}
+  return {f"{job} {index}": address for job, addresses in role.cluster.items()
+          for index, address in enumerate(addresses) if (job, index) != (role.type, role.index)}
 
 
 @contextlib.contextmanager
-def bounded_start(task, timeout_seconds):
+def bounded_start(role, timeout_seconds):
   """Runs the body (the cluster's start) once every peer's port answers, each bounded by `timeout_seconds`.
 
   First, in Python (signals work): this task's port is held by a plain listener while it waits for a TCP answer
@@ -54,13 +54,13 @@ def bounded_start(task, timeout_seconds):
   waits) with one line when it takes longer. Only for a task of a multi-worker cluster; otherwise the body just
   runs. An MPI rank's address file (rendezvous.py) is removed once every peer answers.
   """
-  if not task.is_distributed:
+  if not role.is_distributed:
     yield
     return
-  _wait_for_peers(task, timeout_seconds)
-  rendezvous.forget(task.rendezvous_file)  # every peer listens: each has read this task's address (MPI)
+  _wait_for_peers(role, timeout_seconds)
+  rendezvous.forget(role.rendezvous_file)  # every peer listens: each has read this task's address (MPI)
   watchdog = subprocess.Popen([sys.executable, WATCHDOG, str(os.getpid()), str(timeout_seconds),
-                               json.dumps(peers(task))], stdin=subprocess.PIPE)
+                               json.dumps(peers(role))], stdin=subprocess.PIPE)
   try:
     yield
   finally:
@@ -68,18 +68,18 @@ def bounded_start(task, timeout_seconds):
     watchdog.wait()
 
 
-def _wait_for_peers(task, timeout_seconds, poll_seconds=0.5):
-  own = int(task.cluster[task.type][task.index].rpartition(":")[2])
+def _wait_for_peers(role, timeout_seconds, poll_seconds=0.5):
+  own = int(role.cluster[role.type][role.index].rpartition(":")[2])
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:  # peers' probes find this task up
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("", own))
     listener.listen(64)
     deadline = time.monotonic() + timeout_seconds
-    waiting = startup_watchdog.unreachable(peers(task), timeout=poll_seconds)
+    waiting = startup_watchdog.unreachable(peers(role), timeout=poll_seconds)
     while waiting:
       if time.monotonic() > deadline:
         raise WorkerLostError(f"the cluster did not start within cluster.startup_timeout_seconds="
                               f"{timeout_seconds:g}: nothing listens for {', '.join(waiting)}: did it start? (see "
                               "its log)")
       time.sleep(poll_seconds)
-      waiting = startup_watchdog.unreachable(peers(task), timeout=poll_seconds)
+      waiting = startup_watchdog.unreachable(peers(role), timeout=poll_seconds)

@@ -8,10 +8,10 @@ import numpy as np
 import tensorflow as tf
 
 from errors import ConfigError
-from loops.model import keras_fit
-from loops.model import losses
-from loops.model import optimizers as optimizers_lib
-from loops.model import random_layers
+from loops.modeling import keras_fit
+from loops.modeling import losses
+from loops.modeling import optimizers as optimizers_lib
+from loops.modeling import random_layers
 from loops import task as task_lib
 from loops.task import classification
 from loops.task import context as context_lib

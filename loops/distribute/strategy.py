@@ -80,15 +80,15 @@ def replica_devices(config):
   return ["/cpu:0"]
 
 
-def build(config, task):
+def build(config, role):
   """Returns the tf.distribute.Strategy named by config.strategy for this task (checked by loops/check.py)."""
   name = config.strategy
-  if task.is_evaluator and (name in MULTI_WORKER or name == "parameter_server"):
+  if role.is_evaluator and (name in MULTI_WORKER or name == "parameter_server"):
     name = _evaluator_strategy(config, name)
   if name in MULTI_WORKER:
-    return _multi_worker(config, task)
+    return _multi_worker(config, role)
   if name == "parameter_server":
-    return parameter_server.build_strategy(task)
+    return parameter_server.build_strategy(role)
   if name == "tpu":
     return _tpu(config)
   devices = replica_devices(config)
@@ -112,9 +112,9 @@ def _evaluator_strategy(config, training_name):
   return name
 
 
-def _multi_worker(config, task):
+def _multi_worker(config, role):
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
-      tf.train.ClusterSpec(task.cluster), task_type=task.type, task_id=task.index, rpc_layer="grpc",
+      tf.train.ClusterSpec(role.cluster), task_type=role.type, task_id=role.index, rpc_layer="grpc",
       num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))})
   options = tf.distribute.experimental.CommunicationOptions(
       implementation=COLLECTIVES[config.cluster.collective], bytes_per_pack=int(config.cluster.bytes_per_pack),
@@ -129,7 +129,7 @@ def _multi_worker(config, task):
                       "usually a plug-in module (model, loss, metric or callback) that makes a tensor or variable "
                       "when it is imported; make them inside its functions") from None
   logging.info("strategy multi_worker_mirrored: task %s:%d of %d workers, %d replica(s) in sync, collective %s, "
-               "bytes per pack %d", task.type, task.index, task.num_workers, strategy.num_replicas_in_sync,
+               "bytes per pack %d", role.type, role.index, role.num_workers, strategy.num_replicas_in_sync,
                config.cluster.collective, config.cluster.bytes_per_pack)
   return strategy
 

@@ -82,7 +82,7 @@ def _release_freed_memory():
     pass
 
 
-def measure(config, task, per_replica, replicas, timed_steps, budget_gb, on_gpu):
+def measure(config, role, per_replica, replicas, timed_steps, budget_gb, on_gpu):
   """One size: builds a fresh run at per_replica x replicas, one untimed step (compiles), then timed_steps steps
   in one call; returns the Trial."""
   global_batch = per_replica * replicas
@@ -93,7 +93,7 @@ def measure(config, task, per_replica, replicas, timed_steps, budget_gb, on_gpu)
     tf.config.experimental.reset_memory_stats("GPU:0")
   try:
     with PeakResidentMemory() as resident:
-      parts, execution = trial.start(run_config, task)
+      parts, execution = trial.start(run_config, role)
       execution.train(1)
       started = time.perf_counter()
       execution.train(timed_steps)
@@ -114,9 +114,9 @@ def find_batch_size(config, workdir):
   """The search for config's run (checked by loops/finders/checks.py); writes workdir/batch_size_find; returns a dict."""
   f = config.find
   on_gpu = trial.replicas_on_gpu(config)  # the replicas' devices, not the machine's
-  task = trial.task_of(config, workdir)
+  role = trial.role_of(config, workdir)
   out = trial.output_dir(workdir, OUT)
-  replicas = strategy_lib.build(config, task).num_replicas_in_sync
+  replicas = strategy_lib.build(config, role).num_replicas_in_sync
   train_size = data.load(config.data).train_size
   maximum = min(f.max_per_replica_batch, train_size // replicas)  # at least one step per epoch
   maximum -= maximum % f.granularity
@@ -126,7 +126,7 @@ def find_batch_size(config, workdir):
   trials = []
 
   def fits(per_replica):
-    result = measure(config, task, per_replica, replicas, f.timed_steps, f.memory_budget_gb, on_gpu)
+    result = measure(config, role, per_replica, replicas, f.timed_steps, f.memory_budget_gb, on_gpu)
     logging.info("batch %d per replica: %s", per_replica, result)
     print(_row(result), flush=True)
     trials.append(result)
@@ -136,14 +136,14 @@ def find_batch_size(config, workdir):
         + ("(peak GPU:0 memory)" if on_gpu else f"(peak resident-memory growth; budget {f.memory_budget_gb:g} GB)"))
   with _quiet_build_logs():
     # one untimed, unrecorded run first: TensorFlow's one-time costs (kernels, tracing machinery) are not a batch's
-    measure(config, task, f.granularity, replicas, 1, None, on_gpu)
+    measure(config, role, f.granularity, replicas, 1, None, on_gpu)
     search = batch_search.largest_fitting(fits, start=f.granularity, maximum=maximum, granularity=f.granularity)
   result = {"largest_per_replica_batch": search.largest, "replicas": replicas,
             "global_batch_size": search.largest * replicas, "first_failure": search.first_failure,
             "maximum_tried": maximum, "memory_budget_gb": f.memory_budget_gb, "device": "GPU" if on_gpu else "CPU",
             "trials": [dataclasses.asdict(t) for t in trials], "output": out}
-  if task.is_chief:
-    writers.for_task(out, True).write_json("batch_size_find.json", result)
+  if role.is_chief:
+    writers.for_role(out, True).write_json("batch_size_find.json", result)
   _print(result, maximum)
   return result
 

@@ -16,7 +16,7 @@ import numpy as np
 import tensorflow as tf
 
 from loops.finders import trial
-from loops.model import optimizers
+from loops.modeling import optimizers
 from loops.persist import writers
 
 OUT = "lr_find"
@@ -108,9 +108,9 @@ def find_lr(config, workdir):
   """The range test for config's run (checked by loops/finders/checks.py); writes workdir/lr_find; returns a dict."""
   f = config.find
   run_config = trial.throwaway_config(config, f.lr_steps)
-  task = trial.task_of(run_config, workdir)
+  role = trial.role_of(run_config, workdir)
   out = trial.output_dir(workdir, OUT)
-  parts, execution = trial.start(run_config, task)
+  parts, execution = trial.start(run_config, role)
   ramp = ExponentialRamp(f.lr_min, f.lr_max, f.lr_steps)
   _ramp_every_optimizer(parts, f)  # before the first trace
   curve = run_ramp(execution, parts.optimizer, ramp, f)
@@ -122,8 +122,8 @@ def find_lr(config, workdir):
             "flag_value": None if suggestion is None else suggestion / scale, "steps": len(curve.losses),
             "stop_reason": curve.stop_reason, "learning_rates": curve.learning_rates, "losses": _finite(curve.losses),
             "smoothed_losses": _finite(curve.smoothed), "lr_min": f.lr_min, "lr_max": f.lr_max, "output": out}
-  writer = writers.for_task(out, task.is_chief)
-  if task.is_chief:
+  writer = writers.for_role(out, role.is_chief)
+  if role.is_chief:
     _write(writer, out, curve, result)
     _print(result, config.optimizer.lr_scaling)
   return result

@@ -1,5 +1,5 @@
 """A throw-away run: the config's strategy, data, loss, model and optimizer built as training builds them
-(check -> devices -> task -> build -> execution), with a fresh model, one step per call, no eval, no checkpoint
+(check -> devices -> role -> build -> execution), with a fresh model, one step per call, no eval, no checkpoint
 object ever saved, and nothing written to the workdir."""
 
 import posixpath
@@ -38,23 +38,23 @@ def throwaway_config(config, steps, global_batch_size=None):
   return c
 
 
-def task_of(config, workdir=None):
-  """This process's cluster.ClusterTask, checked against the strategy (after the devices are configured); `workdir` holds
+def role_of(config, workdir=None):
+  """This process's cluster.ClusterRole, checked against the strategy (after the devices are configured); `workdir` holds
   the address exchange of ranks started by an MPI launcher, as in a run."""
   check_lib.check(config)
   strategy_lib.configure_devices(config)
-  task = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
+  role = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
                                   workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
                                   k8s_port=config.cluster.k8s_port)
-  check_lib.check_task(config, task)
-  if task.is_distributed:
-    startup.check_port_free(task)
-  return task
+  check_lib.check_role(config, role)
+  if role.is_distributed:
+    startup.check_port_free(role)
+  return role
 
 
-def start(config, task):
+def start(config, role):
   """(parts, execution) of a fresh run of `config` (the model is newly initialised: nothing is restored)."""
-  parts = build_lib.build(config, task)
+  parts = build_lib.build(config, role)
   return parts, execution_lib.make(parts, config)
 
 

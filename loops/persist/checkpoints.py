@@ -14,8 +14,8 @@ import tensorflow as tf
 
 from errors import ConfigError, first_line
 from loops import private_apis
-from loops.model import model as model_lib
-from loops.model import optimizers as optimizers_lib
+from loops.modeling import model as model_lib
+from loops.modeling import optimizers as optimizers_lib
 from loops.persist import async_saves, init_checkpoint, workdir_lock
 
 SCRATCH_PREFIX = "ckpt-nonchief-"
@@ -57,7 +57,7 @@ class Checkpoints:
   @classmethod
   def for_run(cls, config, workdir, parts):
     """The training run's checkpoints (`parts`: loops/build.Parts)."""
-    return cls(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep, parts.task.is_chief,
+    return cls(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep, parts.role.is_chief,
                async_save=async_saves.async_save_enabled(config), best=bool(config.checkpoint.best_metric),
                config=config, parts=parts)
 

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from errors import ConfigError, first_line
 from loops import private_apis
-from loops.model.freeze import compact
+from loops.modeling.freeze import compact
 
 OBJECT_GRAPH = "_CHECKPOINTABLE_OBJECT_GRAPH"
 SOURCES = "a workdir, a checkpoint prefix (.../checkpoints/ckpt-N), a .keras file or a .weights.h5 (or .h5) file"

@@ -3,7 +3,7 @@
 unreachable or crashing tracker never holds up, slows or ends a train call.
 
   check_settings(config.tracking)      before anything is trained or written
-  start(config, workdir, plan, task)   the chief's Trackers (None elsewhere, or when no tracker is configured)
+  start(config, workdir, plan, role)   the chief's Trackers (None elsewhere, or when no tracker is configured)
   Trackers.metrics / params / tags     the values the writer writes (loops/persist/writers.py forwards them)
   Trackers.json_artifact / export      summary.json, best.json, the export
   Trackers.close(status)               the tracker process sends what is queued (at most close_timeout_seconds)
@@ -62,10 +62,10 @@ def configured_in(tracking):
   return {kind: tracking[kind] for kind in KINDS if tracking[kind]}
 
 
-def start(config, workdir, plan, task):
+def start(config, workdir, plan, role):
   """The chief's Trackers for this run (resuming the tracker runs recorded in the workdir), or None."""
   kinds = configured_in(config.tracking)
-  if not kinds or not task.is_chief:
+  if not kinds or not role.is_chief:
     return None
   recorded = writers.read_json(posixpath.join(workdir, FILE)) or {}
   trackers = Trackers(workdir, config.tracking.close_timeout_seconds, config.tracking.log_export)
@@ -73,7 +73,7 @@ def start(config, workdir, plan, task):
     previous = recorded.get(kind) or {}
     run_id = previous.get("run_id") if previous.get("setting") == setting else None
     trackers.add(kind, setting, _options(kind, config, workdir, setting), run_id)
-  trackers.tags(run_tags(config, plan, task))
+  trackers.tags(run_tags(config, plan, role))
   trackers.params(writers.flatten(config))  # at every start: a value changed since is tagged 'changed.<key>'
   return trackers
 
@@ -94,10 +94,10 @@ def experiment_of(workdir):
   return posixpath.basename(parent) or "Default"
 
 
-def run_tags(config, plan, task):
+def run_tags(config, plan, role):
   """What a run is, for filtering in a tracker: task, strategy, replicas, workers, the git commit."""
   tags = {"task": config.task.name, "strategy": config.strategy, "replicas": str(plan.replicas),
-          "workers": str(task.num_workers)}
+          "workers": str(role.num_workers)}
   commit = git_commit()
   if commit:
     tags["git_commit"] = commit

@@ -1,4 +1,4 @@
-"""All of a run's output that only the chief writes, decided once: `for_task` gives the chief a Writer and
+"""All of a run's output that only the chief writes, decided once: `for_role` gives the chief a Writer and
 every other task a NullWriter whose methods do nothing.
 
 Output: TensorBoard summaries, chief-only log lines, JSON files and the exported model in the workdir,
@@ -15,7 +15,7 @@ import tensorflow as tf
 from tensorboard.plugins.hparams import api as hparams_api
 
 from errors import unwritable_workdir
-from loops.persist import console
+from loops.core import console
 
 
 def read_json(path):
@@ -32,7 +32,7 @@ def copy_file(source, destination):
   tf.io.gfile.copy(source, destination, overwrite=True)
 
 
-def for_task(workdir, is_chief):
+def for_role(workdir, is_chief):
   return Writer(workdir) if is_chief else NullWriter(workdir)
 
 

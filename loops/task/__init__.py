@@ -35,7 +35,7 @@ def load(config, loss_fn, metrics):
 def task_class(name):
   """The Task subclass task.name names (the built-in's for "classification"): imported, not built."""
   if name == BUILT_IN:
-    from loops.task import classification  # the built-in depends on loops/model; keep the contract importable alone
+    from loops.task import classification  # the built-in depends on loops/modeling; keep the contract importable alone
     return classification.ImageClassification
   cls = plugins.load(name, "task.name")
   if not (isinstance(cls, type) and issubclass(cls, Task)):

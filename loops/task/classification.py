@@ -7,7 +7,7 @@ keywords), train/accuracy, eval/loss plus the eval.metrics Keras metrics updated
 import tensorflow as tf
 
 from errors import ConfigError
-from loops.model import losses
+from loops.modeling import losses
 from loops.task import interface
 
 
@@ -58,7 +58,7 @@ class ImageClassification(interface.Task):
     return ctx.step if "step" in getattr(self.loss_fn, "declared", ("step",)) else None
 
   def add_metrics(self, metrics):
-    """More eval metrics updated on (labels, logits), e.g. a compile()d model's (loops/model/keras_fit.py)."""
+    """More eval metrics updated on (labels, logits), e.g. a compile()d model's (loops/modeling/keras_fit.py)."""
     self._metrics = {**self._metrics, **metrics}
 
   def build_metrics(self):

@@ -145,7 +145,7 @@ class StepContext:
     """draw(shape, seed) (a tf.random.stateless_* function) for this replica's shape[0] rows, each row's values
     those one device draws for it: the draw covers every replica's rows (shape[0] x replicas x micro-batches, the
     global batch for a replica's own rows) and this replica keeps its own. ctx.normal and the keyed random layers
-    (loops/model/random_layers.py) draw through it."""
+    (loops/modeling/random_layers.py) draw through it."""
     shape = tf.cast(tf.stack(shape) if isinstance(shape, (list, tuple)) else shape, tf.int32)
     rows = shape[0]
     every_row = rows * self.micro_batch[1] * self.num_replicas

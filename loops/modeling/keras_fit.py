@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 
 from errors import ConfigError
-from loops.model import losses
+from loops.modeling import losses
 from loops import private_apis
 
 PORT = "port it to a Task (docs/tasks.md 'Coming from Keras fit')"

@@ -7,7 +7,7 @@ import tensorflow as tf
 
 from errors import ConfigError
 from loops.core import plugins
-from loops.model import fused_batchnorm
+from loops.modeling import fused_batchnorm
 from loops import private_apis
 import models
 
@@ -46,7 +46,7 @@ def model_function(name):
 def build_model(config, input_shape, num_classes):
   """The model under config.mixed_precision's Keras dtype policy (restored afterwards: it is global); its
   BatchNormalization layers synchronized over all replicas when model.sync_batchnorm, the others run through the
-  fused kernel when model.fused_batchnorm (loops/model/fused_batchnorm.py). Call in strategy.scope()."""
+  fused kernel when model.fused_batchnorm (loops/modeling/fused_batchnorm.py). Call in strategy.scope()."""
   if (config.mixed_precision and not tf.config.list_physical_devices("GPU")
       and emulated_on_cpu(config.mixed_precision, cpu_flags())):
     logging.warning(CPU_MIXED_PRECISION_WARNING, config.mixed_precision,

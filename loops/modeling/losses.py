@@ -7,7 +7,7 @@ Labels are class ids [batch], or soft labels [batch, classes] when data.mixup_al
 A loss may also declare any of the keyword parameters in EXTRA: `images` (this replica's preprocessed batch),
 `outputs` (the model's output dict, "logits" included) and `step` (the global step before this update, int64);
 it gets exactly the ones it declares.
-loss.name="" (the default) is the model's compile()d loss when it has one (loops/model/keras_fit.py), else
+loss.name="" (the default) is the model's compile()d loss when it has one (loops/modeling/keras_fit.py), else
 DEFAULT.
 """
 

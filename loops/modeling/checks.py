@@ -5,10 +5,10 @@ import inspect
 
 from errors import ConfigError, one_of, unknown_name
 from loops.core import plugins
-from loops.model import losses
-from loops.model import metrics as metrics_lib
-from loops.model import model as model_lib
-from loops.model import optimizers
+from loops.modeling import losses
+from loops.modeling import metrics as metrics_lib
+from loops.modeling import model as model_lib
+from loops.modeling import optimizers
 
 MIXED_PRECISION = (None, "bfloat16", "float16")
 
@@ -70,7 +70,7 @@ def check_metrics(made, names):
   """What the eval metric factories returned: keras Metrics with names of their own.
 
   Args:
-    made: [(eval.metrics entry, metric)] from loops/model/metrics.py's build.
+    made: [(eval.metrics entry, metric)] from loops/modeling/metrics.py's build.
     names: config.eval.metrics, for the message.
   """
   import keras
