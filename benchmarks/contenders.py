@@ -20,6 +20,7 @@ from loops.modeling import fused_batchnorm
 from loops.modeling import losses
 from loops.modeling import model as model_lib
 from loops.modeling import optimizers
+from loops.task import classification
 import models
 
 # The built-in classification written as a user's loss-level task: what the contract costs a user's step.
@@ -163,12 +164,9 @@ class Contenders:
     if not with_metrics:
       metrics = {"loss": Nothing(), "accuracy": Nothing()}
     counter = self.new_counter()
-    if task is None:
-      step_fn = steps.make_train_step(model, optimizer, self.loss_fn, metrics, self.plan.global_batch_size, counter,
-                                      jit_compile=jit_compile)
-    else:
-      step_fn = steps.make_task_train_step(plugins.load(task, "task")(), {"model": model}, {"model": optimizer},
-                                           metrics, self.plan.global_batch_size, counter, jit_compile=jit_compile)
+    trained = classification.ImageClassification(self.loss_fn) if task is None else plugins.load(task, "task")()
+    step_fn = steps.make_task_train_step(trained, {"model": model}, {"model": optimizer}, metrics,
+                                         self.plan.global_batch_size, counter, jit_compile=jit_compile)
     read_out = steps.CallReadOut(self.strategy, metrics) if with_metrics else None  # the run's call returns it
     iterator = None
     if resident:

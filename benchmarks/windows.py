@@ -11,6 +11,7 @@ import tensorflow as tf
 from loops.distribute import steps
 from loops.modeling import losses
 from loops.modeling import optimizers
+from loops.task import classification
 
 
 def make_folder(root, count, size, classes=10):
@@ -36,8 +37,9 @@ def training_window(config, strategy, plan, reference, dataset, calls_per_window
     optimizer.build(model.trainable_variables)
     metrics = {"loss": keras.metrics.Mean(), "accuracy": keras.metrics.SparseCategoricalAccuracy()}
     counter = tf.Variable(0, dtype=tf.int64, trainable=False, aggregation=tf.VariableAggregation.ONLY_FIRST_REPLICA)
-  step_fn = steps.make_train_step(model, optimizer, losses.build(config.loss), metrics, plan.global_batch_size,
-                                  counter)
+  task = classification.ImageClassification(losses.build(config.loss))
+  step_fn = steps.make_task_train_step(task, {"model": model}, {"model": optimizer}, metrics, plan.global_batch_size,
+                                       counter)
   train_fn = steps.make_train_fn(strategy, step_fn, counter, steps.CallReadOut(strategy, metrics))  # as a run's
   iterator = iter(strategy.experimental_distribute_dataset(dataset))
   calls = tf.constant(plan.steps_per_loop, tf.int32)

@@ -13,18 +13,9 @@ from loops.modeling import losses
 from loops.modeling import optimizers as optimizers_lib
 from loops.modeling import random_layers
 from loops import task as task_lib
-from loops.task import classification
 from loops.task import context as context_lib
 from loops.task import scaled_step
 from loops.task import update_every
-
-
-def make_train_step(model, optimizer, loss_fn, metrics, global_batch_size, step_counter, grad_accum_steps=1,
-                    jit_compile=False, clock=None):
-  """The built-in classification step for one model and optimizer (benchmarks and tests build it directly)."""
-  task = classification.ImageClassification(loss_fn)
-  return make_task_train_step(task, {"model": model}, {"model": optimizer}, metrics, global_batch_size,
-                              step_counter, grad_accum_steps, jit_compile, clock)
 
 
 def make_task_train_step(task, models, optimizers, metrics, global_batch_size, step_counter, grad_accum_steps=1,
