@@ -43,8 +43,6 @@ class Parts:
   source: data.Source
   plan: plan_lib.Plan
   input_shape: tuple
-  model: keras.Model  # the task's model named "model" (exported, warm-started)
-  optimizer: keras.optimizers.Optimizer  # its optimizer (or the first one)
   step_counter: tf.Variable
   task: task_lib.Task  # what is trained (loops/task)
   models: dict  # {name: keras.Model}
@@ -61,8 +59,23 @@ class Parts:
     return metrics_lib.tags(list(self.eval_metrics) + list(self.task.eval_reduced))
 
   @property
+  def main_model(self):
+    """The model named "model" (else the first): the one exported, warm-started, averaged and histogrammed."""
+    return _main(self.models)
+
+  @property
+  def main_optimizer(self):
+    """The main model's optimizer (else the first; None when nothing is trained): the one the LR finder ramps."""
+    return _main(self.optimizers)
+
+  @property
   def task_metrics(self):
     return {name: m for name, m in self.eval_metrics.items() if name not in self.eval_means}
+
+
+def _main(by_name):
+  """The entry named "model", else the first, else None."""
+  return by_name.get("model") or next(iter(by_name.values()), None)
 
 
 @contextlib.contextmanager
@@ -118,7 +131,7 @@ def build(config, role, kept=None):
   learning_rates = {}
   models, optimizers_by_model, step_counter = _build_trainables(config, strategy, plan, task, element_spec,
                                                                 source.num_classes, learning_rates)
-  model = models.get("model") or next(iter(models.values()))
+  model = _main(models)
   if classification:
     made = _take_compiled(config, strategy, task, model, element_spec, made)
     check.check_model_outputs(task.loss_fn, model, input_shape, source.num_classes,
@@ -128,9 +141,8 @@ def build(config, role, kept=None):
   checkpoint = checkpoints.holding(models, optimizers_by_model, step_counter)
   logging.info("task %s: %s", config.task.name, ", ".join(
       f"{name} {m.count_params()} parameters" for name, m in models.items()))
-  optimizer = optimizers_by_model.get("model") or next(iter(optimizers_by_model.values()), None)
-  parts = Parts(role=role, strategy=strategy, source=source, plan=plan, input_shape=input_shape, model=model,
-                optimizer=optimizer, step_counter=step_counter, task=task, models=models,
+  parts = Parts(role=role, strategy=strategy, source=source, plan=plan, input_shape=input_shape,
+                step_counter=step_counter, task=task, models=models,
                 optimizers=optimizers_by_model, learning_rates=learning_rates, eval_means=eval_means,
                 eval_metrics=eval_metrics, element_spec=element_spec, checkpoint=checkpoint)
   check.check_metric_references(config, parts.eval_tags)

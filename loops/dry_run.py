@@ -52,8 +52,8 @@ def report(config, workdir, parts, user_callbacks):
       "optimizers": {name: f"{type(getattr(o, 'inner_optimizer', o)).__name__}, base learning rate "
                            f"{parts.learning_rates[name]:g}" for name, o in parts.optimizers.items()},
       "model": config.model.name,
-      "parameters": parts.model.count_params(),
-      "fused_batchnorm_layers": fused_batchnorm.fused_layers(parts.model),
+      "parameters": parts.main_model.count_params(),
+      "fused_batchnorm_layers": fused_batchnorm.fused_layers(parts.main_model),
       **({"gradient_all_reduce": _packs_line(parts, config)} if strategy_lib.is_multi_worker(parts.strategy) else {}),
       "eval_metrics": parts.eval_tags,
       "early_stopping": config.early_stopping.metric or "off",
@@ -119,7 +119,7 @@ def _init_line(config, parts, resumes_from):
   if resumes_from:
     return f"ignored: the run resumes from {resumes_from}"
   twin = lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
-  source, _, result = init_checkpoint.inspect(config.init, parts.model, twin)
+  source, _, result = init_checkpoint.inspect(config.init, parts.main_model, twin)
   return f"{source.description}: {result.counts()}"
 
 
@@ -152,7 +152,7 @@ def _input_streams_line(parts):
 
 
 def _packs_line(parts, config):
-  sizes = [math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in parts.model.trainable_variables]
+  sizes = [math.prod(v.shape) * tf.as_dtype(v.dtype).size for v in parts.main_model.trainable_variables]
   packs = strategy_lib.gradient_packs(sizes, config.cluster.bytes_per_pack)
   return (f"{len(packs)} pack(s) per step, {sum(sizes)} bytes of gradients when every trainable variable has a "
           f"dense one (cluster.bytes_per_pack={config.cluster.bytes_per_pack}; packs: {packs})")

@@ -61,9 +61,9 @@ def test_an_overflowing_step_is_skipped_and_the_loss_scale_halves(strategy, repl
   from loops.finders import trial
   parts = build_lib.build(config, trial.role_of(config))
   execution = execution_lib.make(parts, config)
-  optimizer = parts.optimizer
+  optimizer = parts.main_optimizer
   assert type(optimizer).__name__ == "LossScaleOptimizer"
-  weights = lambda: [v.numpy().copy() for v in parts.model.trainable_variables]
+  weights = lambda: [v.numpy().copy() for v in parts.main_model.trainable_variables]
   record = []
   for _ in range(5):
     before = weights()

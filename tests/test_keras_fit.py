@@ -45,10 +45,10 @@ def test_the_compiled_loss_and_metrics_are_what_the_run_trains_and_reports(caplo
   parts = built(digits("compiled_probabilities"))
   images = tf.random.stateless_uniform([6, 8, 8, 1], seed=(1, 2))
   labels = tf.constant([0, 1, 2, 3, 4, 5], tf.int64)
-  probabilities = parts.model(images)
+  probabilities = parts.main_model(images)
   trained = parts.task.loss_fn(labels, probabilities).numpy()
   assert trained.shape == (6,)  # per example: the framework averages over the global batch
-  keras_own = parts.model.compute_loss(x=images, y=labels, y_pred=probabilities)  # Keras fit's loss (weight 0.5)
+  keras_own = parts.main_model.compute_loss(x=images, y=labels, y_pred=probabilities)  # Keras fit's loss (weight 0.5)
   assert trained.mean() == pytest.approx(float(keras_own), rel=1e-5)
   unweighted = losses.sparse_categorical_crossentropy(labels, probabilities).numpy()  # the default loss.name's
   assert trained.mean() == pytest.approx(0.5 * unweighted.mean(), rel=1e-5)
@@ -80,7 +80,7 @@ def test_a_compiled_model_learns_the_same_on_one_device_and_mirrored_x2(tmp_path
 
 def test_a_loss_name_wins_over_the_compiled_loss_and_a_train_step_override_is_named(caplog):
   parts = built(digits("own_step", **{"loss.name": "focal"}))
-  outputs, labels = parts.model(tf.ones([3, 8, 8, 1])), tf.constant([1, 2, 3], tf.int64)
+  outputs, labels = parts.main_model(tf.ones([3, 8, 8, 1])), tf.constant([1, 2, 3], tf.int64)
   np.testing.assert_allclose(parts.task.loss_fn(labels, outputs), losses.focal(labels, outputs), rtol=1e-6)
   warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
   assert ("model 'own_step' was compiled with loss SparseCategoricalCrossentropy(from_logits=True); the run trains "

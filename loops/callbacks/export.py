@@ -39,9 +39,9 @@ class Export(Callback):
     features as its model takes them."""
     parts, enabled, weights = run.parts, run.config.export, run.execution.averaged_weights
     if run.config.task.name == task_lib.BUILT_IN:
-      return cls(parts.model, enabled, weights, data.eval_images(parts.source, run.config.data),
+      return cls(parts.main_model, enabled, weights, data.eval_images(parts.source, run.config.data),
                  data.raw_image_spec(parts.source))
-    return cls(parts.model, enabled, weights, None, parts.task.serving_spec(parts.element_spec[0]))
+    return cls(parts.main_model, enabled, weights, None, parts.task.serving_spec(parts.element_spec[0]))
 
   def on_train_begin(self, state):
     if self.serving_problem:

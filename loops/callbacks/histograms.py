@@ -21,7 +21,7 @@ class Histograms(Callback):
 
   @classmethod
   def for_run(cls, run):
-    return cls(run.config.summary.histogram_every_steps, run.parts.model, run.execution)
+    return cls(run.config.summary.histogram_every_steps, run.parts.main_model, run.execution)
 
   def after_train_call(self, state):
     if not self.trigger.due(state.call_start_step, state.step):

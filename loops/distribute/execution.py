@@ -111,7 +111,7 @@ class _Execution:
   def averaged_weights(self):
     """Context: the model holds the optimizer's moving averages of its weights (optimizer.ema_decay), else as is."""
     own = self.parts.optimizers.get("model")  # the averages of the model's own optimizer (none for a frozen one)
-    return optimizers.averaged_weights(self.parts.model, own) if own else contextlib.nullcontext()
+    return optimizers.averaged_weights(self.parts.main_model, own) if own else contextlib.nullcontext()
 
   def _eval_step(self):
     p = self.parts

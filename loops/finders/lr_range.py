@@ -97,7 +97,7 @@ def run_ramp(execution, optimizer, ramp, find_config):
 def _ramp_every_optimizer(parts, f):
   """Each trained model's optimizer ramps at its base rate's ratio to the main one's (a task's several
   optimizers keep their proportions; the suggestion is the main optimizer's rate)."""
-  main = parts.learning_rates[next(name for name, o in parts.optimizers.items() if o is parts.optimizer)]
+  main = parts.learning_rates[next(name for name, o in parts.optimizers.items() if o is parts.main_optimizer)]
   for name, optimizer in parts.optimizers.items():
     ratio = parts.learning_rates[name] / main
     inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer (float16)
@@ -113,7 +113,7 @@ def find_lr(config, workdir):
   parts, execution = trial.start(run_config, role)
   ramp = ExponentialRamp(f.lr_min, f.lr_max, f.lr_steps)
   _ramp_every_optimizer(parts, f)  # before the first trace
-  curve = run_ramp(execution, parts.optimizer, ramp, f)
+  curve = run_ramp(execution, parts.main_optimizer, ramp, f)
   suggestion, lowest_lr = suggest(curve.learning_rates, curve.smoothed)
   # The flag is the configured rate: the run scales it by optimizer.lr_scaling for its batch and replicas.
   scale = optimizers.scaled_learning_rate(_unit_lr(config.optimizer), parts.plan.global_batch_size,

@@ -78,7 +78,7 @@ class Checkpoints:
       return "", {}
     config, parts = self._config, self._parts
     twin = lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
-    return init_checkpoint.warm_start(init, parts.model, parts.optimizer, parts.strategy, twin)
+    return init_checkpoint.warm_start(init, parts.main_model, parts.main_optimizer, parts.strategy, twin)
 
   def attach_callbacks(self, built_ins, users):
     """Every callback's state joins the checkpoint (`attach`), restored where the restored checkpoint holds it."""
