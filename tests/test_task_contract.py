@@ -1,6 +1,8 @@
 """The task contract's pieces in-process: the step context's cross-replica helpers on 2 replicas, a user's arrays
 as a source (nests of any dtype, exact order, eval padding), and the one-line errors of task and data settings."""
 
+import dataclasses
+
 import keras
 import numpy as np
 import pytest
@@ -370,3 +372,14 @@ def test_a_reduce_eval_that_fails_is_one_line_naming_it(returns, message, tmp_pa
   with pytest.raises(ConfigError, match=r"^ReduceEvalReturns.reduce_eval \(.*contract_tasks.py:\d+\) " + message):
     run.train_and_evaluate(config, str(tmp_path))
   assert (tmp_path / "checkpoints").exists() == (returns == "raises")
+
+
+@pytest.mark.parametrize("names, main", [(("critic", "model"), "model"), (("generator", "critic"), "generator"),
+                                         ((), None)])
+def test_the_main_model_and_optimizer_are_the_ones_named_model_else_the_first(names, main):
+  from loops import build as build_lib
+  fields = {field.name: None for field in dataclasses.fields(build_lib.Parts)}
+  parts = build_lib.Parts(**{**fields, "models": {name: f"{name} net" for name in names},
+                             "optimizers": {name: f"{name} opt" for name in names if name != "critic"}})
+  assert parts.main_model == (f"{main} net" if main else None)
+  assert parts.main_optimizer == (f"{main} opt" if main else None)
