@@ -79,8 +79,8 @@ def run_parts(learning_rate):
   optimizer.build(model.trainable_variables)
   step = tf.Variable(0, dtype=tf.int64)
   checkpoint = checkpoints_lib.holding({"model": model}, {"model": optimizer}, step)
-  return types.SimpleNamespace(checkpoint=checkpoint, step_counter=step, task=types.SimpleNamespace(is_chief=True),
-                               model=model, optimizer=optimizer, optimizers={"model": optimizer},
+  return types.SimpleNamespace(checkpoint=checkpoint, step_counter=step, role=types.SimpleNamespace(is_chief=True),
+                               main_model=model, main_optimizer=optimizer, optimizers={"model": optimizer},
                                learning_rates={"model": 0.3}, strategy=tf.distribute.get_strategy())
 
 
@@ -102,9 +102,9 @@ def test_the_owner_restores_the_latest_else_warm_starts_and_sets_the_runs_learni
   checkpoints = checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), resumed)
   assert checkpoints.restore() == ("", {}) and checkpoints.restored.endswith("ckpt-7")
   assert "no-such-run' is ignored" in caplog.text  # a resumed run ignores init.checkpoint
-  assert int(resumed.step_counter.numpy()) == 7 and float(resumed.optimizer.learning_rate) == pytest.approx(0.1)
+  assert int(resumed.step_counter.numpy()) == 7 and float(resumed.main_optimizer.learning_rate) == pytest.approx(0.1)
   checkpoints.reset_learning_rates()
-  assert float(resumed.optimizer.learning_rate) == pytest.approx(0.3)
+  assert float(resumed.main_optimizer.learning_rate) == pytest.approx(0.3)
   checkpoints.close()
 
 
