@@ -247,7 +247,7 @@ def _eval_and_checkpoints(c):
   c.eval = ml_collections.ConfigDict()
   c.eval.every_steps = 0  # 0 = only at the end. Any number: a train call is shortened to end on the boundary.
   # Reported as eval/<name>, with eval/loss always: registry names (accuracy, top5_accuracy) or
-  # "package.module:factory" strings whose factory() returns a keras.metrics.Metric (see docs/tasks.md).
+  # "package.module:factory" strings whose factory() returns a keras.metrics.Metric (see docs/recipes.md).
   c.eval.metrics = ("accuracy", "top5_accuracy")
   c.eval.sidecar_poll_seconds = 10.0  # mode=evaluate: how often to look for a new checkpoint
   c.eval.sidecar_timeout_seconds = 3600.0  # mode=evaluate: give up after this long without a new checkpoint
@@ -310,7 +310,7 @@ def _monitoring(c):
   c.early_stopping.min_delta = 0.0
 
   # User callbacks: "package.module:factory" strings; factory(config) returns an object with any of
-  # on_train_begin / after_train_call / after_eval / on_call_end / on_train_end(state) (see docs/tasks.md).
+  # on_train_begin / after_train_call / after_eval / on_call_end / on_train_end(state) (see docs/recipes.md).
   c.callbacks = ()
 
   # Set by `python -m launch.sweep` for each trial (never by hand): the fingerprint of the trial's settings, written

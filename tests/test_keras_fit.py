@@ -87,7 +87,7 @@ def test_a_loss_name_wins_over_the_compiled_loss_and_a_train_step_override_is_na
           "loss.name='focal' (the config's; loss.name='' trains the compiled one)") in warnings
   overrides = [w for w in warnings if "overrides train_step" in w]
   assert len(overrides) == 1 and "OwnStep (" in overrides[0] and overrides[0].endswith(
-      "port it to a Task (docs/tasks.md 'Coming from Keras fit')"), warnings
+      "port it to a Task (docs/migrating.md 'Coming from Keras fit')"), warnings
 
 
 def test_loss_settings_for_another_loss_are_refused_with_a_compiled_loss():

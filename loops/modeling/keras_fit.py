@@ -20,7 +20,7 @@ from errors import ConfigError
 from loops.modeling import losses
 from loops import private_apis
 
-PORT = "port it to a Task (docs/tasks.md 'Coming from Keras fit')"
+PORT = "port it to a Task (docs/migrating.md 'Coming from Keras fit')"
 FIT_METHODS = ("train_step", "test_step", "compute_loss")
 _FIT_STEPS = ("train_step", "test_step")
 
