@@ -1,7 +1,8 @@
 """The trials of a sweep: `--grid KEY=V1,V2` specs, the full grid or N reproducible random draws, trial names.
 
-No TensorFlow, nothing of ours: the points come from Optuna's GridSampler and RandomSampler (seeded; Optuna is
-imported when points are drawn), the one search engine of every sweep (tpe: launch/sweep_study.py). A value is
+No TensorFlow, nothing of ours: the full grid is every combination; random draws come from Optuna's GridSampler
+and RandomSampler (seeded; Optuna is imported when points are drawn), the one search engine of every sweep (tpe:
+launch/sweep_study.py). A value is
 passed to main.py as `--config.KEY=VALUE`, exactly as written. A random sweep (`--random N --seed S`) may also
 give ranges instead of values: `KEY=loguniform:LOW:HIGH`, `KEY=uniform:LOW:HIGH` (floats, drawn then rounded to 3
 significant digits, so the name and the value agree) and `KEY=int:LOW:HIGH` (integers, both ends included).
@@ -89,13 +90,11 @@ def _range(key, text):
 
 
 def grid_points(grid):
-  """Every combination (Optuna's GridSampler), in the grid's order, the first key varying slowest: [{KEY: value}]."""
+  """Every combination, the first key varying slowest: [{KEY: value}, ...] (an enumeration, not a draw)."""
   ranged = [key for key, values in grid.items() if isinstance(values, Range)]
   if ranged:
     raise SweepError(f"--grid {ranged[0]}={grid[ranged[0]]!r} is a range: ranges need --random N --seed S")
-  size = math.prod(len(values) for values in grid.values())
-  position = {combo: i for i, combo in enumerate(itertools.product(*grid.values()))}
-  return sorted(_sampled(grid, _grid_sampler(grid, 0), size), key=lambda p: position[tuple(p.values())])
+  return [dict(zip(grid, combo)) for combo in itertools.product(*grid.values())]
 
 
 def random_points(grid, count, seed):
@@ -107,17 +106,13 @@ def random_points(grid, count, seed):
     size = math.prod(len(values) for values in grid.values())
     if count > size:
       raise SweepError(f"--random {count}: the grid has only {size} points; use fewer or add values")
-    return _sampled(grid, _grid_sampler(grid, seed), count)
+    import optuna  # pylint: disable=import-outside-toplevel
+    return _sampled(grid, optuna.samplers.GridSampler(dict(grid), seed=seed), count)
   import optuna  # pylint: disable=import-outside-toplevel
   points = _sampled(grid, optuna.samplers.RandomSampler(seed=seed), count, tries=100 * count)
   if len(points) < count:
     raise SweepError(f"--random {count}: only {len(points)} distinct points could be drawn; widen the ranges")
   return points
-
-
-def _grid_sampler(grid, seed):
-  import optuna  # pylint: disable=import-outside-toplevel
-  return optuna.samplers.GridSampler(dict(grid), seed=seed)
 
 
 def _sampled(grid, sampler, count, tries=None):

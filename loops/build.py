@@ -18,6 +18,8 @@ from errors import ConfigError
 from data import mixing
 from loops import check
 from loops import plan as plan_lib
+from loops import private_apis
+from loops.core import console
 from loops.distribute import cluster
 from loops.distribute import execution
 from loops.distribute import startup
@@ -30,8 +32,6 @@ from loops.modeling import model as model_lib
 from loops.modeling import optimizers
 from loops.modeling import random_layers
 from loops.persist import checkpoints
-from loops.core import console
-from loops import private_apis
 from loops import task as task_lib
 from loops.task import classification as classification_lib
 
