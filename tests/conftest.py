@@ -52,10 +52,6 @@ def info_logging():
   absl_logging.set_verbosity(absl_logging.INFO)
 
 
-# The signals a run's watchers handle (loops/persist/preemption.py CATCHABLE_SIGNALS).
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP, signal.SIGCONT)
-
-
 def process_state():
   """What a test may change for the whole process: op determinism, the Keras dtype policy, signal handlers, the
   signal wakeup fd and the preemption module's globals."""
@@ -64,7 +60,8 @@ def process_state():
   wakeup = signal.set_wakeup_fd(-1)
   signal.set_wakeup_fd(wakeup)
   return {"determinism": private_apis.op_determinism_enabled(), "policy": keras.mixed_precision.dtype_policy().name,
-          "handlers": {number: signal.getsignal(number) for number in HANDLED_SIGNALS}, "wakeup_fd": wakeup,
+          "handlers": {signal.Signals[name]: signal.getsignal(signal.Signals[name])
+                       for name in preemption.CATCHABLE_SIGNALS}, "wakeup_fd": wakeup,
           "process_ends_after_run": preemption.PROCESS_ENDS_AFTER_RUN,
           "signal_listeners": list(preemption.SIGNAL_LISTENERS), "received": list(preemption.RECEIVED)}
 
@@ -119,7 +116,6 @@ def full_runs(tmp_path_factory):
     workdir = str(tmp_path_factory.mktemp(strategy))
     results[strategy] = (workdir, run.train_and_evaluate(c, workdir))
   return results
-
 
 
 _file_durations = []  # the Recorder of --record-file-durations, in the controlling process only
