@@ -1,9 +1,12 @@
 """Shared test setup: two logical CPUs (before TensorFlow starts) so mirrored runs get 2 replicas in-process."""
 
+import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -36,12 +39,70 @@ def set_keys(config, overrides):
 
 
 def run_main(*args, env=None, unset=(), timeout=300):
-  """Runs `python main.py args...` in a fresh process (env added, `unset` variables removed); returns the
+  """Runs `python main.py args...` (env added, `unset` variables removed) as run_command does; returns the
   CompletedProcess."""
   full_env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", *unset)}
   full_env.update(env or {})
-  return subprocess.run([sys.executable, os.path.join(REPO, "main.py"), *args], cwd=REPO, env=full_env,
-                        capture_output=True, text=True, timeout=timeout)
+  return run_command([sys.executable, os.path.join(REPO, "main.py"), *args], env=full_env, timeout=timeout)
+
+
+def run_command(command, env=None, cwd=REPO, timeout=300, merge_output=False):
+  """subprocess.run(command, env=env, cwd=cwd, ...) with its output captured as text (stderr into stdout when
+  merge_output); returns the CompletedProcess. A `python main.py ...` of this repository runs in a child forked
+  from main.py's imports (tests/fixtures/main_forks.py: the same run without the ~6 s of importing TensorFlow),
+  unless what it tests acts at import (--debug, a TF_CPP_MIN_LOG_LEVEL of its own) or TESTS_FRESH_PROCESSES=1."""
+  env = dict(os.environ) if env is None else env
+  if _forkable(command, env, cwd):
+    return _main_forks.run(command, env, cwd, timeout, merge_output)
+  return subprocess.run(command, cwd=cwd, env=env, timeout=timeout, text=True, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT if merge_output else subprocess.PIPE)
+
+
+def _forkable(command, env, cwd):
+  return (os.environ.get("TESTS_FRESH_PROCESSES") != "1" and len(command) >= 2 and command[0] == sys.executable
+          and os.path.abspath(os.path.join(cwd, command[1])) == os.path.join(REPO, "main.py")
+          and "--debug" not in command and env.get("TF_CPP_MIN_LOG_LEVEL") == os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
+
+
+class MainForks:
+  """The client of tests/fixtures/main_forks.py: one server per test process, started at its first run."""
+
+  def __init__(self):
+    self.server = None
+
+  def run(self, command, env, cwd, timeout, merge_output):
+    if self.server is None or self.server.poll() is not None:
+      self.server = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "fixtures", "main_forks.py")],
+                                     cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+    with tempfile.TemporaryDirectory() as scratch:
+      out = os.path.join(scratch, "out")
+      err = out if merge_output else os.path.join(scratch, "err")
+      request = {"argv": command[1:], "env": env, "cwd": cwd, "out": out, "err": err}
+      self.server.stdin.write(json.dumps(request).encode() + b"\n")
+      pid = self._answer(None)["pid"]
+      answer = self._answer(timeout)
+      if answer is None:
+        os.kill(pid, signal.SIGKILL)
+        self._answer(None)
+        raise subprocess.TimeoutExpired(command, timeout)
+      return subprocess.CompletedProcess(command, answer["exit"], open(out, errors="replace").read(),
+                                         None if merge_output else open(err, errors="replace").read())
+
+  def _answer(self, timeout):
+    """The server's next JSON line, or None when none came within timeout seconds (None: wait for it)."""
+    line = b""
+    while not line.endswith(b"\n"):
+      ready, _, _ = select.select([self.server.stdout], [], [], timeout)
+      if not ready:
+        return None
+      byte = self.server.stdout.read(1)
+      if not byte:
+        raise RuntimeError("tests/fixtures/main_forks.py ended: see its output above")
+      line += byte
+    return json.loads(line)
+
+
+_main_forks = MainForks()
 
 
 @pytest.fixture(autouse=True)

@@ -3,7 +3,6 @@ exactly what one all-reduce computes."""
 
 import os
 import re
-import subprocess
 import sys
 
 import numpy as np
@@ -12,7 +11,7 @@ import tensorflow as tf
 from tensorflow.python.distribute import cross_device_utils
 
 from loops.distribute import strategy as strategy_lib
-from tests.conftest import REPO
+from tests.conftest import REPO, run_command
 from tests.test_train import model_weights
 
 SIZES = [288, 32, 18432, 64, 131072, 128, 1280, 10]  # digits_cnn's variables, in elements
@@ -39,7 +38,7 @@ def two_worker_run(workdir, bytes_per_pack):
              "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0", "--config.export=False",
              "--config.summary.progress_bar=off", f"--config.cluster.bytes_per_pack={bytes_per_pack}", "--debug"]
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-  done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
+  done = run_command(command, env=env, timeout=500)
   assert done.returncode == 0, done.stdout[-3000:]
   return done.stdout, model_weights(str(workdir))
 

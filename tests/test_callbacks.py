@@ -6,13 +6,12 @@ own folder) and are named only by config strings.
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 
 from loops import run
-from tests.conftest import REPO, load_config
+from tests.conftest import REPO, load_config, run_command
 from tests.test_train import scalars
 
 PLUGINS = os.path.join(REPO, "tests", "fixtures", "plugins")
@@ -85,7 +84,7 @@ def test_a_custom_metric_agrees_on_one_device_mirrored_and_two_mwms_workers_and_
              "--config.checkpoint.best_metric=eval/error_rate", "--config.checkpoint.best_mode=min"]
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
   env.update(PYTHONPATH=PLUGINS, STOP_ON_WORKER="1", STOP_AT_STEP="10", RECORD_HOOKS=str(tmp_path / "hooks.jsonl"))
-  done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+  done = run_command(command, env=env, timeout=400)
   assert done.returncode == 0, done.stdout[-3000:]
   summary = json.load(open(workdir / "summary.json"))
   assert summary["step"] == 10 and summary["stopped_early"] == "asked by StopAt on worker 1 at step 10"
@@ -96,7 +95,7 @@ def test_a_custom_metric_agrees_on_one_device_mirrored_and_two_mwms_workers_and_
     for strategy in ("mirrored", "one_device"):
       assert summary[name] == pytest.approx(results[strategy][name], abs=1e-4), (name, strategy)
 
-  again = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+  again = run_command(command, env=env, timeout=400)
   assert again.returncode == 0, again.stdout[-3000:]
   assert "this run stopped early at step 10 (asked by StopAt on worker 1 at step 10): not training further" \
          in again.stdout
@@ -111,8 +110,7 @@ EARLY = ["--config=configs/digits_cnn.py", "--config.eval.every_steps=50",
 
 def main_py(workdir, *args):
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-  result = subprocess.run([sys.executable, "main.py", *EARLY, f"--workdir={workdir}", *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=400)
+  result = run_command([sys.executable, "main.py", *EARLY, f"--workdir={workdir}", *args], env=env, timeout=400)
   assert result.returncode == 0, result.stderr[-3000:]
   return json.load(open(os.path.join(workdir, "summary.json"))), result.stderr
 

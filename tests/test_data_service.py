@@ -13,7 +13,7 @@ import pytest
 from data import prepare as prepare_lib
 from launch import local
 from loops import run
-from tests.conftest import REPO, load_config
+from tests.conftest import REPO, load_config, run_command
 from tests.test_research import configured, trained
 from tests.test_train import model_weights
 
@@ -76,7 +76,7 @@ def test_launch_local_starts_a_data_service_beside_the_job_and_stops_it(digits_r
              "--config.data.name=tfrecord", f"--config.data.data_dir={digits_records}", "--config.data.in_memory=False",
              "--config.train.steps=300", "--config.summary.progress_bar=off"]
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-  done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+  done = run_command(command, env=env, timeout=600)
   assert done.returncode == 0, done.stdout[-3000:]
   assert "[data:dispatcher] tf.data service dispatcher serving at" in done.stdout
   assert done.stdout.count("tf.data service worker serving at") == 2

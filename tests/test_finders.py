@@ -15,7 +15,7 @@ from errors import ConfigError
 from loops import finders
 from loops.core import batch_search
 from loops.finders import lr_range
-from tests.conftest import load_config, run_main, set_keys
+from tests.conftest import load_config, run_command, run_main, set_keys
 
 pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
 
@@ -180,7 +180,7 @@ def test_range_test_on_two_workers_matches_one_device_and_only_the_chief_writes(
              "--config=configs/digits_cnn.py", f"--workdir={tmp_path}", "--find=lr",
              "--config.strategy=multi_worker_mirrored", *flags]
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-  done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=500)
+  done = run_command(command, env=env, timeout=500)
   assert done.returncode == 0, done.stdout[-3000:]
   assert done.stdout.count("--config.optimizer.learning_rate=") == 1  # printed by the chief alone
   out = tmp_path / "lr_find"

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from launch import local
 from loops import run
-from tests.conftest import REPO, load_config
+from tests.conftest import REPO, load_config, run_command
 
 pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
 
@@ -159,7 +159,7 @@ def test_killing_a_worker_mid_run_exits_143_naming_it_and_the_rerun_resumes(tmp_
       os.kill(pid, 0)
   saved = max(int(p.name[len("ckpt-"):-len(".index")]) for p in tmp_path.glob("checkpoints/ckpt-*.index"))
   assert 0 < saved < 300
-  rerun = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+  rerun = run_command(command, env=env, timeout=400)
   assert rerun.returncode == 0, rerun.stdout[-3000:]
   restored = re.search(r"\[worker:0\].*restored \S*ckpt-(\d+)", rerun.stdout)
   assert restored and 0 < int(restored.group(1)) <= saved, rerun.stdout[-3000:]

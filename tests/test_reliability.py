@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 from loops import run
-from tests.conftest import REPO, load_config
+from tests.conftest import REPO, load_config, run_command
 from tests.test_train import model_weights
 
 PY = sys.executable
@@ -100,13 +100,12 @@ def split_by_sigterm_matches_straight(args, tmp_path, wait_for):
   """Runs `args` (a main.py command without --workdir) straight, and again split by SIGTERM once a line matches
   wait_for and rerun; asserts the split run ends bit-identical to the straight one (one preemption save more).
   Returns (straight run's output, resumed run's output)."""
-  straight = subprocess.run(args + [f"--workdir={tmp_path / 'ref'}"], cwd=REPO, env=env(), capture_output=True,
-                            text=True, timeout=300)
+  straight = run_command(args + [f"--workdir={tmp_path / 'ref'}"], env=env(), timeout=300)
   assert straight.returncode == 0, straight.stderr[-3000:]
   split = args + [f"--workdir={tmp_path / 'w'}"]
   code, output = start_and_sigterm(split, lambda proc, _: proc.pid, tmp_path, wait_for=wait_for)
   assert code == 143, output[-3000:]
-  resumed = subprocess.run(split, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+  resumed = run_command(split, env=env(), timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   assert_bit_identical(tmp_path / "w", tmp_path / "ref", extra_saves=1)
   return straight.stderr + straight.stdout, resumed.stderr + resumed.stdout
@@ -122,8 +121,7 @@ def resume_for_20_more_steps(command, workdir):
   ends at step + 20. Returns (step, the rerun's output)."""
   step = saved_step(workdir)
   assert step > 0 and step % 10 == 0
-  resumed = subprocess.run(command + [f"--config.train.steps={step + 20}"], cwd=REPO, env=env(),
-                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+  resumed = run_command(command + [f"--config.train.steps={step + 20}"], env=env(), timeout=300, merge_output=True)
   assert resumed.returncode == 0, resumed.stdout[-3000:]
   assert f"restored {workdir}/checkpoints/ckpt-{step}" in resumed.stdout
   assert json.load(open(workdir / "summary.json"))["step"] == step + 20
@@ -236,8 +234,7 @@ def last_step(output):
 def test_kill_9_at_several_points_then_rerun_ends_bit_identical_to_an_uninterrupted_run(tmp_path):
   """Three kill -9s (mid-interval, right after a save, 50 ms after one); each rerun resumes from the last checkpoint."""
   steps = ["--config.train.steps=300"]
-  reference = subprocess.run([PY, "main.py", *EXACT, *steps, f"--workdir={tmp_path / 'ref'}"], cwd=REPO, env=env(),
-                             capture_output=True, text=True, timeout=300)
+  reference = run_command([PY, "main.py", *EXACT, *steps, f"--workdir={tmp_path / 'ref'}"], env=env(), timeout=300)
   assert reference.returncode == 0, reference.stderr[-3000:]
   workdir = tmp_path / "killed"
   command = [PY, "main.py", *EXACT, *steps, f"--workdir={workdir}"]
@@ -253,7 +250,7 @@ def test_kill_9_at_several_points_then_rerun_ends_bit_identical_to_an_uninterrup
     assert saved > restored  # every life made progress
     lost.append(last_step(output) - saved)
     restored = saved
-  final = subprocess.run(command, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+  final = run_command(command, env=env(), timeout=300)
   assert final.returncode == 0, final.stderr[-3000:]
   assert f"restored {workdir}/checkpoints/ckpt-{restored}" in final.stderr
   print(f"steps lost per kill (last step logged - step resumed from): {lost}")
@@ -272,12 +269,10 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_restorable(tmp
   assert dying.returncode == -signal.SIGKILL, dying.stderr[-3000:]
   assert "killing myself while saving" in dying.stderr
   assert saved_step(workdir) == 20  # the index still names the last complete checkpoint
-  rerun = subprocess.run([PY, "main.py", *EXACT, *steps, f"--workdir={workdir}"], cwd=REPO, env=env(),
-                         capture_output=True, text=True, timeout=300)
+  rerun = run_command([PY, "main.py", *EXACT, *steps, f"--workdir={workdir}"], env=env(), timeout=300)
   assert rerun.returncode == 0, rerun.stderr[-3000:]
   assert f"restored {workdir}/checkpoints/ckpt-20" in rerun.stderr
-  reference = subprocess.run([PY, "main.py", *EXACT, *steps, f"--workdir={tmp_path / 'ref'}"], cwd=REPO, env=env(),
-                             capture_output=True, text=True, timeout=300)
+  reference = run_command([PY, "main.py", *EXACT, *steps, f"--workdir={tmp_path / 'ref'}"], env=env(), timeout=300)
   assert reference.returncode == 0
   assert_bit_identical(workdir, tmp_path / "ref")
 

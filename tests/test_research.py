@@ -3,14 +3,13 @@
 same global batch (weights and every checkpointed variable within 1e-5 relative, momentum 0)."""
 
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
 from loops import run
-from tests.conftest import REPO, load_config, set_keys
+from tests.conftest import REPO, load_config, run_command, set_keys
 from tests.test_train import model_weights
 
 USER_LOSSES = os.path.join(REPO, "tests", "fixtures", "user_losses")
@@ -49,7 +48,7 @@ def mwms(workdir, config_file, overrides, env=None):
              "--config.summary.progress_bar=off", "--config.export=False", *flags]  # train.steps wins over epochs
   full_env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
   full_env.update(env or {})
-  done = subprocess.run(command, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=500)
+  done = run_command(command, env=full_env, timeout=500)
   assert done.returncode == 0, done.stdout[-3000:]
   return model_weights(str(workdir))
 
@@ -196,7 +195,7 @@ def test_a_plug_in_that_makes_tensorflow_state_when_imported_is_one_clear_error_
              "--config.loss.name=my_losses:nan_at_call"]  # my_losses makes a tf.Variable at import
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
   env["PYTHONPATH"] = USER_LOSSES
-  done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+  done = run_command(command, env=env, timeout=300)
   assert done.returncode == 1, done.stdout[-3000:]
   assert ("error: multi_worker_mirrored must be created before TensorFlow runs anything, but it already ran: usually "
           "a plug-in module") in done.stdout

@@ -21,7 +21,7 @@ from errors import ConfigError
 from loops import check
 from loops import run
 from loops import plan as plan_lib
-from tests.conftest import REPO, load_config, run_main
+from tests.conftest import REPO, load_config, run_command, run_main
 from tests.test_reliability import checkpoint_tensors, start_and_sigterm
 from tests.test_research import assert_same, configured, mwms, trained
 
@@ -80,19 +80,17 @@ def test_a_killed_prepare_goes_on_where_it_stopped_and_ends_with_the_same_shards
   process.wait()
   state = json.load(open(killed_dir / "prepare-state.json"))
   assert 5 <= len(state["done"]) < 64 and not (killed_dir / "manifest.json").exists()
-  resumed = subprocess.run(command + [f"--out={killed_dir}"], cwd=REPO, capture_output=True, text=True, timeout=300)
+  resumed = run_command(command + [f"--out={killed_dir}"], timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert "train on it with:\n  --config.data.name=tfrecord --config.data.data_dir=" in resumed.stdout
   progress = [line for line in resumed.stderr.splitlines() if line.startswith("prepare train:")]
   assert len(progress) == 64 and "ETA" in progress[-1]
-  straight = subprocess.run(command + [f"--out={straight_dir}"], cwd=REPO, capture_output=True, text=True,
-                            timeout=300)
+  straight = run_command(command + [f"--out={straight_dir}"], timeout=300)
   assert straight.returncode == 0, straight.stderr[-2000:]
   manifests = [json.load(open(d / "manifest.json")) for d in (killed_dir, straight_dir)]
   assert manifests[0]["splits"] == manifests[1]["splits"]
   assert not [f for f in os.listdir(killed_dir) if f.endswith(".partial")]
-  changed = subprocess.run(command + [f"--out={killed_dir}", "--quality=80"], cwd=REPO, capture_output=True,
-                           text=True, timeout=300)
+  changed = run_command(command + [f"--out={killed_dir}", "--quality=80"], timeout=300)
   assert changed.returncode == 1
   assert changed.stderr.strip().splitlines()[-1].startswith(f"error: {killed_dir} holds a prepare with other "
                                                             "settings (quality: 95 -> 80)")
@@ -304,15 +302,14 @@ def test_a_streamed_run_split_by_sigterm_ends_bit_identical_to_a_straight_run(di
             "--config.deterministic=True", "--config.train.steps=400", "--config.train.steps_per_loop=5",
             "--config.eval.every_steps=0", "--config.checkpoint.every_steps=0", "--config.checkpoint.best_metric=",
             "--config.summary.progress_bar=off", "--config.export=False", "--config.data.random_flip=True"]
-  straight = subprocess.run(common + [f"--workdir={tmp_path / 'straight'}"], cwd=REPO, capture_output=True,
-                            text=True, timeout=300)
+  straight = run_command(common + [f"--workdir={tmp_path / 'straight'}"], timeout=300)
   assert straight.returncode == 0, straight.stderr[-2000:]
   split = common + [f"--workdir={tmp_path / 'split'}"]
   code, output = start_and_sigterm(split, lambda proc, _: proc.pid, tmp_path, wait_for=r"step (1\d\d|2\d\d)/400")
   assert code == 143, output[-2000:]
   saved = int(re.findall(r"step (\d+)/400", output)[-1])
   assert "preempted (SIGTERM): checkpoint saved" in output and 100 <= saved < 400 and saved % 5 == 0
-  resumed = subprocess.run(split, cwd=REPO, capture_output=True, text=True, timeout=300)
+  resumed = run_command(split, timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert re.search(rf"restored .*ckpt-{saved}\b", resumed.stderr)
   (name, split_tensors), (straight_name, straight_tensors) = (checkpoint_tensors(tmp_path / d)

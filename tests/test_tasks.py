@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from loops import replica_check
 from loops import run
-from tests.conftest import REPO, load_config, run_main
+from tests.conftest import REPO, load_config, run_command, run_main
 
 pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
 
@@ -153,8 +153,7 @@ def test_a_task_under_two_worker_mwms_matches_one_device(config, keys, tmp_path)
           "--config.summary.progress_bar=off", "--config.checkpoint.best_metric="]
   if config == "regression":
     args.append("--config.task.name=tests.fixtures.contract_tasks:CollectsValues")
-  one = subprocess.run([PY, "main.py", *args, f"--workdir={tmp_path / 'one'}"], cwd=REPO, env=env(),
-                       capture_output=True, text=True, timeout=300)
+  one = run_command([PY, "main.py", *args, f"--workdir={tmp_path / 'one'}"], env=env(), timeout=300)
   assert one.returncode == 0, one.stderr[-3000:]
   two = subprocess.run([PY, "-m", "launch.local", "--workers=2", "--", PY, "main.py", *args,
                         "--config.strategy=multi_worker_mirrored", f"--workdir={tmp_path / 'two'}"], cwd=REPO,

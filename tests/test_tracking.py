@@ -22,7 +22,7 @@ from errors import ConfigError
 from launch import sweep_tracking
 from loops.persist import tracker_process
 from loops.persist import tracking
-from tests.conftest import REPO
+from tests.conftest import REPO, run_command
 from tests.test_reliability import env, start_and_sigterm
 from tests.test_sidecar import event_scalars
 
@@ -175,9 +175,8 @@ def free_port():
 
 def test_a_tracking_server_that_is_down_costs_one_warning_and_the_count_of_what_was_not_sent(tmp_path):
   uri = f"http://127.0.0.1:{free_port()}"
-  done = subprocess.run([PY, "main.py", *RUN, f"--workdir={tmp_path / 'w'}", "--config.train.steps=40",
-                         f"--config.tracking.mlflow={uri}"], cwd=REPO, env=env(),
-                        capture_output=True, text=True, timeout=300)
+  done = run_command([PY, "main.py", *RUN, f"--workdir={tmp_path / 'w'}", "--config.train.steps=40",
+                         f"--config.tracking.mlflow={uri}"], env=env(), timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
   warnings = [line.split("] ", 1)[1] for line in done.stderr.splitlines() if "tracker_process.py" in line]
   assert "connectionpool" not in done.stderr and "before flag parsing" not in done.stderr

@@ -12,7 +12,7 @@ import pytest
 
 from errors import ConfigError
 from loops.persist import workdir_lock
-from tests.conftest import REPO
+from tests.conftest import REPO, run_command
 
 PY = sys.executable
 
@@ -125,8 +125,7 @@ def test_two_real_runs_on_one_workdir_the_second_stops_at_once_and_a_dead_holder
         break
     config_before = (workdir / "config.json").read_bytes()
     started = time.monotonic()
-    second = subprocess.run([PY, "main.py", *LONG, f"--workdir={workdir}", "--config.seed=7"], cwd=REPO, env=env,
-                            capture_output=True, text=True, timeout=120)
+    second = run_command([PY, "main.py", *LONG, f"--workdir={workdir}", "--config.seed=7"], env=env, timeout=120)
     refused_after = time.monotonic() - started
   finally:
     os.killpg(first.pid, signal.SIGKILL)
@@ -139,9 +138,8 @@ def test_two_real_runs_on_one_workdir_the_second_stops_at_once_and_a_dead_holder
   assert (workdir / "config.json").read_bytes() == config_before  # nothing of the first run was touched
   assert refused_after < 60, refused_after  # stopped before building anything (no training, no data pipeline)
 
-  third = subprocess.run([PY, "main.py", *LONG, f"--workdir={workdir}", "--config.train.epochs=0.5",
-                          "--config.export=False"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=300)
+  third = run_command([PY, "main.py", *LONG, f"--workdir={workdir}", "--config.train.epochs=0.5",
+                          "--config.export=False"], env=env, timeout=300)
   assert third.returncode == 0, third.stderr[-2000:]
   assert re.search(rf"taking over the lock of workdir {workdir} from host .*, pid {first.pid}, since .*: process "
                    rf"{first.pid} is no longer running", third.stderr)
