@@ -249,22 +249,28 @@ def _label_text(label):
 
 
 def _grid_png(images, labels):
+  """The images side by side on one canvas (each rescaled to [0, 1]), each under its label: one matplotlib axes
+  and a text per image (an axes per image, laid out by matplotlib, took most of a short run's start)."""
   import matplotlib
   matplotlib.use("Agg")
   from matplotlib import pyplot as plt
 
-  count = len(images)
+  count, height, width = len(images), images.shape[1], images.shape[2]
   columns = int(np.ceil(np.sqrt(count)))
   rows = int(np.ceil(count / columns))
-  figure, axes = plt.subplots(rows, columns, figsize=(1.6 * columns, 1.8 * rows), squeeze=False)
-  for ax in axes.flat:
-    ax.axis("off")
-  for ax, image, label in zip(axes.flat, images, labels):
+  gap, band = max(1, width // 8), max(2, height // 4)  # between images; above each, for its label
+  cell_height, cell_width = band + height + gap, width + gap
+  canvas = np.ones((rows * cell_height, columns * cell_width, 3), np.float32)
+  figure = plt.figure(figsize=(1.6 * columns, 1.8 * rows))
+  ax = figure.add_axes((0.01, 0.01, 0.98, 0.98))
+  ax.axis("off")
+  for index, (image, label) in enumerate(zip(images, labels)):
     low, high = float(image.min()), float(image.max())
     shown = (image - low) / (high - low) if high > low else np.zeros_like(image)
-    ax.imshow(shown[..., 0] if shown.shape[-1] == 1 else shown, cmap="gray" if shown.shape[-1] == 1 else None)
-    ax.set_title(_label_text(label), fontsize=9)
-  figure.tight_layout()
+    top, left = (index // columns) * cell_height + band, (index % columns) * cell_width
+    canvas[top:top + height, left:left + width] = shown[..., :3] if shown.shape[-1] >= 3 else shown[..., :1]
+    ax.text(left + width / 2, top - 0.5, _label_text(label), fontsize=9, ha="center", va="bottom")
+  ax.imshow(canvas, interpolation="nearest", aspect="auto")
   buffer = io.BytesIO()
   figure.savefig(buffer, format="png", dpi=80)
   plt.close(figure)
