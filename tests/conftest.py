@@ -64,6 +64,13 @@ def _forkable(command, env, cwd):
           and "--debug" not in command and env.get("TF_CPP_MIN_LOG_LEVEL") == os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
 
 
+def ctrl_c_reaches_it():
+  """preexec_fn for a child a test sends Ctrl-C (SIGINT): SIGINT at its default, so Python turns it into
+  KeyboardInterrupt. A suite started as a shell's background job (or by a runner that does the same) inherits SIGINT
+  ignored, every child with it, and Python leaves an ignored SIGINT ignored."""
+  signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class MainForks:
   """The client of tests/fixtures/main_forks.py: one server per test process, started at its first run."""
 

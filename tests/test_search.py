@@ -16,7 +16,7 @@ from launch import sweep_grid
 from launch import sweep_report
 from launch import sweep_study
 from loops.callbacks import sweep_trial
-from tests.conftest import REPO
+from tests.conftest import REPO, ctrl_c_reaches_it
 
 pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
 
@@ -65,7 +65,7 @@ def tpe(tmp_path_factory):
   """The TPE + ASHA sweep: stopped by SIGINT once two trials have ended, then the same command again."""
   sweep_dir = str(tmp_path_factory.mktemp("search"))
   proc = subprocess.Popen(command(sweep_dir, *TPE, *EXTRA), cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+                          stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_reaches_it)
   lines, ended = [], 0
   for line in proc.stdout:
     lines.append(line)

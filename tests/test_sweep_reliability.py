@@ -20,7 +20,7 @@ import pytest
 from launch import local
 from launch import sweep_study
 from loops.callbacks import sweep_trial
-from tests.conftest import REPO
+from tests.conftest import REPO, ctrl_c_reaches_it
 
 SPACE = ["--grid", "optimizer.learning_rate=loguniform:1e-3:1e-1"]
 SHORT = ["--config.train.steps=20", "--config.train.steps_per_loop=10", "--config.export=False"]
@@ -182,7 +182,7 @@ def test_the_report_shows_each_trial_by_its_current_settings_only(tmp_path):
   assert first.returncode == 1 and "learning_rate=-1: failed: error: " in first.stdout, first.stdout + first.stderr
   longer = ["--config.train.steps=2000", "--config.train.steps_per_loop=10", "--config.export=False"]
   proc = subprocess.Popen(command(sweep_dir, *grid, "--", *longer), cwd=REPO, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
+                          stderr=subprocess.STDOUT, text=True, preexec_fn=ctrl_c_reaches_it)
   workdir = os.path.join(sweep_dir, "learning_rate=0.1")
   wait_for(lambda: trains(workdir, 2000, attempt=2), 120, "learning_rate=0.1 training again")
   proc.send_signal(signal.SIGINT)
