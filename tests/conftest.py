@@ -50,7 +50,7 @@ def run_command(command, env=None, cwd=REPO, timeout=300, merge_output=False):
   """subprocess.run(command, env=env, cwd=cwd, ...) with its output captured as text (stderr into stdout when
   merge_output); returns the CompletedProcess. A `python main.py ...` of this repository runs in a child forked
   from main.py's imports (tests/fixtures/main_forks.py: the same run without the ~6 s of importing TensorFlow),
-  unless what it tests acts at import (--debug, a TF_CPP_MIN_LOG_LEVEL of its own) or TESTS_FRESH_PROCESSES=1."""
+  unless what it tests acts at import (--debug, a READ_AT_IMPORT variable of its own) or TESTS_FRESH_PROCESSES=1."""
   env = dict(os.environ) if env is None else env
   if _forkable(command, env, cwd):
     return _main_forks.run(command, env, cwd, timeout, merge_output)
@@ -58,10 +58,16 @@ def run_command(command, env=None, cwd=REPO, timeout=300, merge_output=False):
                         stderr=subprocess.STDOUT if merge_output else subprocess.PIPE)
 
 
+# read when TensorFlow and Keras are imported: a run given other values than the fork server's runs fresh
+READ_AT_IMPORT = ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE", "TF_ENABLE_ONEDNN_OPTS",
+                  "KERAS_HOME", "KERAS_BACKEND")
+
+
 def _forkable(command, env, cwd):
+  imported_with = _main_forks.imported_with or {name: os.environ.get(name) for name in READ_AT_IMPORT}
   return (os.environ.get("TESTS_FRESH_PROCESSES") != "1" and len(command) >= 2 and command[0] == sys.executable
           and os.path.abspath(os.path.join(cwd, command[1])) == os.path.join(REPO, "main.py")
-          and "--debug" not in command and env.get("TF_CPP_MIN_LOG_LEVEL") == os.environ.get("TF_CPP_MIN_LOG_LEVEL"))
+          and "--debug" not in command and all(env.get(name) == imported_with[name] for name in READ_AT_IMPORT))
 
 
 def ctrl_c_reaches_it():
@@ -76,9 +82,11 @@ class MainForks:
 
   def __init__(self):
     self.server = None
+    self.imported_with = None  # READ_AT_IMPORT's values in the server's environment
 
   def run(self, command, env, cwd, timeout, merge_output):
     if self.server is None or self.server.poll() is not None:
+      self.imported_with = {name: os.environ.get(name) for name in READ_AT_IMPORT}
       self.server = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "fixtures", "main_forks.py")],
                                      cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
     with tempfile.TemporaryDirectory() as scratch:

@@ -50,5 +50,6 @@ def test_what_acts_at_import_runs_in_a_fresh_process():
   environment = dict(os.environ)
   assert not forkable([sys.executable, "main.py", "--debug"], environment, REPO)
   assert not forkable([sys.executable, "main.py"], {**environment, "TF_CPP_MIN_LOG_LEVEL": "0"}, REPO)
+  assert not forkable([sys.executable, "main.py"], {**environment, "KERAS_HOME": "/elsewhere"}, REPO)
   assert not forkable([sys.executable, "-m", "launch.local"], environment, REPO)
   assert not forkable([sys.executable, "main.py"], environment, "/")  # another folder's main.py
