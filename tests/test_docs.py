@@ -8,18 +8,16 @@ mistakes prove that each checker reports what it should."""
 import ast
 import glob
 import importlib
-import json
 import os
 import re
 import shlex
-import subprocess
 import sys
 
 import ml_collections
 import pytest
 
 from configs import base
-from tests.conftest import REPO
+from tests.conftest import REPO, run_command
 
 DOCS = ("README.md", "WORKSPACE.md", "launch/k8s/README.md", "benchmarks/README.md",
         *sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, "docs", "*.md"))))
@@ -369,20 +367,20 @@ PLANTED = ["--config=configs/digits_cnn.py", "--config.optimizer.name=sgdd"]  # 
 
 @pytest.fixture(scope="module")
 def dry_runs(tmp_path_factory):
-  """{command index: (exit code, last line)}: every command a dry run can check whole, and the planted one, in one
-  process that imports TensorFlow once (tests/fixtures/dry_runs.py)."""
+  """{command index: (exit code, last line)}: every command a dry run can check whole, and the planted one, each run
+  as run_main runs main.py (forked from one import of TensorFlow); the last line is the last `error:` line, if any."""
   chosen = [i for i, command in enumerate(COMMANDS) if not command[3]]
   workdir = tmp_path_factory.mktemp("dry_runs")
   batch = [dry_run_arguments(COMMANDS[i][2], workdir / str(i)) for i in chosen]
   batch.append(dry_run_arguments(PLANTED, workdir / "planted"))
-  env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-  env.update(TF_CPP_MIN_LOG_LEVEL="3")
-  done = subprocess.run([sys.executable, os.path.join(REPO, "tests", "fixtures", "dry_runs.py")], cwd=REPO, env=env,
-                        input=json.dumps([[str(a) for a in arguments] for arguments in batch]),
-                        capture_output=True, text=True, timeout=600, check=True)
-  results = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
-  assert len(results) == len(batch), done.stderr[-2000:]
-  return {index: (r["exit"], r["last"]) for index, r in zip(chosen + ["planted"], results)}
+  results = {}
+  for index, arguments in zip(chosen + ["planted"], batch):
+    done = run_command([sys.executable, "main.py", *map(str, arguments)],
+                       env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"}, timeout=300, merge_output=True)
+    lines = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    results[index] = (done.returncode, (errors or lines or [""])[-1])
+  return results
 
 
 @pytest.mark.e2e
