@@ -10,8 +10,10 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
+import gc
 import posixpath
 import time
 from typing import Any, Iterable, Optional
@@ -35,6 +37,14 @@ from loops.persist import checkpoints as checkpoints_lib
 from loops.persist import tracking
 from loops.persist import workdir_lock
 from loops.persist import writers
+
+
+@atexit.register
+def _free_input_pipelines_while_python_runs():
+  """Frees the run's tf.data iterators (held in reference cycles) before the interpreter finalizes. Freed later, an
+  iterator whose map still has calls into Python running (a user's py_function after a failed batch) waits forever
+  on them: a thread that reaches for the GIL during finalization is ended, and its call never completes."""
+  gc.collect()
 
 
 def train_and_evaluate(config: Any, workdir: str, dry_run: bool = False,

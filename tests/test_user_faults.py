@@ -16,8 +16,8 @@ PLUGINS = os.path.join(REPO, "tests", "fixtures", "plugins")
 SHORT = ["--config=configs/digits_cnn.py", "--config.train.steps_per_loop=5", "--config.summary.progress_bar=off"]
 
 
-def main_with_plugins(workdir, *flags, env=None):
-  return run_main(*SHORT, f"--workdir={workdir}", *flags, env={"PYTHONPATH": PLUGINS, **(env or {})})
+def main_with_plugins(workdir, *flags, env=None, timeout=300):
+  return run_main(*SHORT, f"--workdir={workdir}", *flags, env={"PYTHONPATH": PLUGINS, **(env or {})}, timeout=timeout)
 
 
 def error_lines(stderr):
@@ -121,7 +121,9 @@ BAD_INPUT = ["--config.data.name=bad_input:batches", "--config.task.name=bad_inp
 
 @pytest.mark.e2e
 def test_an_input_function_raising_mid_epoch_is_one_line_and_the_steps_before_it_are_saved(tmp_path):
-  done = main_with_plugins(tmp_path, *BAD_INPUT, "--config.train.steps=60", env={"BAD": "raise"})
+  # The rows read ahead after the failing one take a second each: the process exits with calls into Python still
+  # running, and must end (it hung at exit until loops/run.py freed the iterators before finalization).
+  done = main_with_plugins(tmp_path, *BAD_INPUT, "--config.train.steps=60", env={"BAD": "raise"}, timeout=90)
   assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
   source = os.path.join(PLUGINS, "bad_input.py")
   line = next(n for n, text in enumerate(open(source), 1) if "raise ValueError" in text)
