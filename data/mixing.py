@@ -21,6 +21,7 @@ def make_mix(num_classes, data_config, seed):
   if mix_pairs is None:
     return None
 
+  @tf.autograph.experimental.do_not_convert
   def mix(images, labels, key):
     partner = partners(seed, key, tf.shape(images)[0])
     return mix_pairs(images, labels, tf.gather(images, partner), tf.gather(labels, partner), key)
@@ -28,6 +29,7 @@ def make_mix(num_classes, data_config, seed):
   return mix
 
 
+@tf.autograph.experimental.do_not_convert
 def partners(seed, key, size):
   """The partner of each of a batch's `size` rows (a permutation keyed on (seed, key))."""
   return tf.random.experimental.stateless_shuffle(tf.range(size), seed=_seed(seed, _SALT_PARTNER, key))
@@ -41,6 +43,7 @@ def make_pair_mix(num_classes, data_config, seed):
     return None
   mixup_alpha, cutmix_alpha = float(data_config.mixup_alpha), float(data_config.cutmix_alpha)
 
+  @tf.autograph.experimental.do_not_convert
   def mix_pairs(images, labels, other_images, other_labels, key):
     def seed_of(salt):
       return _seed(seed, salt, key)
@@ -60,21 +63,25 @@ def make_pair_mix(num_classes, data_config, seed):
   return mix_pairs
 
 
+@tf.autograph.experimental.do_not_convert
 def _seed(seed, salt, key):
   return tf.stack([tf.constant(seed * 16 + salt, tf.int64), tf.cast(key, tf.int64)])
 
 
+@tf.autograph.experimental.do_not_convert
 def _beta(alpha, seed_of):
   a = tf.random.stateless_gamma([], seed=seed_of(_SALT_BETA_A), alpha=alpha)
   b = tf.random.stateless_gamma([], seed=seed_of(_SALT_BETA_B), alpha=alpha)
   return a / (a + b)
 
 
+@tf.autograph.experimental.do_not_convert
 def _mixup(images, other, alpha, seed_of):
   share = _beta(alpha, seed_of)
   return share * images + (1.0 - share) * other, share
 
 
+@tf.autograph.experimental.do_not_convert
 def _cutmix(images, other, alpha, seed_of):
   """One box per batch, its area (1 - lambda) of the image, centred uniformly and clipped at the borders."""
   height, width = tf.shape(images)[1], tf.shape(images)[2]

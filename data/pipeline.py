@@ -43,6 +43,7 @@ def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shar
   flip = training and data_config.random_flip
   size = data_config.image_size
 
+  @tf.autograph.experimental.do_not_convert
   def preprocess(images, labels, key, rows=None):
     images = tf.cast(images, tf.float32) / source.max_value
     if size and tuple(source.image_shape[:2]) != (size, size):
@@ -71,6 +72,7 @@ def raw_image_spec(source):
   return tf.TensorSpec((None,) + tuple(source.image_shape), dtype)
 
 
+@tf.autograph.experimental.do_not_convert
 def epoch_order(seed, epoch, size):
   """The permutation of the train split's `size` examples for `epoch` (every pipeline and replica computes it
   alike, so shards of it are disjoint)."""
@@ -79,12 +81,14 @@ def epoch_order(seed, epoch, size):
                                                   seed=tf.stack([seed, tf.cast(epoch, tf.int64)]))
 
 
+@tf.autograph.experimental.do_not_convert
 def flip_rows(images, draws):
   """Reverses (left-right) the rows whose draw is < 0.5. Commutes with per-pixel scaling and normalisation."""
   flipped = tf.where(draws < 0.5)  # only these rows are reversed (measured 3x cheaper than a broadcast select)
   return tf.tensor_scatter_nd_update(images, flipped, tf.reverse(tf.gather_nd(images, flipped), axis=[2]))
 
 
+@tf.autograph.experimental.do_not_convert
 def flip_draws(seed, key, rows):
   """One uniform draw per row of a global batch of `rows`, keyed on (seed, key); a row is flipped when < 0.5."""
   return tf.random.stateless_uniform([rows], seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)]))
@@ -137,6 +141,7 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
   return _finish(ds, data_config, service_pipeline=shard_index)
 
 
+@tf.autograph.experimental.do_not_convert
 def decorrelated(seed):
   """The seed with the clock mixed in (asynchronous parameter-server workers: not reproducible)."""
   return tf.constant(seed, tf.int64) + tf.cast(tf.math.floormod(tf.timestamp() * 1e6, 2.0**40), tf.int64)
@@ -152,6 +157,7 @@ def _batches(source, batch_size, steps_per_epoch, seed, start_step, num_shards, 
   examples, labels = (tf.nest.map_structure(tf.constant, a) for a in held)
   gather = lambda nest, i: tf.nest.map_structure(lambda t: tf.gather(t, i), nest)
 
+  @tf.autograph.experimental.do_not_convert
   def one_epoch(epoch):
     epoch_seed = decorrelated(seed) if decorrelate else tf.constant(seed, tf.int64)
     order = epoch_order(epoch_seed, epoch, source.train_size)
@@ -225,6 +231,7 @@ def _blank(source):
   return tuple(tf.nest.map_structure(lambda s: tf.zeros(s.shape, s.dtype), part) for part in spec[:2])
 
 
+@tf.autograph.experimental.do_not_convert
 def _decode_real(source, record, weight):
   return tf.cond(weight > 0, lambda: source.decode(record), lambda: tf.zeros(source.image_shape, tf.uint8))
 

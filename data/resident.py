@@ -108,6 +108,7 @@ class ResidentTrainData:
     self.mix_pairs = mixing.make_pair_mix(source.num_classes, data_config, seed)
     self.steps_per_block = block_steps(source, data_config, self.per_replica)
 
+  @tf.autograph.experimental.do_not_convert
   def call_indices(self, first_step, num_steps):
     """Cross-replica context: [num_steps, groups, group size] rows of the steps of one call (computed once per
     call: each epoch's permutation the call touches, then one gather). Group g of step j of an epoch is
@@ -121,6 +122,7 @@ class ResidentTrainData:
     columns = groups[:, :, tf.newaxis] * self.group_size + tf.range(self.group_size, dtype=tf.int64)
     return tf.gather(tf.gather(orders, epochs - first_epoch), columns, batch_dims=1)
 
+  @tf.autograph.experimental.do_not_convert
   def replica_block(self, rows, first_step):
     """Replica context: this replica's share of the c consecutive steps from `first_step` whose groups are `rows`
     [c, groups, group size]: its images [c, B, ...] (flipped) and labels gathered at once; with mixup/cutmix also
@@ -142,12 +144,14 @@ class ResidentTrainData:
                          fn_output_signature=tf.int32)
     return block + self._rows_at(group, draws, tf.gather(partners, positions, axis=1)) + (keys,)
 
+  @tf.autograph.experimental.do_not_convert
   def step_batch(self, block, i):
     """Replica context: step i's (images, labels) of a block from replica_block (one gather per part: fewer ops
     per step than slicing by a tensor index)."""
     parts = [tf.gather(part, i) for part in block]
     return tuple(parts) if self.mix_pairs is None else self.mix_pairs(*parts)
 
+  @tf.autograph.experimental.do_not_convert
   def _rows_at(self, group, draws, positions):
     """(images, labels) of the rows at `positions` [c, n] of each step's group, flipped by the group's draws."""
     examples = tf.gather(group, positions, batch_dims=1)
@@ -156,6 +160,7 @@ class ResidentTrainData:
       images = pipeline.flip_rows(images, tf.gather(draws, positions, batch_dims=1))
     return images, labels
 
+  @tf.autograph.experimental.do_not_convert
   def _local_replica(self):
     replica = tf.distribute.get_replica_context().replica_id_in_sync_group
     return tf.cast(replica - self.worker * self.local_replicas, tf.int64)

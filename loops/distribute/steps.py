@@ -119,6 +119,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
   return compute
 
 
+@tf.autograph.experimental.do_not_convert
 def _averaged(task, per_example, batch, ctx):
   """(this replica's share of the global loss, per-example losses or None) from per_example_loss's return: losses
   [replica batch], or for a task with streams {stream: losses [that stream's replica batch]}, each averaged over its
@@ -141,6 +142,7 @@ def _averaged(task, per_example, batch, ctx):
   return loss, None
 
 
+@tf.autograph.experimental.do_not_convert
 def _added(logged, more):
   """{name: (sum, count)} of two steps' ctx.log sums."""
   total = dict(logged)
@@ -171,6 +173,7 @@ def _transformed_sum(task, sizes, grads, ctx, loss_scale=None):
   return (out if loss_scale is None else [None if g is None else g * loss_scale for g in out]), ctx.logged()
 
 
+@tf.autograph.experimental.do_not_convert
 def _report(loss, per_example, logged, metrics):
   """Adds the step's loss and logged sums to the train metrics (or returns them: parameter servers)."""
   if per_example is None:  # step level: the replica's share of the global loss; the read-out sums the shares
@@ -186,6 +189,7 @@ def _report(loss, per_example, logged, metrics):
   return loss
 
 
+@tf.autograph.experimental.do_not_convert
 def add_sums(mean, total, count):
   """A keras.metrics.Mean's update from a (sum, count) pair (what update_state does with per-example values)."""
   mean.total.assign_add(tf.cast(total, mean.total.dtype))
@@ -206,12 +210,14 @@ class WorkerClock:
       self.busy = tf.Variable(0.0, trainable=False, synchronization=tf.VariableSynchronization.ON_READ,
                               aggregation=tf.VariableAggregation.SUM)
 
+  @tf.autograph.experimental.do_not_convert
   def record(self, started, gradients):
     """Replica context: adds now - started once the gradients exist."""
     ready = [g.values if isinstance(g, tf.IndexedSlices) else g for g in gradients if g is not None]
     with tf.control_dependencies(ready):
       self.busy.assign_add(tf.cast(tf.timestamp() - started, tf.float32))
 
+  @tf.autograph.experimental.do_not_convert
   def slots(self):
     """Replica context: this replica's share of its worker's busy seconds, in the worker's slot."""
     return tf.one_hot(self.worker_index, self.num_workers) * (self.busy / self.local_replicas)
@@ -238,10 +244,12 @@ class CallReadOut:
     if clock is not None and not self.per_replica:
       raise ValueError("a WorkerClock needs train metrics with a copy per replica")
 
+  @tf.autograph.experimental.do_not_convert
   def initial(self):
     width = self.clock.num_workers if self.clock else 0
     return tf.zeros([1 + len(self.sums) + width] if self.sums else [])
 
+  @tf.autograph.experimental.do_not_convert
   def start(self):
     """Cross-replica context, at the call's start: the sums are zeroed (each replica its own copy)."""
     zeroed = self.sums + ([self.clock.busy] if self.clock else [])
@@ -251,6 +259,7 @@ class CallReadOut:
     else:
       zero()
 
+  @tf.autograph.experimental.do_not_convert
   def __call__(self, per_replica_loss):
     """Cross-replica context: the global loss (a scalar), or [loss, total_1, count_1, ...] over all replicas."""
     reduce = lambda value: self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)

@@ -24,15 +24,18 @@ EXTRA = ("images", "outputs", "step")
 DEFAULT = "sparse_categorical_crossentropy"  # what loss.name="" trains for a model compiled without a loss
 
 
+@tf.autograph.experimental.do_not_convert
 def is_soft(labels):
   return labels.shape.rank == 2
 
 
+@tf.autograph.experimental.do_not_convert
 def hard_labels(labels):
   """Class ids: the labels themselves, or the largest share of soft labels."""
   return tf.argmax(labels, axis=-1) if is_soft(labels) else labels
 
 
+@tf.autograph.experimental.do_not_convert
 def as_distribution(labels, logits):
   """Soft labels as they are; class ids one-hot."""
   if is_soft(labels):
@@ -40,6 +43,7 @@ def as_distribution(labels, logits):
   return tf.one_hot(tf.cast(labels, tf.int32), tf.shape(logits)[-1], dtype=logits.dtype)
 
 
+@tf.autograph.experimental.do_not_convert
 def sparse_categorical_crossentropy(labels, logits, label_smoothing=0.0):
   """Cross-entropy against class ids, or against one-hot/soft labels [batch, classes]."""
   if label_smoothing or is_soft(labels):
@@ -48,10 +52,12 @@ def sparse_categorical_crossentropy(labels, logits, label_smoothing=0.0):
   return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)
 
 
+@tf.autograph.experimental.do_not_convert
 def multiclass_hinge(labels, logits):
   return keras.losses.categorical_hinge(as_distribution(labels, logits), logits)
 
 
+@tf.autograph.experimental.do_not_convert
 def focal(labels, logits, gamma=2.0, alpha=0.25):
   """Focal loss (Lin et al. 2017) on one-hot (or soft) targets, one value per example."""
   return keras.losses.categorical_focal_crossentropy(as_distribution(labels, logits), logits, alpha=alpha,
@@ -91,6 +97,7 @@ def build(loss_config):
   return per_example_loss
 
 
+@tf.autograph.experimental.do_not_convert
 def check_per_example(name, losses, logits):
   """Raises ConfigError (at trace time) unless `losses` has shape [batch]."""
   shape = losses.shape

@@ -58,6 +58,7 @@ def streams_of(config):
   return dict(cls.streams), cls.eval_stream
 
 
+@tf.autograph.experimental.do_not_convert
 def stream_batch(task, features, targets):
   """The batch a task's step gets: (features, targets), or {stream: (features, targets)} for a task with streams
   (the pipeline's element is ({stream: features}, {stream: targets}))."""
@@ -66,6 +67,7 @@ def stream_batch(task, features, targets):
   return {name: (features[name], targets[name]) for name in task.streams}
 
 
+@tf.autograph.experimental.do_not_convert
 def eval_batch(task, features, targets):
   """The batch a task's eval step gets: {eval stream: (features, targets)} for a task with streams."""
   if not task.streams:
@@ -73,6 +75,7 @@ def eval_batch(task, features, targets):
   return {task.eval_stream or next(iter(task.streams)): (features, targets)}
 
 
+@tf.autograph.experimental.do_not_convert
 def method_name(task, method):
   """'Class.method (file:line)' of a task's method, for an error that names where to look."""
   function = getattr(type(task), method)
@@ -83,6 +86,7 @@ def method_name(task, method):
   return f"{type(task).__name__}.{method}{where}"
 
 
+@tf.autograph.experimental.do_not_convert
 def checked_step_loss(task, loss):
   """A step-level train_step's return: this replica's share of the global loss, one number; else ConfigError."""
   if loss is None or isinstance(loss, (dict, list, tuple, str)):

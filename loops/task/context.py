@@ -11,6 +11,7 @@ import tensorflow as tf
 from errors import ConfigError
 
 
+@tf.autograph.experimental.do_not_convert
 def _gathered_rows_of_any_count(replica, value):
   """all_gather of rows whose count may differ per replica (e.g. tf.boolean_mask's): each replica's rows padded to
   the largest count, gathered with the counts, the padding dropped (a collective needs one shape everywhere)."""
@@ -45,6 +46,7 @@ class StepContext:
     step against the counter's update: read it only where it is used."""
     return tf.convert_to_tensor(self._step)
 
+  @tf.autograph.experimental.do_not_convert
   def updates(self, name):
     """Whether the model `name`'s optimizer applies in this step: a PYTHON bool, fixed when the step is traced
     (Task.update_every: the step is traced once per combination, each step runs its own). Branch the update on it:
@@ -72,6 +74,7 @@ class StepContext:
     replica = tf.distribute.get_replica_context()
     return replica.num_replicas_in_sync if replica else 1
 
+  @tf.autograph.experimental.do_not_convert
   def average(self, per_example, stream=None):
     """This replica's share of the mean over the GLOBAL batch: sum(per_example) / global_batch_size (of the named
     stream's global batch, for a task with Task.streams).
@@ -82,6 +85,7 @@ class StepContext:
     return tf.nn.compute_average_loss(tf.cast(per_example, tf.float32),
                                       global_batch_size=self.stream_batch_size(stream))
 
+  @tf.autograph.experimental.do_not_convert
   def stream_batch_size(self, stream=None):
     """The global batch of Task.streams' `stream` (k x the run's), or the run's for None."""
     if stream is None:
@@ -90,6 +94,7 @@ class StepContext:
       raise ConfigError(f"stream '{stream}' is not one of the task's streams {list(self._streams)}")
     return self.global_batch_size * self._streams[stream]
 
+  @tf.autograph.experimental.do_not_convert
   def regularization(self, model):
     """The model's regularisation losses (kernel_regularizer, ...) as this replica's share.
 
@@ -99,6 +104,7 @@ class StepContext:
       return tf.constant(0.0)
     return tf.nn.scale_regularization_loss(tf.add_n([tf.cast(l, tf.float32) for l in model.losses]))
 
+  @tf.autograph.experimental.do_not_convert
   def all_gather(self, value):
     """Every replica's rows of `value` concatenated on axis 0, in replica order (global batch order on one
     worker); gradients flow back to each replica's own rows.
@@ -118,16 +124,19 @@ class StepContext:
       return replica.all_gather(value, axis=0)
     return _gathered_rows_of_any_count(replica, value)
 
+  @tf.autograph.experimental.do_not_convert
   def global_rows(self, rows):
     """Where this replica's `rows` examples sit in all_gather's result (and in the global batch of one worker):
     replica_id * rows + [0, rows). The positives of a contrastive loss over gathered rows."""
     return tf.cast(self.replica_id, tf.int32) * rows + tf.range(rows)
 
+  @tf.autograph.experimental.do_not_convert
   def sum_over_replicas(self, value):
     """The sum of `value` over all replicas (a collective): e.g. a global count to normalise by."""
     replica = tf.distribute.get_replica_context()
     return replica.all_reduce(tf.distribute.ReduceOp.SUM, value) if replica else value
 
+  @tf.autograph.experimental.do_not_convert
   def normal(self, rows, shape=(), salt=0):
     """Standard normal draws for this replica's `rows` examples, keyed on (step, salt) and on each example's row
     of the global batch as one device reads it: an example gets the same draw however the global batch is split
@@ -152,6 +161,7 @@ class StepContext:
     draws = draw(tf.concat([[every_row], shape[1:]], 0), seed=seed)
     return tf.gather(draws, self._rows_as_one_device_reads(rows))
 
+  @tf.autograph.experimental.do_not_convert
   def _rows_as_one_device_reads(self, rows):
     """Where this replica's rows sit in the global batch of one device. Several workers read strided shards of
     it (worker w: rows w, w + W, ...), each local replica takes the next batch of its worker's shard, and gradient
@@ -162,6 +172,7 @@ class StepContext:
     index, count = self.micro_batch
     return ((local * rows + tf.range(rows)) * count + index) * pipelines + worker
 
+  @tf.autograph.experimental.do_not_convert
   def log(self, name, value):
     """Adds `value` (a scalar, or per-example values) to train/<name>: its mean over the call's steps, every
     replica and worker, reported with train/loss.
@@ -178,6 +189,7 @@ class StepContext:
     total, count = self._logged.get(name, (0.0, 0.0))
     self._logged[name] = (total + tf.reduce_sum(value), count + tf.cast(tf.size(value), tf.float32))
 
+  @tf.autograph.experimental.do_not_convert
   def logged(self):
     """{name: (sum, count)} of this step's log() calls."""
     return dict(self._logged)
