@@ -308,11 +308,15 @@ class ParameterServerExecution(_Execution):
     self._iterator = iter(self._coordinator.create_per_worker_dataset(lambda: self._train_dataset(
         p.plan.global_batch_size, start_step, steps_per_epoch=p.plan.steps_per_epoch, decorrelate=True)))
 
+    names = list(p.task.train_metrics)
+
     @tf.function
     def worker_step(per_worker_iterator):
       result = p.strategy.run(train_step, args=next(per_worker_iterator))
       p.step_counter.assign_add(1)
-      return result
+      # One vector [loss, loss_sum, count, sum_1, count_1, ...]: the coordinator fetches it in one remote copy.
+      parts = [result["loss"], result["loss_sum"], result["count"]] + [result[name] for name in names]
+      return tf.concat([tf.reshape(tf.cast(part, tf.float32), [-1]) for part in parts], 0)
 
     self._worker_step = worker_step
     self._run_eval = self._make_eval(data.eval_dataset(p.source, config.data, batch_size=p.plan.global_batch_size))
@@ -337,10 +341,10 @@ class ParameterServerExecution(_Execution):
     results = [r.fetch() for r in remote]
     self._reset(self.train_metrics)
     for result in results:
-      steps.add_sums(self.train_metrics["loss"], result["loss_sum"], result["count"])
-      for name in self.parts.task.train_metrics:
-        steps.add_sums(self.train_metrics[name], *result[name])
-    return self._train_output(float(results[-1]["loss"]),
+      steps.add_sums(self.train_metrics["loss"], result[1], result[2])
+      for i, name in enumerate(self.parts.task.train_metrics):
+        steps.add_sums(self.train_metrics[name], result[3 + 2 * i], result[4 + 2 * i])
+    return self._train_output(float(results[-1][0]),
                               {name: float(m.result().numpy()) for name, m in self.train_metrics.items()})
 
   def evaluate(self):
