@@ -122,7 +122,7 @@ BAD_INPUT = ["--config.data.name=bad_input:batches", "--config.task.name=bad_inp
 @pytest.mark.e2e
 def test_an_input_function_raising_mid_epoch_is_one_line_and_the_steps_before_it_are_saved(tmp_path):
   # The rows read ahead after the failing one take a second each: the process exits with calls into Python still
-  # running, and must end (it hung at exit until loops/run.py freed the iterators before finalization).
+  # running, and must still end (loops/run.py frees the iterators before finalization; freed later, they hang).
   done = main_with_plugins(tmp_path, *BAD_INPUT, "--config.train.steps=60", env={"BAD": "raise"}, timeout=90)
   assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
   source = os.path.join(PLUGINS, "bad_input.py")
