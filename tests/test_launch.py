@@ -16,6 +16,7 @@ import tensorflow as tf
 from launch import local
 from loops import run
 from tests.conftest import REPO, load_config, run_command
+from tests.test_sidecar import event_scalars
 
 pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
 
@@ -175,6 +176,10 @@ def test_parameter_server_with_two_workers_and_one_ps_trains_digits(tmp_path):
   assert result.returncode == 0, result.stdout[-3000:]
   summary = json.load(open(tmp_path / "summary.json"))
   assert summary["step"] == 1100 and summary["eval/accuracy"] >= 0.90
+  # the train metrics the coordinator sums from each step's one vector: a mean loss, and a share of rows that rises
+  accuracy = event_scalars(str(tmp_path), "train/accuracy")
+  assert 0.0 < summary["train/loss"] < 0.5 and len(accuracy) == 22, (summary, accuracy)
+  assert all(0.0 <= a <= 1.0 for a in accuracy.values()) and min(accuracy.values()) < 0.99, accuracy
   assert os.path.isfile(os.path.join(summary["export"]["saved_model"], "saved_model.pb"))
   assert "[chief:0]" in result.stdout and "[worker:1]" in result.stdout and "[ps:0]" in result.stdout
 
