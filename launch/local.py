@@ -19,6 +19,7 @@ import ctypes
 import functools
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -66,8 +67,33 @@ def preempted_code(command):
   return PREEMPTED
 
 
-def _pump(stream, prefix, out, lock):
+# What a process prints as it dies: a glog fatal line (a failed CHECK), Python's fatal error, a C++ terminate.
+_FATAL = re.compile(r"^(F\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+\] .*|Fatal Python error: .*|terminate called .*)$")
+
+
+class LastWords:
+  """The lines of a task's output that say why it died: its first fatal line and, from the Python stack that
+  faulthandler prints on a fatal signal, the innermost frame of the thread that died."""
+
+  def __init__(self):
+    self.fatal, self.frame, self._in_stack = None, None, False
+
+  def see(self, line):
+    line = line.rstrip("\n")
+    if self._in_stack and self.frame is None and line.strip().startswith("File "):
+      self.frame = line.strip()
+    self._in_stack = line.startswith("Current thread 0x")
+    if self.fatal is None and _FATAL.match(line):
+      self.fatal = line
+
+  def __str__(self):
+    return "; ".join(part for part in (self.fatal, self.frame and f"in {self.frame}") if part)
+
+
+def _pump(stream, prefix, out, lock, last_words=None):
   for line in iter(stream.readline, ""):
+    if last_words is not None:
+      last_words.see(line)
     with lock:
       out.write(f"[{prefix}] {line}" if line.endswith("\n") else f"[{prefix}] {line}\n")
       out.flush()
@@ -110,7 +136,8 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
     address, service = start_data_service(data_workers, out, lock, env)
     command = [*command, f"--config.data.service={address}"]
   tasks = tasks_of(spec) + ([("evaluator", 0)] if evaluator else [])
-  procs, pumps = _start_tasks(command, spec, tasks, env, out, lock)
+  last_words = {}
+  procs, pumps = _start_tasks(command, spec, tasks, env, out, lock, last_words)
   # The job ends when every task has ended, or (parameter servers) when the chief has: its workers wait forever.
   lead = ["chief:0"] + (["evaluator:0"] if evaluator else []) if ps else list(procs)
   failed, code = None, 0
@@ -126,13 +153,16 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
   if failed:
     with lock:
       out.write(_verdict(failed, code, preempted) + "\n")
+      if code < 0 and str(last_words.get(failed, "")):
+        out.write(f"[launch] {failed} died saying: {last_words[failed]}\n")
       out.flush()
     return (code if code > 0 else preempted), failed
   return 0, None
 
 
-def _start_tasks(command, spec, tasks, env, out, lock):
-  """({name: Popen}, [output pump threads]): one process per (job, index) with its TF_CONFIG."""
+def _start_tasks(command, spec, tasks, env, out, lock, last_words=None):
+  """({name: Popen}, [output pump threads]): one process per (job, index) with its TF_CONFIG; `last_words`, a
+  dict, gets each task's LastWords."""
   procs, pumps = {}, []
   for job, index in tasks:
     name = f"{job}:{index}"
@@ -146,7 +176,10 @@ def _start_tasks(command, spec, tasks, env, out, lock):
     procs[name] = proc
     with lock:
       out.write(f"[launch] {name} started (pid {proc.pid})\n")
-    pump = threading.Thread(target=_pump, args=(proc.stdout, name, out, lock), daemon=True)
+    if last_words is not None:
+      last_words[name] = LastWords()
+    pump = threading.Thread(target=_pump, args=(proc.stdout, name, out, lock, (last_words or {}).get(name)),
+                            daemon=True)
     pump.start()
     pumps.append(pump)
   return procs, pumps

@@ -127,6 +127,34 @@ def test_a_task_killed_by_a_signal_is_a_lost_worker_and_the_job_exits_with_the_p
                       "exit code 99: rerun to resume from the last checkpoint"]
 
 
+def test_a_task_that_aborts_is_named_with_its_fatal_line_and_the_frame_it_died_in():
+  """A failed CHECK in TensorFlow prints a glog F-line and aborts; faulthandler (absl's app.run enables it) prints
+  the Python stack. The launcher repeats both after its verdict, where a log's tail shows them."""
+  script = ("import faulthandler, json, os, sys, time\n"
+            "faulthandler.enable()\n"
+            "def stop_trace():\n"
+            "  print('F1127 00:32:16.760236  4242 profiler_session.cc:95] Check failed: ok', file=sys.stderr, "
+            "flush=True)\n"
+            "  os.abort()\n"
+            "if json.loads(os.environ['TF_CONFIG'])['task']['index'] == 1: time.sleep(0.3); stop_trace()\n"
+            "time.sleep(120)\n")
+  out = io.StringIO()
+  code, failed = local.launch([PY, "-c", script], workers=2, out=out)
+  assert (code, failed) == (143, "worker:1")
+  lines = out.getvalue().splitlines()
+  assert lines[-2].startswith("[launch] task worker:1 died of signal 6 (SIGABRT): a lost worker")
+  assert lines[-1] == ("[launch] worker:1 died saying: F1127 00:32:16.760236  4242 profiler_session.cc:95] Check "
+                       'failed: ok; in File "<string>", line 5 in stop_trace')
+
+
+def test_last_words_are_none_for_a_task_that_printed_no_fatal_line():
+  words = local.LastWords()
+  for line in ("I1127 00:32:16.760236  4242 writers.py:178] step 16/24\n", "Thread 0x00007f (most recent call "
+               "first):\n", '  File "x.py", line 3 in wait\n'):
+    words.see(line)
+  assert str(words) == ""
+
+
 def test_killing_a_worker_mid_run_exits_143_naming_it_and_the_rerun_resumes(tmp_path):
   """kill -9 of one MWMS worker after the first checkpoint: the launcher stops the other, exits 143 with one line
   naming the killed task, and the same command run again restores that checkpoint and trains to the end."""
