@@ -65,8 +65,10 @@ def test_a_clipped_run_on_two_replicas_makes_one_devices_clipped_update():
   updates = lambda values: [final - initial for key, (initial, final, _) in values.items() if key[0] == "model model"]
   for values in (one, two):
     assert np.sqrt(sum(np.sum(np.square(u)) for u in updates(values))) == pytest.approx(0.1 * 0.01, rel=1e-4)
+  # Measured on an AVX2 CPU: updates ~2e-7 (median), 2 replicas' other summation order 2e-9 apart at most,
+  # Keras clipping each replica's part 1e-4 apart.
   for a, b in zip(updates(one), updates(two)):
-    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-9)
+    np.testing.assert_allclose(b, a, rtol=1e-4, atol=1e-8)
 
 
 @pytest.mark.e2e

@@ -57,6 +57,9 @@ MATRIX = {
     "float16": (*DIGITS, {"mixed_precision": "float16"}),
     "bfloat16": (*DIGITS, {"mixed_precision": "bfloat16"}),
     "float16, clipping": (*DIGITS, {"mixed_precision": "float16", "optimizer.global_clipnorm": 0.01}),
+    "float16, one replica's gradients overflow": (*DIGITS, {
+        "mixed_precision": "float16", "loss.name": "tests.test_float16:overflows_at_step", "loss.kwargs.at_step": 1,
+        "loss.kwargs.last_replica_only": True}),
     "XLA": (*DIGITS, {"jit_compile": True}),
     # BatchNorm
     "sync BatchNorm": (*RESNET[:2], {**RESNET[2], "model.sync_batchnorm": True}),
@@ -103,9 +106,10 @@ def test_two_replicas_compute_what_one_does(name):
 
 
 # one row per family, each on a pair of worker processes of its own: optimizer and clipping, data mixing,
-# accumulation, a task's model with BatchNorm and keyed Dropout, a step-level task updating a model every k steps,
+# accumulation, a float16 step that one worker's overflow must make every worker skip, a task's model with BatchNorm and keyed Dropout, a step-level task updating a model every k steps,
 # a task's own transform of the summed gradients, a task reading several input streams (each strided over workers)
 ACROSS_WORKERS = ("sgd, global_clipnorm", "mixup + cutmix, random flip", "gradient accumulation, clipping",
+                  "float16, one replica's gradients overflow",
                   "task model with BatchNorm and Dropout, sync", "example: wgan_gp (update_every, 5 steps)",
                   "task: transform_gradients clips and logs",
                   "example: fixmatch (two input streams, every pseudo-label)")

@@ -163,7 +163,29 @@ def take_over_the_sum(optimizer, name="model"):
 
   private_apis.replace_gradient_sum(inner, sum_then_clip)
   inner.sum_taken_over = True
+  if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+    skip_steps_together(optimizer)
   return (setting, float(value)) if setting else None
+
+
+def skip_steps_together(optimizer):
+  """A LossScaleOptimizer (float16) skips a step and halves its scale when the gradients are not finite; Keras 3
+  checks them BEFORE the cross-replica sum: under MirroredStrategy replica 0's alone decide (another replica's
+  overflow reaches the weights as inf), under MultiWorkerMirrored each worker decides for itself (the workers
+  diverge, or one waits for the other's all-reduce). Here the check is agreed over every replica and worker with one
+  scalar all-reduce, so N replicas skip exactly the steps one would (the sum is not finite when any part is not)."""
+  local_check = optimizer.check_finite
+
+  @tf.autograph.experimental.do_not_convert
+  def check_finite(grads):
+    finite = local_check(grads)
+    context = tf.distribute.get_replica_context()
+    if _SUMMED["depth"] or context is None or context.num_replicas_in_sync == 1:
+      return finite  # the step summed the gradients itself (Task.transform_gradients), or nothing to agree with
+    not_finite = context.all_reduce(tf.distribute.ReduceOp.SUM, 1.0 - tf.cast(finite, tf.float32))
+    return tf.equal(not_finite, 0.0)
+
+  optimizer.check_finite = check_finite
 
 
 def dense_gradients(grads_and_vars):
