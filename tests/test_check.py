@@ -70,3 +70,16 @@ def test_rollback_is_refused_with_parameter_servers():
   c.strategy, c.nan_policy.mode = "parameter_server", "rollback"
   with pytest.raises(ConfigError, match="nan_policy.mode='rollback' is not available with parameter_server"):
     check.check(c)
+
+
+def test_float16_under_central_storage_on_several_replicas_is_refused_before_anything_runs():
+  """Keras 3's LossScaleOptimizer fails there at the first step (its loss scale is a variable no replica may
+  assign: measured on 2 CPU replicas); on one replica it runs (measured too)."""
+  from loops.distribute import cluster
+  c = load_config("digits_cnn")
+  c.strategy, c.mixed_precision, c.cpu_replicas = "central_storage", "float16", 2
+  with pytest.raises(ConfigError, match="mixed_precision='float16' under central_storage on 2 replicas: Keras 3's "
+                                        "LossScaleOptimizer cannot update its loss scale there"):
+    check.check_role(c, cluster.ClusterRole())
+  c.cpu_replicas = 1
+  check.check_role(c, cluster.ClusterRole())

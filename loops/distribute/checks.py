@@ -59,6 +59,11 @@ def check_role(config, role):
   gpus = strategy_lib.gpu_count()
   if config.num_gpus is not None and not config.num_gpus <= gpus:
     raise ConfigError(f"num_gpus={config.num_gpus} but this machine has {gpus} GPU(s); valid: 0..{gpus} or None (all)")
+  replicas = config.cpu_replicas or (gpus if config.num_gpus is None else config.num_gpus)
+  if name == "central_storage" and config.mixed_precision == "float16" and replicas > 1:
+    raise ConfigError(f"mixed_precision='float16' under central_storage on {replicas} replicas: Keras 3's "
+                      "LossScaleOptimizer cannot update its loss scale there (a variable on the CPU that no replica "
+                      "may assign); use strategy=mirrored, or mixed_precision='bfloat16' (no loss scaling)")
 
 
 def check_micro_batches_across_workers(config, num_workers):
