@@ -176,10 +176,8 @@ def _start_tasks(command, spec, tasks, env, out, lock, last_words=None):
     procs[name] = proc
     with lock:
       out.write(f"[launch] {name} started (pid {proc.pid})\n")
-    if last_words is not None:
-      last_words[name] = LastWords()
-    pump = threading.Thread(target=_pump, args=(proc.stdout, name, out, lock, (last_words or {}).get(name)),
-                            daemon=True)
+    words = None if last_words is None else last_words.setdefault(name, LastWords())
+    pump = threading.Thread(target=_pump, args=(proc.stdout, name, out, lock, words), daemon=True)
     pump.start()
     pumps.append(pump)
   return procs, pumps

@@ -106,8 +106,9 @@ def test_two_replicas_compute_what_one_does(name):
 
 
 # one row per family, each on a pair of worker processes of its own: optimizer and clipping, data mixing,
-# accumulation, a float16 step that one worker's overflow must make every worker skip, a task's model with BatchNorm and keyed Dropout, a step-level task updating a model every k steps,
-# a task's own transform of the summed gradients, a task reading several input streams (each strided over workers)
+# accumulation, a float16 step that one worker's overflow must make every worker skip, a task's model with
+# BatchNorm and keyed Dropout, a step-level task updating a model every k steps, a task's own transform of the
+# summed gradients, a task reading several input streams (each strided over workers)
 ACROSS_WORKERS = ("sgd, global_clipnorm", "mixup + cutmix, random flip", "gradient accumulation, clipping",
                   "float16, one replica's gradients overflow",
                   "task model with BatchNorm and Dropout, sync", "example: wgan_gp (update_every, 5 steps)",
