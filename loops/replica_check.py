@@ -11,7 +11,8 @@ gradient used before the all-reduce (SAM's ε, clipping in the step), randomness
 statistics of the replica's rows, random layers drawing from Keras' seed state. A FAIL names its cause: the
 suspects the build shows (unsynchronized BatchNorm, unkeyed random layers) are turned off one at a time on both
 sides, and the one whose absence makes them agree is named as confirmed; gradient clipping ops in the step are
-named; else the step's own reductions.
+named; inf or NaN on one side or both is named as such (no sum order makes a finite value infinite); else the step's
+own reductions.
 """
 
 import dataclasses
@@ -141,6 +142,34 @@ def relative_differences(one, two):
   return differences
 
 
+def non_finite(one, two):
+  """{path: "one", "two" or "both"}: the variables whose final values hold inf or NaN on that side."""
+  sides = {}
+  for key, (_, final_one, path) in one.items():
+    if key in two:
+      bad = (not np.all(np.isfinite(final_one)), not np.all(np.isfinite(two[key][1])))
+      if any(bad):
+        sides[path] = "both" if all(bad) else "one" if bad[0] else "two"
+  return sides
+
+
+def non_finite_cause(sides, kind="replicas", shown=3):
+  """The cause a FAIL names when a side's updates hold inf or NaN (None when neither's do): a sum in another order
+  cannot make a finite value infinite, so no reduction, BatchNorm or random layer is to blame for that."""
+  if not sides:
+    return None
+  one, two = {"replicas": ("1 replica", "2 replicas")}.get(kind, SIDES[kind])
+  paths = sorted(sides)
+  listed = ", ".join(paths[:shown]) + (f" and {len(paths) - shown} more" if len(paths) > shown else "")
+  if all(side == "both" for side in sides.values()):
+    return (f"cause: both runs' variables hold inf or NaN ({listed}): the step diverges on {one} too, so they "
+            f"cannot be compared; lower the learning rate or fix the loss on one device first")
+  finite, infinite = (one, two) if "two" in sides.values() else (two, one)
+  return (f"cause: the variables hold inf or NaN on {infinite} where they are finite on {finite} ({listed}): a "
+          f"value overflowed or was divided by zero on a part of the batch only (a count, norm or sum over one "
+          f"replica's rows that can be zero; float16 overflowing on one replica)")
+
+
 REDUCTION = ("the step reduces over the replica's own batch somewhere (see loops/task/context.py: ctx.average, "
              "ctx.all_gather, ctx.sum_over_replicas, ctx.normal)")
 
@@ -233,10 +262,11 @@ def run(config, steps=None, tolerance=None, out=print):
         f"this process{OTHER_STRATEGIES.get(config.strategy, '')}")
   strategy_lib.configure_devices(variant(config, 2, steps))  # both logical CPUs before TensorFlow starts
   with build_lib.determinism_restored():
-    differences, suspects = _compare(config, steps)
+    differences, suspects, sides = _compare(config, steps)
     cause = REDUCTION
     if beyond_tolerance(differences, tolerance):
-      cause = diagnose(suspects, lambda kind: not beyond_tolerance(_compare(config, steps, (kind,))[0], tolerance))
+      cause = non_finite_cause(sides) or diagnose(
+          suspects, lambda kind: not beyond_tolerance(_compare(config, steps, (kind,))[0], tolerance))
   passed, lines = report(differences, steps, tolerance, cause=cause)
   for line in lines:
     out(line)
@@ -244,7 +274,7 @@ def run(config, steps=None, tolerance=None, out=print):
 
 
 def _compare(config, steps, turn_off=()):
-  """(relative differences of 1 vs 2 replicas, the Suspects of the one-replica build)."""
+  """(relative differences of 1 vs 2 replicas, the Suspects of the one-replica build, non_finite's sides)."""
   one, suspects = train(variant(config, 1, steps), steps, turn_off)
   two, _ = train(variant(config, 2, steps), steps, turn_off)
-  return relative_differences(one, two), suspects
+  return relative_differences(one, two), suspects, non_finite(one, two)

@@ -84,14 +84,18 @@ def compare(configs, steps=None, tolerance=None, timeout_seconds=TIMEOUT_SECONDS
   for config, one, two, n in zip(configs, ones, twos, counts):
     with build_lib.determinism_restored():
       (values, suspects), (there,) = alongside_workers([two], lambda: replica_check.train(one, n), timeout_seconds)
-    reports.append(_report(compared(values, there), suspects, n, tolerance or replica_check.tolerance_for(config)))
+    reports.append(_report(values, there, suspects, n, tolerance or replica_check.tolerance_for(config)))
   return reports
 
 
-def _report(differences, suspects, steps, tolerance):
-  """The replica check's report for the workers; a FAIL names the likely cause from the one-device build."""
-  failed = replica_check.beyond_tolerance(differences, tolerance)
-  cause = replica_check.diagnose(suspects) if failed else replica_check.REDUCTION
+def _report(values, there, suspects, steps, tolerance):
+  """The replica check's report for the workers; a FAIL names the likely cause from the one-device build (inf or
+  NaN on a side first)."""
+  differences = compared(values, there)
+  cause = replica_check.REDUCTION
+  if replica_check.beyond_tolerance(differences, tolerance):
+    sides = replica_check.non_finite(values, there)
+    cause = replica_check.non_finite_cause(sides, kind="workers") or replica_check.diagnose(suspects)
   return replica_check.report(differences, steps, tolerance, kind="workers", cause=cause)
 
 

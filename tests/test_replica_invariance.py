@@ -171,6 +171,48 @@ def test_diagnosis_without_a_rerun_names_suspects_as_likely_and_a_rerun_can_rule
   assert replica_check.diagnose(replica_check.Suspects(), agree_without=lambda kind: True) == replica_check.REDUCTION
 
 
+def nan_on_the_last_of_several_replicas(labels, logits):
+  """Cross-entropy, NaN on the last replica's rows when there are several (a per-replica count that can be 0)."""
+  loss = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int32), logits)
+  replica = tf.distribute.get_replica_context()
+  last_of_several = tf.logical_and(replica.num_replicas_in_sync > 1,
+                                   replica.replica_id_in_sync_group == replica.num_replicas_in_sync - 1)
+  return loss * tf.where(last_of_several, float("nan"), 1.0)
+
+
+@pytest.mark.e2e
+def test_a_fail_from_nan_on_one_side_names_it_not_the_users_reduction():
+  config = set_keys(load_config("digits_cnn"), {"train.global_batch_size": 32,
+                                                "loss.name": "tests.test_replica_invariance:"
+                                                             "nan_on_the_last_of_several_replicas"})
+  lines = []
+  assert not replica_check.run(config, out=lines.append)
+  verdict = lines[-1]
+  assert verdict.startswith("replicas: FAIL: ") and replica_check.REDUCTION not in verdict, verdict
+  assert ": cause: the variables hold inf or NaN on 2 replicas where they are finite on 1 replica (" in verdict, verdict
+
+
+def non_finite_sides(finals_one, finals_two):
+  """replica_check.non_finite of variables a, b, ... starting at 0 and ending at these values on each side."""
+  one = {(name, 0): (np.zeros(2), np.array(value), name) for name, value in zip("abc", finals_one)}
+  two = {(name, 0): (np.zeros(2), np.array(value), name) for name, value in zip("abc", finals_two)}
+  return replica_check.non_finite(one, two)
+
+
+def test_inf_or_nan_is_named_with_its_side_or_both():
+  sides = non_finite_sides([[1.0, 2.0], [1.0, np.nan], [np.inf, 0.0]], [[1.0, np.inf], [1.0, np.nan], [1.0, 0.0]])
+  assert sides == {"a": "two", "b": "both", "c": "one"}
+  assert non_finite_sides([[1.0, 2.0]], [[1.0, 2.5]]) == {}
+  assert replica_check.non_finite_cause({}) is None
+  assert replica_check.non_finite_cause({"a": "two", "b": "both"}, kind="workers").startswith(
+      "cause: the variables hold inf or NaN on 2 workers where they are finite on 1 device (a, b): ")
+  assert replica_check.non_finite_cause({"c": "one"}).startswith(
+      "cause: the variables hold inf or NaN on 1 replica where they are finite on 2 replicas (c): ")
+  both = replica_check.non_finite_cause({name: "both" for name in "abcde"})
+  assert both.startswith("cause: both runs' variables hold inf or NaN (a, b, c and 2 more): the step diverges on 1 "
+                         "replica too"), both
+
+
 def test_a_multi_worker_config_is_said_to_be_checked_on_one_process():
   config = set_keys(load_config("digits_cnn"), {"strategy": "multi_worker_mirrored", "train.global_batch_size": 32})
   lines = []
