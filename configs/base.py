@@ -330,7 +330,9 @@ def _monitoring(c):
 def _tracking(c):
   """MLflow and Weights & Biases (loops/persist/tracking.py): from the chief only, the flattened config and the
   plan as params, every train/eval scalar at its step (what TensorBoard gets), tags (task, strategy, replicas,
-  workers, git commit), summary.json and best.json as artifacts; a resumed run continues the same tracker run."""
+  workers, git commit), summary.json and best.json as artifacts; a resumed run continues the same tracker run. A
+  sidecar evaluator (mode=evaluate, launch.local --evaluator) tracks its eval/ curve in a run of its own, named
+  '<workdir name>-evaluator' (MLflow: a child of the training's run; W&B: grouped with it)."""
   c.tracking = ml_collections.ConfigDict()
   c.tracking.mlflow = ""  # "" = off; a store (file:/abs/dir, sqlite:///abs/mlflow.db) or a server (http://host:port)
   c.tracking.wandb = ""  # "" = off; a W&B project (WANDB_MODE=offline: kept in workdir/wandb for `wandb sync`)

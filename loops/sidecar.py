@@ -8,6 +8,7 @@ early-stopped run ended (summary.json). A restarted evaluator goes on after the 
 (workdir/eval/evaluated.json).
 """
 
+import contextlib
 import posixpath
 import time
 
@@ -17,6 +18,7 @@ from errors import ConfigError
 from loops.callbacks.checkpointing import BestCheckpoint
 from loops.distribute import execution as execution_lib
 from loops.persist import checkpoints as checkpoints_lib
+from loops.persist import tracking
 from loops.persist import writers
 from loops.persist.writers import format_values, read_json
 
@@ -56,30 +58,37 @@ class Sidecar:
 
   def run(self):
     self.writer.prepare_workdir(self.config)
-    poll, timeout = self.config.eval.sidecar_poll_seconds, self.config.eval.sidecar_timeout_seconds
-    waited_since, said_at = time.monotonic(), None
-    try:
-      while not self.final:
-        pending = [(s, p) for s, p in checkpoint_steps(self.checkpoint_dir) if s > self.last_step]
-        for step, path in pending:
-          self._evaluate(step, path)
-        now = time.monotonic()
-        if pending:
-          waited_since, said_at = now, None
-          continue
-        if now - waited_since > timeout:
-          raise ConfigError(f"evaluator: no new checkpoint in {self.checkpoint_dir} for {timeout:.0f} s "
-                            f"(eval.sidecar_timeout_seconds; last evaluated step {self.last_step}); is the "
-                            "training running?")
-        if said_at is None or now - said_at >= WAITING_LOG_SECONDS:
-          said_at = now
-          self._say_waiting(now - waited_since, timeout)
-        time.sleep(poll)
-    finally:
-      self.writer.close()
+    with contextlib.ExitStack() as cleanup:
+      cleanup.callback(self.writer.close)
+      trackers = tracking.start_evaluator(self.config, self.workdir)
+      if trackers:
+        cleanup.push(trackers.on_exit)
+        self.writer.track(trackers)
+      self._watch()
     summary = {"step": self.last_step, **self.results, **self.best.summary()}
     logging.info("evaluator done: %s", format_values(summary))
     return summary
+
+  def _watch(self):
+    """Evaluates each new checkpoint until the final one; ConfigError after sidecar_timeout_seconds without one."""
+    poll, timeout = self.config.eval.sidecar_poll_seconds, self.config.eval.sidecar_timeout_seconds
+    waited_since, said_at = time.monotonic(), None
+    while not self.final:
+      pending = [(s, p) for s, p in checkpoint_steps(self.checkpoint_dir) if s > self.last_step]
+      for step, path in pending:
+        self._evaluate(step, path)
+      now = time.monotonic()
+      if pending:
+        waited_since, said_at = now, None
+        continue
+      if now - waited_since > timeout:
+        raise ConfigError(f"evaluator: no new checkpoint in {self.checkpoint_dir} for {timeout:.0f} s "
+                          f"(eval.sidecar_timeout_seconds; last evaluated step {self.last_step}); is the "
+                          "training running?")
+      if said_at is None or now - said_at >= WAITING_LOG_SECONDS:
+        said_at = now
+        self._say_waiting(now - waited_since, timeout)
+      time.sleep(poll)
 
   def _say_waiting(self, waited, timeout):
     after = f"a checkpoint after step {self.last_step}" if self.last_step >= 0 else "the first checkpoint"

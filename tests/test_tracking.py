@@ -142,6 +142,44 @@ def test_a_digits_run_is_one_mlflow_run_and_one_wandb_run_across_a_sigterm(tmp_p
   assert "summary.json" in saved
 
 
+def test_a_sidecar_evaluator_is_a_tracker_run_of_its_own_beside_the_training_and_a_restart_continues_it(
+    tiny_digits, tmp_path, monkeypatch):
+  """MLflow: the evaluator's run is a child of the training's, with the eval/ curve TensorBoard has in workdir/eval
+  and its best.json; W&B: in a group named after the workdir, kept in workdir/eval/wandb. Restarted, the same runs."""
+  from loops import run as run_lib
+  monkeypatch.setenv("WANDB_MODE", "offline")
+  store, workdir = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "runs" / "w"
+  tiny_digits.tracking.mlflow = store
+  run_lib.train_and_evaluate(tiny_digits, str(workdir))  # checkpoints at steps 10 and 20
+  tiny_digits.mode, tiny_digits.eval.sidecar_poll_seconds = "evaluate", 0.1
+  tiny_digits.tracking.wandb = "loops-test"  # the evaluator's only (a W&B start costs seconds)
+  run_lib.train_and_evaluate(tiny_digits, str(workdir))
+  client = mlflow_client(store)
+  runs = {r.info.run_name: r for e in client.search_experiments() for r in client.search_runs([e.experiment_id])}
+  assert sorted(runs) == ["w", "w-evaluator"]
+  training, evaluator = runs["w"], runs["w-evaluator"]
+  assert evaluator.data.tags["mlflow.parentRunId"] == training.info.run_id
+  assert evaluator.data.tags["role"] == "evaluator" and evaluator.info.status == "FINISHED"
+  curve = event_scalars(str(workdir / "eval"), "eval/accuracy")
+  assert sorted(curve) == [10, 20]
+  assert history(client, evaluator.info.run_id, "eval/accuracy") == pytest.approx(curve, rel=1e-6)
+  assert "train/loss" not in evaluator.data.metrics and "eval/accuracy" in training.data.metrics
+  assert "best.json" in [a.path for a in client.list_artifacts(evaluator.info.run_id)]
+  records = wandb_records(workdir / "eval")
+  assert wandb_history(records, "eval/accuracy") == pytest.approx(curve, rel=1e-6)
+  assert {(record.run.run_group, record.run.display_name) for kind, record in records if kind == "run"} == {
+      ("w", "w-evaluator")}
+
+  run_lib.train_and_evaluate(tiny_digits, str(workdir))  # restarted after the end: nothing new, the same runs
+  again = {r.info.run_name: r.info.run_id for e in client.search_experiments()
+           for r in client.search_runs([e.experiment_id])}
+  assert again == {"w": training.info.run_id, "w-evaluator": evaluator.info.run_id}
+  recorded = json.loads((workdir / "eval" / tracking.FILE).read_text())
+  assert recorded["mlflow"]["run_id"] == evaluator.info.run_id
+  assert {record.run.run_id for kind, record in wandb_records(workdir / "eval") if kind == "run"} == {
+      recorded["wandb"]["run_id"]}
+
+
 def test_a_run_killed_with_sigkill_leaves_its_mlflow_run_killed_not_running(tmp_path):
   """The tracker process outlives the run's process by at most its close timeout: stdin's end is the run's end."""
   store = f"sqlite:///{tmp_path}/mlflow.db"

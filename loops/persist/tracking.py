@@ -4,6 +4,7 @@ unreachable or crashing tracker never holds up, slows or ends a train call.
 
   check_settings(config.tracking)      before anything is trained or written
   start(config, workdir, plan, role)   the chief's Trackers (None elsewhere, or when no tracker is configured)
+  start_evaluator(config, workdir)     the sidecar evaluator's: a run of its own beside the training's
   Trackers.metrics / params / tags     the values the writer writes (loops/persist/writers.py forwards them)
   Trackers.json_artifact / export      summary.json, best.json, the export
   Trackers.close(status)               the tracker process sends what is queued (at most close_timeout_seconds)
@@ -75,6 +76,38 @@ def start(config, workdir, plan, role):
     trackers.add(kind, setting, _options(kind, config, workdir, setting), run_id)
   trackers.tags(run_tags(config, plan, role))
   trackers.params(writers.flatten(config))  # at every start: a value changed since is tagged 'changed.<key>'
+  return trackers
+
+
+EVALUATOR_SUFFIX = "-evaluator"
+
+
+def start_evaluator(config, workdir):
+  """The sidecar evaluator's Trackers (None when no tracker is configured): a tracker run of its own, named after
+  the workdir + EVALUATOR_SUFFIX (MLflow: a child of the training's run when workdir/tracking.json names it; W&B: in
+  the sweep's group, else in a group named after the workdir, beside the training's run). Its run ids are kept in
+  workdir/eval/tracking.json, so a restarted evaluator continues its run. Two processes never write one run."""
+  kinds = configured_in(config.tracking)
+  if not kinds:
+    return None
+  eval_dir = posixpath.join(workdir, "eval")
+  recorded = writers.read_json(posixpath.join(eval_dir, FILE)) or {}
+  training = writers.read_json(posixpath.join(workdir, FILE)) or {}
+  trackers = Trackers(eval_dir, config.tracking.close_timeout_seconds)
+  for kind, setting in kinds.items():
+    options = _options(kind, config, workdir, setting)
+    options["run_name"] += EVALUATOR_SUFFIX
+    trained = training.get(kind) or {}
+    if kind == "mlflow" and trained.get("setting") == setting:
+      options["parent_run"] = trained["run_id"]
+    if kind == "wandb":
+      options["group"] = options["group"] or posixpath.basename(workdir.rstrip("/"))
+      options["workdir"] = eval_dir
+    previous = recorded.get(kind) or {}
+    trackers.add(kind, setting, options, previous.get("run_id") if previous.get("setting") == setting else None)
+  commit = git_commit()
+  trackers.tags({"task": config.task.name, "role": "evaluator", **({"git_commit": commit} if commit else {})})
+  trackers.params(writers.flatten(config))
   return trackers
 
 
