@@ -21,7 +21,6 @@ from loops.modeling import losses
 from loops.modeling import model as model_lib
 from loops.modeling import optimizers
 from loops.task import classification
-import models
 
 # The built-in classification written as a user's loss-level task: what the contract costs a user's step.
 USER_TASK = "examples.tasks.digits:Classifier"
@@ -91,8 +90,14 @@ class Contenders:
     self.steps_per_window = self.steps_per_call * window_calls
     self.residency = resident_lib.decide(self.source, config.data, synchronous=True)
     with self.strategy.scope():
-      self.reference = models.build(config.model.name, self.input_shape, self.source.num_classes)
+      self.reference = self.bare_model()
     self.fused_layers = fused_batchnorm.fused_layers(self.fresh_model(batchnorm=config.model)[0])  # as a run has it
+
+  def bare_model(self):
+    """config.model as a run builds it (model.name: the registry or module:function; model.kwargs), before any
+    precision, synchronized or fused BatchNorm is applied."""
+    function = model_lib.model_function(self.config.model.name)
+    return function(tuple(self.input_shape), int(self.source.num_classes), **dict(self.config.model.kwargs))
 
   def runners(self, levers=False, only=None):
     """name -> window: framework, keras_fit, bare_loop, synthetic (user_task when `only` names it); host_pipeline and
@@ -137,7 +142,7 @@ class Contenders:
         previous = keras.mixed_precision.dtype_policy()
         keras.mixed_precision.set_dtype_policy(policy)
         try:
-          model = models.build(self.config.model.name, self.input_shape, self.source.num_classes)
+          model = self.bare_model()
         finally:
           keras.mixed_precision.set_dtype_policy(previous)
       else:

@@ -29,10 +29,11 @@ import tensorflow as tf
 
 from benchmarks import windows as timed
 import data
+from loops import command_line
 from loops import plan as plan_lib
 from loops.distribute import cluster
 from loops.distribute import strategy as strategy_lib
-import models
+from loops.modeling import model as model_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, as for main.py (model, batch, optimizer).")
 _FOLDER = flags.DEFINE_string("folder", None, "ROOT of ROOT/{train,test}/<class>/*.jpg.")
@@ -79,7 +80,8 @@ def main(argv):
   folder_config, folder = cases["streamed"]
   plan = plan_lib.derive(config, strategy.num_replicas_in_sync, folder.train_size)
   with strategy.scope():
-    reference = models.build(config.model.name, data.output_shape(folder, folder_config), folder.num_classes)
+    reference = model_lib.model_function(config.model.name)(tuple(data.output_shape(folder, folder_config)),
+                                                             int(folder.num_classes), **dict(config.model.kwargs))
   batches = plan.steps_per_loop * _WINDOW_CALLS.value
   windows = {}
   for name, (d, source) in cases.items():
@@ -107,4 +109,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=functools.partial(command_line.parse_flags, _CONFIG))

@@ -18,6 +18,7 @@ records each of 2 workers' input pipelines reads over an epoch, as a fraction of
 """
 
 import collections
+import functools
 import json
 import os
 import statistics
@@ -39,10 +40,11 @@ import data
 from data import prepare as prepare_lib
 from data import records
 from launch import local
+from loops import command_line
 from loops import plan as plan_lib
 from loops.distribute import cluster
 from loops.distribute import strategy as strategy_lib
-import models
+from loops.modeling import model as model_lib
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file (model, batch, optimizer).")
 _FOLDER = flags.DEFINE_string("folder", None, "ROOT of ROOT/{train,test}/<class>/*.jpg; records go beside it.")
@@ -157,7 +159,9 @@ def main(argv):
                              train_examples=records_source.train_size, eval_examples=records_source.eval_size)
   plan = plan_lib.derive(config, strategy.num_replicas_in_sync, records_source.train_size)
   with strategy.scope():
-    reference = models.build(config.model.name, records_source.image_shape, records_source.num_classes)
+    reference = model_lib.model_function(config.model.name)(tuple(records_source.image_shape),
+                                                             int(records_source.num_classes),
+                                                             **dict(config.model.kwargs))
   training = {}
   for name, d in (("train_jpeg_records", cases["jpeg_records"]), ("train_synthetic", synthetic)):
     source = data.load(d)
@@ -185,4 +189,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(main, flags_parser=functools.partial(command_line.parse_flags, _CONFIG))

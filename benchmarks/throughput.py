@@ -25,6 +25,7 @@ Also measures the machine's float32 matmul peak and the model's training FLOPs p
 the fraction of peak reached.
 """
 
+import functools
 import json
 import os
 import platform
@@ -39,6 +40,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from benchmarks.ratios import CONTENDERS, ratios
+from loops import command_line
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Config file, as for main.py.")
 _OUT = flags.DEFINE_string("out", None, "Write the results as JSON here.")
@@ -129,4 +131,4 @@ def report(results, model_name):
 
 
 if __name__ == "__main__":
-  sys.exit(app.run(main))
+  sys.exit(app.run(main, flags_parser=functools.partial(command_line.parse_flags, _CONFIG)))

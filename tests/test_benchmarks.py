@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, load_config
 
 THROUGHPUT_KEYS = ("images_per_sec", "ratio_vs_keras_fit", "ratio_vs_bare_loop", "ratio_real_vs_synthetic",
                    "gemm_peak_gflops", "model_gflops_per_image", "fraction_of_peak", "config", "versions")
@@ -52,15 +52,16 @@ def check_throughput(out):
 
 @pytest.mark.e2e
 def test_throughput_benchmark_smoke(tmp_path):
-  """One tiny window per contender on ResNet-20 (BatchNorm: the framework fuses it, and is measured with Keras'
-  BatchNorm too) over device-resident synthetic data (the host pipeline measured beside it)."""
+  """One tiny window per contender on a ResNet-8 (ResNet-20's code with one block per stage; BatchNorm: the
+  framework fuses it, and is measured with Keras' BatchNorm too) over device-resident synthetic data (the host
+  pipeline measured beside it)."""
   out = tmp_path / "results.json"
   result = run_module("benchmarks.throughput", "--config=configs/cifar_resnet20.py:synthetic", "--windows=1",
                       "--window_calls=1", "--config.train.steps_per_loop=2", "--config.train.global_batch_size=8",
-                      f"--out={out}")
+                      "--config.model.kwargs.blocks_per_stage=1", f"--out={out}")
   assert "ratio_vs_keras_fit" in result.stdout and "ratio_fused_vs_keras_bn" in result.stdout
   results = check_throughput(out)
-  assert results["fused_batchnorm_layers"] == 21  # stem, 3 stages x 3 blocks x 2, 2 shortcuts
+  assert results["fused_batchnorm_layers"] == 9  # stem, 3 stages x 1 block x 2, 2 shortcuts
   assert results["steps_per_window"] == 2
   assert results["device_resident"] and "train input: device-resident" in result.stdout
 
@@ -96,6 +97,17 @@ def test_throughput_rejects_unknown_contenders_before_building_anything():
   assert result.returncode != 0
   assert "--contenders must include framework and name only framework,keras_fit," in result.stderr
   assert "got framework,kerasfit" in result.stderr
+
+
+def test_throughput_reads_the_config_overrides_as_main_py_does():
+  """A model's own argument from the command line, and an unknown key as one line, before TensorFlow is imported."""
+  result = subprocess.run([sys.executable, "-m", "benchmarks.throughput", "--config=configs/digits_cnn.py",
+                           "--config.train.stepz=3", "--config.model.kwargs.width=8"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+  assert result.returncode == 1
+  assert result.stderr.strip().splitlines()[-1] == (
+      "error: unknown config key 'train.stepz' in --config.train.stepz=3 (did you mean 'train.steps'?); valid keys "
+      "here: " + ", ".join(sorted(load_config("digits_cnn").train.keys())))
 
 
 @pytest.mark.e2e
