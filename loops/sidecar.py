@@ -55,15 +55,12 @@ class Sidecar:
                                self.execution.averaged_weights)
     done = read_json(posixpath.join(self.eval_dir, PROGRESS)) or {}
     self.last_step, self.final, self.results = done.get("step", -1), done.get("final", False), done.get("eval", {})
+    self.cleanup, self.tracking_started = None, False
 
   def run(self):
     self.writer.prepare_workdir(self.config)
-    with contextlib.ExitStack() as cleanup:
-      cleanup.callback(self.writer.close)
-      trackers = tracking.start_evaluator(self.config, self.workdir)
-      if trackers:
-        cleanup.push(trackers.on_exit)
-        self.writer.track(trackers)
+    with contextlib.ExitStack() as self.cleanup:
+      self.cleanup.callback(self.writer.close)
       self._watch()
     summary = {"step": self.last_step, **self.results, **self.best.summary()}
     logging.info("evaluator done: %s", format_values(summary))
@@ -90,6 +87,17 @@ class Sidecar:
         self._say_waiting(now - waited_since, timeout)
       time.sleep(poll)
 
+  def _track(self):
+    """MLflow and W&B (tracking.*) from the first evaluation on: by then the training's tracker run, this one's
+    parent, is usually recorded in the workdir."""
+    if self.tracking_started:
+      return
+    self.tracking_started = True
+    trackers = tracking.start_evaluator(self.config, self.workdir)
+    if trackers:
+      self.cleanup.push(trackers.on_exit)
+      self.writer.track(trackers)
+
   def _say_waiting(self, waited, timeout):
     after = f"a checkpoint after step {self.last_step}" if self.last_step >= 0 else "the first checkpoint"
     logging.info("evaluator: waiting for %s in %s (%.0f s so far; gives up after %.0f s: "
@@ -102,6 +110,7 @@ class Sidecar:
       return
     checkpoints_lib.restore(self.parts.checkpoint, path)
     results = self.execution.evaluate()
+    self._track()
     self.writer.scalars(step, results)
     self.writer.flush()
     self.best.update(step, results, self.writer)
