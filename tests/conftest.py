@@ -9,12 +9,22 @@ import sys
 import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHILD_SITE = os.path.join(REPO, "tests", "child_site")  # its sitecustomize.py: Keras' unused optional imports skipped
+
+
+def pythonpath(*folders):
+  """PYTHONPATH for a child given `folders` of its own, keeping the tests' (tests/child_site first)."""
+  return os.pathsep.join([*folders, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
+
+
+if CHILD_SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+  os.environ["PYTHONPATH"] = pythonpath(CHILD_SITE)
 
 import keras
 import pytest
 import tensorflow as tf
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CPU_REPLICAS = 2
 tf.config.set_logical_device_configuration(
     tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * CPU_REPLICAS)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from loops import run
-from tests.conftest import REPO, load_config, run_command
+from tests.conftest import REPO, load_config, pythonpath, run_command
 from tests.test_train import scalars
 
 PLUGINS = os.path.join(REPO, "tests", "fixtures", "plugins")
@@ -83,7 +83,7 @@ def test_a_custom_metric_agrees_on_one_device_mirrored_and_two_mwms_workers_and_
              "--config.callbacks=('my_callbacks:recorder', 'my_callbacks:stop_at')", f"--config.eval.metrics={CUSTOM}",
              "--config.checkpoint.best_metric=eval/error_rate", "--config.checkpoint.best_mode=min"]
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-  env.update(PYTHONPATH=PLUGINS, STOP_ON_WORKER="1", STOP_AT_STEP="10", RECORD_HOOKS=str(tmp_path / "hooks.jsonl"))
+  env.update(PYTHONPATH=pythonpath(PLUGINS), STOP_ON_WORKER="1", STOP_AT_STEP="10", RECORD_HOOKS=str(tmp_path / "hooks.jsonl"))
   done = run_command(command, env=env, timeout=400)
   assert done.returncode == 0, done.stdout[-3000:]
   summary = json.load(open(workdir / "summary.json"))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from loops import run
-from tests.conftest import REPO, load_config, run_command, set_keys
+from tests.conftest import REPO, load_config, pythonpath, run_command, set_keys
 from tests.test_train import model_weights
 
 USER_LOSSES = os.path.join(REPO, "tests", "fixtures", "user_losses")
@@ -70,7 +70,7 @@ def test_a_loss_keyword_gives_one_replicas_weights_on_two_replicas_and_two_worke
   single = trained(configured("digits_cnn", **overrides), "one_device", tmp_path / "one")
   assert_same(single, trained(configured("digits_cnn", **overrides), "mirrored", tmp_path / "two"), loss)
   multi_worker = mwms(tmp_path / "mwms", "configs/digits_cnn.py", {"train.steps": 6, "train.steps_per_loop": 3,
-                                                                   **overrides}, env={"PYTHONPATH": USER_LOSSES})
+                                                                   **overrides}, env={"PYTHONPATH": pythonpath(USER_LOSSES)})
   assert_same(single, multi_worker, f"{loss} on 2 workers")
 
 
@@ -194,7 +194,7 @@ def test_a_plug_in_that_makes_tensorflow_state_when_imported_is_one_clear_error_
              "--config=configs/digits_cnn.py", f"--workdir={tmp_path}", "--config.strategy=multi_worker_mirrored",
              "--config.loss.name=my_losses:nan_at_call"]  # my_losses makes a tf.Variable at import
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-  env["PYTHONPATH"] = USER_LOSSES
+  env["PYTHONPATH"] = pythonpath(USER_LOSSES)
   done = run_command(command, env=env, timeout=300)
   assert done.returncode == 1, done.stdout[-3000:]
   assert ("error: multi_worker_mirrored must be created before TensorFlow runs anything, but it already ran: usually "

@@ -20,7 +20,7 @@ import pytest
 from launch import local
 from launch import sweep_study
 from loops.callbacks import sweep_trial
-from tests.conftest import REPO, ctrl_c_reaches_it
+from tests.conftest import REPO, ctrl_c_reaches_it, pythonpath
 
 SPACE = ["--grid", "optimizer.learning_rate=loguniform:1e-3:1e-1"]
 SHORT = ["--config.train.steps=20", "--config.train.steps_per_loop=10", "--config.export=False"]
@@ -107,7 +107,7 @@ def test_a_tpe_search_reruns_after_a_failed_trial(tmp_path):
   user.mkdir()
   (user / "flaky.py").write_text(USER_MODULE)
   (tmp_path / "marker").touch()
-  env = {"PYTHONPATH": os.pathsep.join([str(user), *filter(None, [os.environ.get("PYTHONPATH")])]),
+  env = {"PYTHONPATH": pythonpath(str(user)),
          "FLAKY_MARKER": str(tmp_path / "marker")}
   args = [*SPACE, "--search=tpe", "--trials", "1", "--", *SHORT, "--config.callbacks=('flaky:raises_once',)"]
   first = sweep(tmp_path / "tpe", *args, env=env)

@@ -9,6 +9,7 @@ import sys
 
 import pytest
 from loops.core import stragglers
+from tests.conftest import pythonpath
 from tests.test_train import scalars
 
 pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
@@ -40,7 +41,7 @@ def test_straggler_watch_warns_once_per_streak_after_the_set_number_of_calls():
 def slowed_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("slowed")
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-  env.update(PYTHONPATH=FIXTURES, SLOW_WORKER_SECONDS=str(SLOW_SECONDS))
+  env.update(PYTHONPATH=pythonpath(FIXTURES), SLOW_WORKER_SECONDS=str(SLOW_SECONDS))
   result = subprocess.run(
       [sys.executable, "-m", "launch.local", "--workers=2", "--", sys.executable, "main.py",
        "--config=configs/digits_cnn.py", "--config.strategy=multi_worker_mirrored", f"--workdir={workdir}",
@@ -64,7 +65,10 @@ def test_each_workers_busy_time_reaches_the_chief_and_names_the_slowed_worker(sl
   slowest = [value for _, value in events["train/slowest_worker_seconds"]]
   spread = [value for _, value in events["train/worker_time_spread"]]
   assert len(slowest) == STEPS // STEPS_PER_LOOP and min(slowest) >= slept
-  assert min(spread) > 0.2  # slowest / median - 1, the median of two being their mean
+  # spread = slowest / median - 1 and the median of two is their mean, so slowest - fastest = 2 (slowest - median):
+  # worker 1 sleeps in every call, so every call has a gap; by how much varies with the machine's load, not its mean
+  gaps = [2 * (s - s / (1 + r)) for s, r in zip(slowest, spread)]
+  assert min(spread) > 0 and sum(gaps) / len(gaps) >= 0.5 * slept, list(zip(slowest, spread))
 
 
 def test_memory_is_in_tensorboard_and_summary(slowed_run):
