@@ -14,11 +14,13 @@ CHILD_SITE = os.path.join(REPO, "tests", "child_site")  # its sitecustomize.py: 
 
 
 def pythonpath(*folders):
-  """PYTHONPATH for a child given `folders` of its own, keeping the tests' (tests/child_site first)."""
+  """PYTHONPATH for a child: `folders` of its own, then the tests' (tests/child_site unless TESTS_CHILD_SITE=0)."""
   return os.pathsep.join([*folders, *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))])
 
 
-if CHILD_SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+# TESTS_CHILD_SITE=0: the children import Keras as a user's processes do
+if os.environ.get("TESTS_CHILD_SITE") != "0" and CHILD_SITE not in os.environ.get("PYTHONPATH", "").split(
+    os.pathsep):
   os.environ["PYTHONPATH"] = pythonpath(CHILD_SITE)
 
 import keras
