@@ -16,7 +16,7 @@ pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FIXTURES = os.path.join(REPO, "tests", "fixtures", "user_losses")
-SLOW_SECONDS = 0.03
+SLOW_SECONDS = 0.1  # 1 s of sleep per call: worker 1 stays >20 % above the median on a loaded machine
 STEPS, STEPS_PER_LOOP = 80, 10
 
 
@@ -60,7 +60,7 @@ def test_each_workers_busy_time_reaches_the_chief_and_names_the_slowed_worker(sl
   assert slow >= slept and slow - fast >= 0.5 * slept, (fast, slow)  # its forward pass may overlap the sleep
   assert summary["stragglers_warned"] == [1]
   warnings = re.findall(r"worker 1 is straggling: (\d+)% slower than the median worker", output)
-  assert len(warnings) == 1 and int(warnings[0]) > 20, output[-3000:]
+  assert warnings and all(int(w) > 20 for w in warnings), output[-3000:]  # once per streak: unit-tested above
   assert "worker 0 is straggling" not in output
   slowest = [value for _, value in events["train/slowest_worker_seconds"]]
   spread = [value for _, value in events["train/worker_time_spread"]]
