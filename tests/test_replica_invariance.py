@@ -171,19 +171,10 @@ def test_diagnosis_without_a_rerun_names_suspects_as_likely_and_a_rerun_can_rule
   assert replica_check.diagnose(replica_check.Suspects(), agree_without=lambda kind: True) == replica_check.REDUCTION
 
 
-def nan_on_the_last_of_several_replicas(labels, logits):
-  """Cross-entropy, NaN on the last replica's rows when there are several (a per-replica count that can be 0)."""
-  loss = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int32), logits)
-  replica = tf.distribute.get_replica_context()
-  last_of_several = tf.logical_and(replica.num_replicas_in_sync > 1,
-                                   replica.replica_id_in_sync_group == replica.num_replicas_in_sync - 1)
-  return loss * tf.where(last_of_several, float("nan"), 1.0)
-
-
 @pytest.mark.e2e
 def test_a_fail_from_nan_on_one_side_names_it_not_the_users_reduction():
   config = set_keys(load_config("digits_cnn"), {"train.global_batch_size": 32,
-                                                "loss.name": "tests.test_replica_invariance:"
+                                                "loss.name": "tests.fixtures.split_sensitive_tasks:"
                                                              "nan_on_the_last_of_several_replicas"})
   lines = []
   assert not replica_check.run(config, out=lines.append)

@@ -116,18 +116,33 @@ ACROSS_WORKERS = ("sgd, global_clipnorm", "mixup + cutmix, random flip", "gradie
                   "example: fixmatch (two input streams, every pseudo-label)")
 
 
+NAN_ON_WORKER_1 = "loss NaN on worker 1's rows"  # a FAIL whose cause the check must name
+
+
 @pytest.fixture(scope="module")
 def across_workers():
-  """{row: (passed, report lines)} of ACROSS_WORKERS, each checked on 2 worker processes of its own."""
+  """{row: (passed, report lines)} of ACROSS_WORKERS and NAN_ON_WORKER_1, each on 2 worker processes of its own."""
   configs = [case_config(name) for name in ACROSS_WORKERS]
-  return dict(zip(ACROSS_WORKERS, worker_check.compare(configs, timeout_seconds=240)))
+  configs.append(set_keys(load_config("digits_cnn"), {"train.global_batch_size": 32,
+                                                      "loss.name": TASKS + "nan_on_the_last_of_several_replicas"}))
+  return dict(zip((*ACROSS_WORKERS, NAN_ON_WORKER_1), worker_check.compare(configs, timeout_seconds=240)))
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("name", ACROSS_WORKERS)
 def test_two_workers_compute_what_one_device_does(name, across_workers):
   passed, lines = across_workers[name]
   assert passed, "\n".join(lines)
   assert lines[-1].startswith("workers: PASS: 1 device and 2 workers agree on all "), lines[-1]
+
+
+@pytest.mark.e2e
+def test_a_fail_from_nan_on_one_worker_names_it_not_the_users_reduction(across_workers):
+  passed, lines = across_workers[NAN_ON_WORKER_1]
+  assert not passed and lines[-1].startswith("workers: FAIL: "), lines[-1]
+  assert replica_check.REDUCTION not in lines[-1], lines[-1]
+  assert ": cause: the variables hold inf or NaN on 2 workers where they are finite on 1 device (" in lines[-1], (
+      lines[-1])
 
 
 def test_synchronized_batchnorm_under_accumulation_on_several_workers_is_refused_in_one_line():
