@@ -66,7 +66,8 @@ def test_each_workers_busy_time_reaches_the_chief_and_names_the_slowed_worker(sl
   spread = [value for _, value in events["train/worker_time_spread"]]
   assert len(slowest) == STEPS // STEPS_PER_LOOP and min(slowest) >= slept
   # spread = slowest / median - 1 and the median of two is their mean, so slowest - fastest = 2 (slowest - median):
-  # worker 1 sleeps in every call, so every call has a gap; by how much varies with the machine's load, not its mean
+  # worker 1 sleeps in every call, so every call has a gap; its size varies with the machine's load, their mean is
+  # at least half the sleep
   gaps = [2 * (s - s / (1 + r)) for s, r in zip(slowest, spread)]
   assert min(spread) > 0 and sum(gaps) / len(gaps) >= 0.5 * slept, list(zip(slowest, spread))
 

@@ -3,7 +3,7 @@ not installed (conftest.py puts this folder on PYTHONPATH).
 
 Keras 3 imports them at `import keras` for integrations the framework never uses (pandas inputs to fit, plotting
 galleries, scikit-learn wrappers, SciPy sparse inputs to TensorFlow's legacy Keras), each import guarded by
-`except ImportError`: about 3.7 of the 10 s of CPU a fresh `import main` costs here, paid by ~190 worker, trial and
+`except ImportError`: about 3 of the 9-10 s of CPU a fresh `import main` costs here, paid by ~190 worker, trial and
 check processes in a run of the suite. Only imports made by keras/tensorflow modules are refused; the framework's own
 (scikit-learn's digits, MLflow's pandas) import them as usual. A user's install without these packages runs the same.
 """
