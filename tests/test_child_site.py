@@ -17,6 +17,7 @@ print(skipped, array_slicing.pandas, sklearn.datasets.load_digits().data.shape, 
 """
 
 
+@pytest.mark.e2e  # starts a process that imports TensorFlow (8 s)
 @pytest.mark.skipif(os.environ.get("TESTS_CHILD_SITE") == "0", reason="TESTS_CHILD_SITE=0 turned it off")
 def test_a_child_imports_keras_without_its_optional_packages_and_the_framework_still_imports_them():
   assert CHILD_SITE in os.environ["PYTHONPATH"].split(os.pathsep)  # what every child of the tests inherits
