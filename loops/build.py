@@ -90,13 +90,22 @@ def determinism_restored():
       private_apis.disable_op_determinism()
 
 
-def build(config, role, kept=None):
+def start_strategy(config, role):
+  """config.strategy for this task; a multi-worker one once every peer answers, bounded by
+  cluster.startup_timeout_seconds (loops/distribute/startup.py)."""
+  with startup.bounded_start(role, config.cluster.startup_timeout_seconds):
+    return strategy_lib.build(config, role)
+
+
+def build(config, role, kept=None, strategy=None):
   """Builds every part of the run for this task (config already passed loops/check.py's check and check_role).
 
   Args:
     config: the resolved config.
     role: this process's cluster.ClusterRole.
     kept: plan values a resumed run keeps from its record (loops/resume.py), or None.
+    strategy: a strategy this process already started for an earlier config of the same strategy settings
+      (loops/worker_check.py's workers train several configs), or None to start one (start_strategy).
 
   Returns:
     Parts (frozen).
@@ -104,8 +113,7 @@ def build(config, role, kept=None):
   Raises:
     ConfigError: for what only the data, the replica count or the built model reveal.
   """
-  with startup.bounded_start(role, config.cluster.startup_timeout_seconds):
-    strategy = strategy_lib.build(config, role)
+  strategy = strategy or start_strategy(config, role)
   keras.utils.set_random_seed(config.seed)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()

@@ -64,18 +64,18 @@ class Suspects:
   clipping: tuple = ()  # gradient clipping in the step (name scopes), before the optimizers' cross-replica sum
 
 
-def trained_values(config, steps, role=None):
+def trained_values(config, steps, role=None, strategy=None):
   """{key: (initial, final, path)} of every model and optimizer variable after `steps` steps. role: this process's
-  cluster.ClusterRole (a worker of loops/worker_check.py), default local."""
-  return train(config, steps, role=role)[0]
+  cluster.ClusterRole (a worker of loops/worker_check.py), default local; strategy: as build_lib.build's."""
+  return train(config, steps, role=role, strategy=strategy)[0]
 
 
-def train(config, steps, turn_off=(), role=None):
+def train(config, steps, turn_off=(), role=None, strategy=None):
   """(trained_values, Suspects) of this config; turn_off: suspects removed first ("batchnorm": synchronized,
-  "random": in inference mode)."""
+  "random": in inference mode); strategy: as build_lib.build's (None: started for this config)."""
   check_lib.check(config)
   strategy_lib.configure_devices(config)
-  parts = build_lib.build(config, role or cluster.ClusterRole())
+  parts = build_lib.build(config, role or cluster.ClusterRole(), strategy=strategy)
   _turn_off(parts, turn_off)
   variables = _named_variables(parts)
   initial = {key: v.numpy().copy() for key, v in variables.items()}

@@ -18,6 +18,7 @@ Worker side (hidden): `python -m loops.worker_check DIRECTORY PARENT_PID`, with 
 
 import collections
 import contextlib
+import functools
 import io
 import json
 import os
@@ -42,6 +43,7 @@ from loops import replica_check
 from loops.distribute import checks as distribute_checks
 from loops.distribute import cluster
 from loops.distribute import startup
+from loops.distribute import strategy as strategy_lib
 
 WORKERS = 2
 TIMEOUT_SECONDS = 600.0  # both workers, from their start to their end (TensorFlow's start, build, steps)
@@ -67,10 +69,11 @@ def run(config, steps=None, tolerance=None, out=print, timeout_seconds=TIMEOUT_S
 
 def compare(configs, steps=None, tolerance=None, timeout_seconds=TIMEOUT_SECONDS):
   """[(passed, report lines)] of each config: its one-device side in this process while a pair of worker processes
-  of its own trains it (one pair per config: a process that builds a second multi-worker strategy re-enables its
-  collective ops while its peer may already call on them, measured under load: 'Socket closed' in CompleteGroup).
-  Every config is checked before any worker starts. steps: default replica_check.steps_for(config); tolerance:
-  default replica_check.tolerance_for(config)."""
+  trains it. Configs of the same strategy settings share one pair (each TensorFlow start costs seconds): each worker
+  starts its multi-worker strategy once and trains them in turn on it (a second strategy in one process would
+  re-enable its collective ops while its peer may already call on them: 'Socket closed' in CompleteGroup, measured
+  under load). Every config is checked before any worker starts. steps: default replica_check.steps_for(config);
+  tolerance: default replica_check.tolerance_for(config); timeout_seconds: per config."""
   for config in configs:
     refuse_asynchronous(config)
   counts = [steps or replica_check.steps_for(config) for config in configs]
@@ -80,12 +83,30 @@ def compare(configs, steps=None, tolerance=None, timeout_seconds=TIMEOUT_SECONDS
     check_lib.check(config)  # a setting it refuses: one line, before any worker starts
   for config in twos:
     distribute_checks.check_micro_batches_across_workers(config, WORKERS)
-  reports = []
-  for config, one, two, n in zip(configs, ones, twos, counts):
+  reports = [None] * len(configs)
+  for pair in sharing_a_pair(twos):
     with build_lib.determinism_restored():
-      (values, suspects), (there,) = alongside_workers([two], lambda: replica_check.train(one, n), timeout_seconds)
-    reports.append(_report(values, there, suspects, n, tolerance or replica_check.tolerance_for(config)))
+      here, there = alongside_workers([twos[n] for n in pair], functools.partial(train_each, ones, counts, pair),
+                                      timeout_seconds * len(pair))
+    for n, (values, suspects), theirs in zip(pair, here, there):
+      reports[n] = _report(values, theirs, suspects, counts[n], tolerance or replica_check.tolerance_for(configs[n]))
   return reports
+
+
+def train_each(configs, counts, indices):
+  """[replica_check.train of each indexed config], in turn in this process."""
+  return [replica_check.train(configs[n], counts[n]) for n in indices]
+
+
+def sharing_a_pair(twos):
+  """The indices of the configs each worker pair trains, in order: those whose strategy settings (strategy,
+  cluster.*, devices) are the same."""
+  pairs = {}
+  for n, config in enumerate(twos):
+    settings = (config.strategy, config.cpu_replicas, config.num_gpus,
+                json.dumps(config.cluster.to_dict(), sort_keys=True, default=str))
+    pairs.setdefault(settings, []).append(n)
+  return list(pairs.values())
 
 
 def _report(values, there, suspects, steps, tolerance):
@@ -133,9 +154,9 @@ def compared(one, two):
 
 
 def alongside_workers(configs, work, timeout_seconds=TIMEOUT_SECONDS):
-  """(work(), [each config's values on the workers]): 2 worker processes train `configs` (each config resolved,
-  multi_worker_mirrored, train.steps the steps) while this process runs `work`. compare gives one config per
-  pair: a worker cannot build a second multi-worker strategy safely (see compare)."""
+  """(work(), [each config's values on the workers]): 2 worker processes train `configs` in turn on one strategy
+  (each config resolved, multi_worker_mirrored, train.steps the steps; their strategy settings alike: see compare)
+  while this process runs `work`."""
   directory = tempfile.mkdtemp(prefix="worker_check-")
   workers = Workers(directory)
   try:
@@ -313,14 +334,19 @@ def die_with_parent(parent_pid, directory):
 
 
 def worker_main(argv):
-  """The worker side: trains each config of DIRECTORY in turn; the chief writes each one's values there."""
+  """The worker side: trains each config of DIRECTORY in turn on the strategy started for the first; the chief
+  writes each one's values there."""
   directory, parent_pid = argv[1], int(argv[2])
   die_with_parent(parent_pid, directory)
   role = cluster.from_environment(source="tf_config")
   startup.check_port_free(role)
+  strategy = None
   for n, config in enumerate(load_configs(directory)):
     check_lib.check_role(config, role)
-    values = replica_check.trained_values(config, config.train.steps, role)
+    if strategy is None:
+      strategy_lib.configure_devices(config)
+      strategy = build_lib.start_strategy(config, role)
+    values = replica_check.trained_values(config, config.train.steps, role, strategy)
     if role.is_chief:
       save_values(values_path(directory, n), values)
 

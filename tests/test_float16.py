@@ -12,17 +12,6 @@ from loops.modeling import model as model_lib
 from tests.conftest import load_config, set_keys
 
 
-def overflows_at_step(labels, logits, step, at_step=3, last_replica_only=False):
-  """Cross-entropy, x 1e30 at step `at_step`: finite in float32, but its gradients overflow float16. With
-  last_replica_only, only the last replica's rows overflow (all rows on one replica)."""
-  loss = tf.nn.sparse_softmax_cross_entropy_with_logits(tf.cast(labels, tf.int32), logits)
-  overflows = tf.equal(step, at_step)
-  if last_replica_only:
-    replica = tf.distribute.get_replica_context()
-    overflows = tf.logical_and(overflows, replica.replica_id_in_sync_group == replica.num_replicas_in_sync - 1)
-  return loss * tf.where(overflows, 1e30, 1.0)
-
-
 def float16_digits(precision="float16", **keys):
   c = load_config("digits_cnn")
   c.mixed_precision = precision
@@ -65,7 +54,7 @@ def test_an_overflowing_step_is_skipped_and_the_loss_scale_halves(strategy, repl
   """On 2 replicas whose second alone overflows, both skip the step as one device does (Keras 3 alone would let
   replica 0's finite gradients decide and apply the other's inf)."""
   config = float16_digits(**{"strategy": strategy, "cpu_replicas": replicas, "train.steps": 6,
-                             "loss.name": "tests.test_float16:overflows_at_step", "loss.kwargs.at_step": 3,
+                             "loss.name": "tests.fixtures.split_sensitive_tasks:overflows_at_step", "loss.kwargs.at_step": 3,
                              "loss.kwargs.last_replica_only": last_replica_only})
   from loops.finders import trial
   parts = build_lib.build(config, trial.role_of(config))

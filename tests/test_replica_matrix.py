@@ -58,7 +58,7 @@ MATRIX = {
     "bfloat16": (*DIGITS, {"mixed_precision": "bfloat16"}),
     "float16, clipping": (*DIGITS, {"mixed_precision": "float16", "optimizer.global_clipnorm": 0.01}),
     "float16, one replica's gradients overflow": (*DIGITS, {
-        "mixed_precision": "float16", "loss.name": "tests.test_float16:overflows_at_step", "loss.kwargs.at_step": 1,
+        "mixed_precision": "float16", "loss.name": TASKS + "overflows_at_step", "loss.kwargs.at_step": 1,
         "loss.kwargs.last_replica_only": True}),
     "XLA": (*DIGITS, {"jit_compile": True}),
     # BatchNorm

@@ -50,6 +50,15 @@ def test_the_two_sides_train_the_same_batches_on_the_cpu():
     assert c.train.global_batch_size == config.train.global_batch_size
 
 
+def test_configs_of_the_same_strategy_settings_share_a_worker_pair():
+  configs = [worker_check.two_workers(load_config(name, arg), 3)
+             for name, arg in (("tasks", "regression"), ("digits_cnn", None), ("tasks", "regression"))]
+  configs[1].model.name = "mnist_cnn"  # the model, data and task are each config's own
+  assert worker_check.sharing_a_pair(configs) == [[0, 1, 2]]
+  configs[1].cluster.bytes_per_pack = 1 << 20  # the strategy's communication options: a pair of its own
+  assert worker_check.sharing_a_pair(configs) == [[0, 2], [1]]
+
+
 def test_the_workers_get_the_configs_as_checked_here(tmp_path):
   config = load_config("tasks", "regression")  # eval.every_steps is a reference to train.steps // 2
   config.train.steps = 40
