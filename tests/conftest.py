@@ -192,20 +192,6 @@ def tiny_digits():
   return c
 
 
-@pytest.fixture(scope="session")
-def full_runs(tmp_path_factory):
-  """The digits quickstart on one_device, and on mirrored with 2 replicas and the same global batch."""
-  from loops import run
-  results = {}
-  for strategy in ("one_device", "mirrored"):
-    c = load_config("digits_cnn")
-    c.strategy = strategy
-    c.cpu_replicas = 2 if strategy == "mirrored" else 0
-    workdir = str(tmp_path_factory.mktemp(strategy))
-    results[strategy] = (workdir, run.train_and_evaluate(c, workdir))
-  return results
-
-
 _file_durations = []  # the Recorder of --record-file-durations, in the controlling process only
 
 

@@ -3,6 +3,7 @@
 import glob
 import json
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -14,6 +15,7 @@ from loops import run
 from loops.distribute import cluster
 from loops.persist import checkpoints as checkpoints_lib
 from tests.conftest import load_config
+from tests.test_launch import launch_main
 
 pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
 
@@ -38,6 +40,20 @@ def scalars(workdir):
   return values, acc.Tags()["tensors"]
 
 
+@pytest.fixture(scope="module")
+def full_runs(tmp_path_factory):
+  """The digits quickstart trained to the end on one_device, and on mirrored with 2 replicas and the same global
+  batch (one file uses it: computed once per pytest process)."""
+  results = {}
+  for strategy in ("one_device", "mirrored"):
+    c = load_config("digits_cnn")
+    c.strategy = strategy
+    c.cpu_replicas = 2 if strategy == "mirrored" else 0
+    workdir = str(tmp_path_factory.mktemp(strategy))
+    results[strategy] = (workdir, run.train_and_evaluate(c, workdir))
+  return results
+
+
 def test_digits_reaches_95_percent_on_one_device(full_runs):
   _, summary = full_runs["one_device"]
   assert summary["eval/accuracy"] >= 0.95
@@ -55,6 +71,21 @@ def test_mirrored_two_replicas_matches_one_device(full_runs):
   assert first_mirrored[1] == pytest.approx(first_single[1], rel=0.005)
   assert abs(mirrored["eval/accuracy"] - single["eval/accuracy"]) <= 0.005
   assert mirrored["eval/loss"] == pytest.approx(single["eval/loss"], rel=0.25)
+
+
+def test_two_worker_mwms_matches_one_device_accuracy(full_runs, tmp_path):
+  """The quickstart on 2 worker processes (launch.local) reaches one device's accuracy; worker 0 alone writes."""
+  result = launch_main(2, f"--workdir={tmp_path}")
+  assert result.returncode == 0, result.stdout[-3000:]
+  summary = json.load(open(tmp_path / "summary.json"))
+  _, single = full_runs["one_device"]
+  assert summary["replicas"] == 2 and summary["global_batch_size"] == single["global_batch_size"]
+  assert abs(summary["eval/accuracy"] - single["eval/accuracy"]) <= 0.005
+  # Chief duties: one checkpoint series and one event file set, written by worker 0 only.
+  assert "[worker:0]" in result.stdout and "step 1100/1100" in result.stdout
+  assert not re.search(r"\[worker:1\].*step \d+/1100", result.stdout)
+  assert sorted(os.listdir(tmp_path / "checkpoints"))[0] == "checkpoint"
+  assert len(list(tmp_path.glob("events.out.tfevents.*"))) == 1
 
 
 def test_tensorboard_has_the_documented_tags_with_sane_values(full_runs):
