@@ -1,6 +1,7 @@
 """Entry point: python main.py --config=configs/digits_cnn.py --workdir=runs/digits [--config.key=value ...]"""
 
 import errno
+import gc
 import logging as python_logging
 import os
 import posixpath
@@ -158,4 +159,7 @@ def _no_space_left(error):
 
 
 if __name__ == "__main__":
+  # The million objects of TensorFlow's and Keras' imports live as long as the process: left out of every garbage
+  # collection from here on, the run's exit takes ~0.2 s of CPU instead of ~2 s (measured on a dry run).
+  gc.freeze()
   app.run(main, flags_parser=parse_flags)
