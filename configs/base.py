@@ -289,8 +289,8 @@ def _monitoring(c):
   c.summary = ml_collections.ConfigDict()
   c.summary.histogram_every_steps = 0  # weight and gradient-norm histograms every N steps (0 = off)
   c.summary.progress_bar = "auto"  # the live bar: auto (stdout and stderr a terminal; else a line per call) | on | off
-  # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls); every task
-  # traces: the chief into workdir/profile, worker i of a multi-worker job into workdir/profile/worker-i.
+  # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls) by the chief, into
+  # workdir/profile (the other workers of a multi-worker job do not trace: TensorFlow 2.21's profiler aborts them).
   c.summary.profile_steps = ()
   # The HParams tab's experiment (every config key as an HParam) in the workdir. A sweep (launch/sweep.py) sets
   # False: its trials write only their sessions and the sweep writes one experiment of the swept keys at its dir.
