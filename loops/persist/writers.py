@@ -117,7 +117,8 @@ class Writer(NullWriter):
     # Only the chief: TF 2.21's profiler corrupts the heap when a non-chief MultiWorkerMirrored worker stops a trace
     # (abort in TraceMeRecorder::Consume): 4 of 86 two-worker runs tracing once; in runs of 1 500 traces, 7 of 11
     # with every worker tracing and 3 of 4 with worker 1 alone (host_tracer_level=1 too), always worker 1; the
-    # chief tracing alone, 0 of 6.
+    # chief tracing alone, 0 of 6. tests/test_workers_visible.py's slow test reproduces it with TensorFlow alone and
+    # fails once a release no longer aborts.
     tf.profiler.experimental.start(posixpath.join(self.workdir, name))
 
   def stop_trace(self):
