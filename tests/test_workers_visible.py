@@ -100,7 +100,11 @@ def traced_pair(tracing, directory, rounds=1500):
   with open(logs[0], "w") as out_0, open(logs[1], "w") as out_1:
     tasks = [subprocess.Popen([sys.executable, script, str(i), ports, tracing, str(rounds)], env=env, stdout=out,
                               stderr=subprocess.STDOUT) for i, out in enumerate((out_0, out_1))]
-    codes = [task.wait(timeout=600) for task in tasks]
+    try:
+      codes = [task.wait(timeout=600) for task in tasks]
+    finally:  # a worker left waiting for its aborted peer is not left running
+      for task in tasks:
+        task.kill()
   return [(code, log.read_text()[-2000:]) for code, log in zip(codes, logs)]
 
 
