@@ -367,10 +367,12 @@ def _finders(c):
 
 def _checks(c):
   """`python main.py ... --check=replicas|workers` (loops/replica_check.py): train steps on 1 replica and on 2
-  replicas (or 2 workers) from the same weights, then compare. Read by the checks only: a run ignores them."""
+  replicas (or 2 workers), each from the same weights, judged against what rounding explains. Read by the checks
+  only: a run ignores them."""
   c.check = ml_collections.ConfigDict()
-  # Train steps each side runs; 0 = enough to reach every branch the task declares (Task.update_every: the
-  # least common multiple of its periods), at least 3.
+  # Steps each side takes, each from the one-replica side's weights (1 to 100 and more: a difference cannot grow
+  # from step to step); 0 = enough to reach every branch the task declares (Task.update_every: the least common
+  # multiple of its periods), at least 3.
   c.check.steps = 0
 
 

@@ -1,23 +1,24 @@
 """`main.py --check=replicas`: does this task and config compute on 2 replicas what it computes on 1?
 
-Runs a few train steps from the same initial weights with op determinism on, once on one replica and once on two
-(two GPUs when there are, else two logical CPUs), the same global batches, and compares every model and optimizer
-variable by its path: the relative difference of the two runs' UPDATES (final - initial), so a wrong reduction
-shows even when the weights barely moved. Prints the largest differences, the first variable beyond the tolerance,
-and one last line with the verdict. Nothing is written.
+Takes a few train steps with op determinism on, on one replica and on two (two GPUs when there are, else two
+logical CPUs), the same global batches, the same global batch size and learning rate (a per-replica batch or a
+replica-scaled learning rate is fixed at the two-replica value on both sides). Each step starts both sides from the
+same weights and optimizer state (the one-replica side's), so rounding cannot grow from step to step, and compares
+every model and optimizer variable's one-step update against what rounding explains at that step
+(loops/rounding.py: the one-replica side once more with every weight moved by one rounding). Prints the largest
+differences and one last line with the verdict. Nothing is written.
 
 What it catches: a loss reduced over the replica's batch (tf.reduce_mean, batch statistics, local negatives), a
-gradient used before the all-reduce (SAM's ε, clipping in the step), randomness keyed on the replica, BatchNorm
-statistics of the replica's rows, random layers drawing from Keras' seed state. A FAIL names its cause: the
-suspects the build shows (unsynchronized BatchNorm, unkeyed random layers) are turned off one at a time on both
-sides, and the one whose absence makes them agree is named as confirmed; gradient clipping ops in the step are
-named; inf or NaN on one side or both is named as such (no sum order makes a finite value infinite); else the step's
-own reductions.
+gradient used before the all-reduce (SAM's epsilon, clipping in the step), randomness keyed on the replica, BatchNorm
+statistics of the replica's rows, random layers drawing from Keras' seed state. A FAIL names its cause: inf or NaN
+on one side or both first (no sum order makes a finite value infinite); then the first layer whose output differs
+at the first step that differs (loops/first_difference.py), or the per-example loss, or the gradients; the suspects
+the build shows (unsynchronized BatchNorm, unkeyed random layers) turned off one at a time on both sides, the one
+whose absence makes them agree named as confirmed; gradient clipping ops in the step.
 """
 
 import dataclasses
 import re
-
 
 import keras
 import numpy as np
@@ -25,6 +26,8 @@ import tensorflow as tf
 
 from loops import build as build_lib
 from loops import check as check_lib
+from loops import first_difference
+from loops import rounding
 from loops.distribute import cluster
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
@@ -33,17 +36,15 @@ from loops.modeling import optimizers as optimizers_lib
 from loops.modeling import random_layers
 from loops import private_apis
 
-TOLERANCE = 1e-3  # largest relative difference of an update (float32 sums in another order stay below 1e-4)
-# Under mixed precision a replica's partial sums are rounded to 16 bits before the all-reduce: measured on digits
-# after 3 steps, up to 6e-2 (float16 with clipping) and 5e-2 (bfloat16); a cross-replica mistake gives 0.5-3.
-PRECISION_TOLERANCE = {"float16": 0.25, "bfloat16": 0.25}
 STEPS = 3
+OTHERS = 2  # replicas (or workers) of the other side
 SIDES = {"replicas": ("1", "2 replicas"), "workers": ("1 device", "2 workers")}
 
 
 def variant(config, replicas, steps):
-  """The config on `replicas` replicas of this machine, deterministic, for `steps` steps, no tf.data service."""
-  c = config.copy_and_resolve_references()
+  """The config on `replicas` replicas of this machine, deterministic, for `steps` steps, no tf.data service, at the
+  settings both sides share (like_with_like)."""
+  c = like_with_like(config)
   gpus = len(tf.config.list_physical_devices("GPU"))
   c.strategy = "mirrored" if replicas > 1 else "one_device"
   if gpus >= 2:
@@ -56,35 +57,94 @@ def variant(config, replicas, steps):
   return c
 
 
+def like_with_like(config, others=OTHERS):
+  """The config both sides run: the global batch and learning rate the other side's `others` replicas get (a
+  per-replica batch and a replica-scaled learning rate would otherwise differ by design); the scaling rule then off."""
+  c = config.copy_and_resolve_references()
+  if c.train.global_batch_size is None and c.train.per_replica_batch_size:
+    c.train.global_batch_size, c.train.per_replica_batch_size = c.train.per_replica_batch_size * others, None
+  if c.optimizer.lr_scaling != "none":
+    c.optimizer.learning_rate = optimizers_lib.scaled_learning_rate(c.optimizer, c.train.global_batch_size, others)
+    c.optimizer.lr_scaling = "none"
+  return c
+
+
+def settings_line(config, kind="replicas", others=OTHERS):
+  """What both sides run, said before the verdict: the global batch, the learning rate and where they come from."""
+  c = like_with_like(config, others)
+  line = f"both sides: global batch {c.train.global_batch_size}"
+  if config.train.global_batch_size is None and config.train.per_replica_batch_size:
+    line += f" (train.per_replica_batch_size={config.train.per_replica_batch_size} x {others} {kind})"
+  line += f", learning rate {c.optimizer.learning_rate:g}"
+  if config.optimizer.lr_scaling != "none":
+    line += f" (optimizer.lr_scaling={config.optimizer.lr_scaling} at {others} {kind}, on both)"
+  return line
+
+
 @dataclasses.dataclass(frozen=True)
 class Suspects:
   """What in a build makes N replicas differ from one by construction (paths), and clipping ops in its step."""
   batchnorm: tuple = ()  # BatchNormalization layers of trained models, not synchronized: the replica's statistics
-  random: tuple = ()  # layers drawing from Keras' seed state: one draw for every replica
+  random: tuple = ()  # layers drawing from Keras' seed state (one draw for every replica) that take `training`
   clipping: tuple = ()  # gradient clipping in the step (name scopes), before the optimizers' cross-replica sum
 
 
+class Side:
+  """One side of a check: a build of the config whose steps are taken one at a time, from its own state or from
+  given ones. turn_off: suspects removed first ("batchnorm": synchronized, "random": in inference mode); role: this
+  process's cluster.ClusterRole (a worker of loops/worker_check.py), default local; strategy: as build_lib.build's
+  (None: started for this config)."""
+
+  def __init__(self, config, turn_off=(), role=None, strategy=None):
+    check_lib.check(config)
+    strategy_lib.configure_devices(config)
+    self.config = config
+    self.parts = build_lib.build(config, role or cluster.ClusterRole(), strategy=strategy)
+    _turn_off(self.parts, turn_off)
+    self.variables = _named_variables(self.parts)
+    self.paths = {key: f"{key[0]}: {v.path}" for key, v in self.variables.items()}
+    self.execution = execution_lib.make(self.parts, config)
+
+  def state(self):
+    return {key: v.numpy().copy() for key, v in self.variables.items()}
+
+  def load(self, state, nudge=0.0):
+    """Every variable set to `state` (those it holds); with nudge, each model weight then moved by that relative
+    size, up or down at random (seeded)."""
+    for key, variable in self.variables.items():
+      if key not in state:
+        continue
+      value = state[key]
+      if nudge and key[0].startswith("model") and value.dtype.kind == "f":
+        rng = np.random.default_rng([self.config.seed, key[1], len(key[0])])
+        value = value * (1 + rng.choice(np.array([-nudge, nudge], value.dtype), value.shape))
+      variable.assign(value)
+
+  def steps(self, count, starts=None, nudge=0.0):
+    """[(start, final)] of `count` steps taken one at a time: from its own state, or each from starts[k] (nudged)."""
+    taken = []
+    for k in range(count):
+      if starts is not None:
+        self.load(starts[k], nudge)
+      start = self.state()
+      self.execution.train(1)
+      taken.append((start, self.state()))
+    return taken
+
+  def suspects(self):
+    return Suspects(batchnorm=tuple(l.path for l in _unsynchronized_batchnorm(self.parts)),
+                    random=tuple(l.path for m in self.parts.models.values() for l in random_layers.unkeyed(m)
+                                 if random_layers.can_turn_off(l)),
+                    clipping=clipping_scopes(self.execution.train_graph_def(1)))
+
+
 def trained_values(config, steps, role=None, strategy=None):
-  """{key: (initial, final, path)} of every model and optimizer variable after `steps` steps. role: this process's
-  cluster.ClusterRole (a worker of loops/worker_check.py), default local; strategy: as build_lib.build's."""
-  return train(config, steps, role=role, strategy=strategy)[0]
-
-
-def train(config, steps, turn_off=(), role=None, strategy=None):
-  """(trained_values, Suspects) of this config; turn_off: suspects removed first ("batchnorm": synchronized,
-  "random": in inference mode); strategy: as build_lib.build's (None: started for this config)."""
-  check_lib.check(config)
-  strategy_lib.configure_devices(config)
-  parts = build_lib.build(config, role or cluster.ClusterRole(), strategy=strategy)
-  _turn_off(parts, turn_off)
-  variables = _named_variables(parts)
-  initial = {key: v.numpy().copy() for key, v in variables.items()}
-  execution = execution_lib.make(parts, config)
-  execution.train(steps)
-  suspects = Suspects(batchnorm=tuple(l.path for l in _unsynchronized_batchnorm(parts)),
-                      random=tuple(l.path for m in parts.models.values() for l in random_layers.unkeyed(m)),
-                      clipping=clipping_scopes(execution.train_graph_def(steps)))
-  return {key: (initial[key], v.numpy(), f"{key[0]}: {v.path}") for key, v in variables.items()}, suspects
+  """{key: (initial, final, path)} of every model and optimizer variable after `steps` steps in one call."""
+  side = Side(config, role=role, strategy=strategy)
+  initial = side.state()
+  side.execution.train(steps)
+  final = side.state()
+  return {key: (initial[key], final[key], side.paths[key]) for key in initial}
 
 
 def _unsynchronized_batchnorm(parts):
@@ -99,7 +159,8 @@ def _turn_off(parts, kinds):
       model_lib.synchronize_batchnorm(model)
     if "random" in kinds:
       for layer in random_layers.unkeyed(model):
-        random_layers.in_inference_mode(layer)
+        if random_layers.can_turn_off(layer):
+          random_layers.in_inference_mode(layer)
 
 
 def clipping_scopes(graph_def):
@@ -126,20 +187,45 @@ def _named_variables(parts):
   return named
 
 
-def relative_differences(one, two):
-  """{path: max|Δ1 - Δ2| / max|Δ1|} for the updates Δ = final - initial (0 where neither run changed it)."""
-  differences = {}
-  for key, (initial, final_one, path) in one.items():
-    initial_two, final_two, _ = two[key]
-    if initial.shape != initial_two.shape or not np.array_equal(initial, initial_two):
-      differences[path] = float("inf")  # not the same start: the check itself cannot compare
-      continue
-    update_one = final_one.astype(np.float64) - initial
-    update_two = final_two.astype(np.float64) - initial
-    scale = np.max(np.abs(update_one)) if update_one.size else 0.0
-    gap = np.max(np.abs(update_one - update_two)) if update_one.size else 0.0
-    differences[path] = 0.0 if gap == 0 else float(gap / scale) if scale else float("inf")
-  return differences
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+  """The two sides' steps from the same starts, the floor run's, and the verdict."""
+  one: list  # [(start, final)] of the one-replica (one-device) side
+  two: list  # [final] of the other side, each step from one's start
+  floor: list  # [(nudged start, final)] of the floor run
+  paths: dict
+  suspects: Suspects
+  verdict: rounding.Verdict
+  layers: dict  # {place: path} of the one-device side's layers (first_difference.places)
+
+
+def judged(one, two, floor, paths, precision=None):
+  """The rounding.Verdict of every step: a key only one side has differs without bound."""
+  rows = []
+  for k, ((start, final), final_two, (floor_start, floor_final)) in enumerate(zip(one, two, floor)):
+    common = {key: start[key] for key in start if key in final_two}
+    rows += rounding.step_rows(k + 1, rounding.updates(common, final), rounding.updates(common, final_two),
+                               rounding.updates(floor_start, floor_final), paths, rounding.MINIMUM[precision])
+    rows += [rounding.Row(k + 1, f"{paths.get(key, key)} (only on one side)", float("inf"), 0.0)
+             for key in set(start) ^ set(final_two)]
+  return rounding.Verdict(tuple(rows))
+
+
+def compare(config, steps, turn_off=()):
+  """The Comparison of 1 vs 2 replicas of this process."""
+  one_config = variant(config, 1, steps)
+  side = Side(one_config, turn_off)
+  one = side.steps(steps)
+  starts = [start for start, _ in one]
+  floor = Side(one_config, turn_off).steps(steps, starts, rounding.NUDGE[config.mixed_precision])
+  two = [final for _, final in Side(variant(config, 2, steps), turn_off).steps(steps, starts)]
+  return judged_comparison(one, two, floor, side, config)
+
+
+def judged_comparison(one, two, floor, side, config):
+  return Comparison(one, two, floor, side.paths, side.suspects(),
+                    judged(one, two, floor, side.paths, config.mixed_precision),
+                    {place: layer.path for place, layer in first_difference.places(side.parts.models).items()})
 
 
 def non_finite(one, two):
@@ -151,6 +237,14 @@ def non_finite(one, two):
       if any(bad):
         sides[path] = "both" if all(bad) else "one" if bad[0] else "two"
   return sides
+
+
+def non_finite_at(comparison, step):
+  """non_finite of both sides' finals at `step` (1-based)."""
+  (start, final), final_two = comparison.one[step - 1], comparison.two[step - 1]
+  path = comparison.paths
+  return non_finite({key: (start[key], final[key], path[key]) for key in final},
+                    {key: (start[key], final_two[key], path[key]) for key in final_two if key in start})
 
 
 def non_finite_cause(sides, kind="replicas", shown=3):
@@ -172,45 +266,47 @@ def non_finite_cause(sides, kind="replicas", shown=3):
 
 REDUCTION = ("the step reduces over the replica's own batch somewhere (see loops/task/context.py: ctx.average, "
              "ctx.all_gather, ctx.sum_over_replicas, ctx.normal)")
+FLOOR = ("the one-replica side's step taken again with every weight moved by one rounding; x{margin:g}")
 
 
-def beyond_tolerance(differences, tolerance=TOLERANCE):
-  return [path for path, value in differences.items() if not value <= tolerance]
-
-
-def report(differences, steps, tolerance=TOLERANCE, shown=8, kind="replicas", cause=REDUCTION):
-  """(passed, lines): the largest differences, the first beyond the tolerance, the verdict last (a FAIL with its
-  cause). kind: "replicas" (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker processes)."""
+def report(verdict, steps, kind="replicas", cause=REDUCTION, shown=8):
+  """(passed, lines): the largest differences over what rounding explains, the verdict last (a FAIL with its
+  first step and cause). kind: "replicas" (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker
+  processes)."""
   one, two = SIDES[kind]
-  ordered = sorted(differences.items(), key=lambda item: -item[1])
-  lines = [f"largest relative differences of the updates after {steps} steps ({one} vs {two}):"]
-  lines += [f"  {value:10.3e}  {path}" for path, value in ordered[:shown]]
-  beyond = beyond_tolerance(differences, tolerance)
-  if beyond:
-    lines.append(f"first variable beyond the tolerance {tolerance:g}: {beyond[0]} ({differences[beyond[0]]:.3e})")
-    lines.append(f"{kind}: FAIL: {len(beyond)} of {len(differences)} variables differ on {two} (largest "
-                 f"{ordered[0][1]:.3e} in {ordered[0][0]}): {cause}")
-    return False, lines
-  largest = f"{ordered[0][1]:.3e} in {ordered[0][0]}" if ordered else "no variables"
-  lines.append(f"{kind}: PASS: {one} and {two} agree on all {len(differences)} variables after {steps} steps "
-               f"(largest relative difference {largest}; tolerance {tolerance:g})")
-  return True, lines
+  floor = FLOOR.format(margin=rounding.MARGIN).replace("one-replica", "one-device" if kind == "workers" else
+                                                        "one-replica")
+  lines = [f"each of {steps} steps from the same weights; the one-step updates' RMS difference per variable, "
+           f"against what rounding explains ({floor}):"]
+  lines += [f"  step {row.step:<3d} {row.difference:9.2e} of {row.explained:9.2e}  {row.path}"
+            for row in verdict.worst(shown)]
+  worst, = verdict.worst(1) or [None]
+  if worst is None:
+    return True, lines + [f"{kind}: PASS: there are no variables to compare"]
+  measured = f"rounding explains up to {worst.explained:.2e}; the sides differ by {worst.difference:.2e}"
+  if verdict.passed:
+    lines.append(f"{kind}: PASS: {one} and {two} agree on all {verdict.variables} variables at each of {steps} "
+                 f"steps ({measured} in {worst.path} at step {worst.step})")
+    return True, lines
+  step = verdict.first_step
+  beyond = verdict.variables_beyond(step)
+  first, = verdict.worst(1, step)
+  lines.append(f"{kind}: FAIL: {len(beyond)} of {verdict.variables} variables differ on {two} from step {step} "
+               f"(rounding explains up to {first.explained:.2e}; the sides differ by {first.difference:.2e} in "
+               f"{first.path}): {cause}")
+  return False, lines
 
 
-def diagnose(suspects, agree_without=None):
-  """The cause a FAIL names. agree_without(kind) -> True when both sides agree with that suspect turned off (None:
-  no such rerun; the suspects are then named as likely)."""
-  found = [kind for kind in ("batchnorm", "random") if getattr(suspects, kind)]
-  for kind in found:
-    if agree_without is not None and agree_without(kind):
-      return f"cause: {_described(kind, suspects)} (confirmed: {TURNED_OFF[kind]}, the two agree); fix: {FIXES[kind]}"
+def diagnose(suspects):
+  """The likely cause a FAIL names when no rerun locates it (--check=workers): clipping in the step, else the
+  suspects of the build, else the step's own reductions."""
   if suspects.clipping:
     return (f"likely cause: the step clips gradients before the cross-replica sum ({', '.join(suspects.clipping)}); "
             f"fix: {FIXES['clipping']}")
-  if found and agree_without is None:
+  found = [kind for kind in ("batchnorm", "random") if getattr(suspects, kind)]
+  if found:
     return "likely cause: " + "; ".join(f"{_described(k, suspects)} (fix: {FIXES[k]})" for k in found)
-  ruled_out = f" ({' and '.join(_described(k, suspects) for k in found)} ruled out: turned off, they still differ)"
-  return REDUCTION + (ruled_out if found else "")
+  return REDUCTION
 
 
 def _described(kind, suspects, shown=3):
@@ -223,7 +319,8 @@ WHAT = {"batchnorm": "BatchNormalization with each replica's own batch statistic
         "random": "random layers drawing the same values on every replica (Keras' seed state)"}
 TURNED_OFF = {"batchnorm": "synchronized", "random": "in inference mode"}
 FIXES = {
-    "batchnorm": "--config.model.sync_batchnorm=True (every model of the task), or accept per-replica statistics",
+    "batchnorm": ("--config.model.sync_batchnorm=True (every model of the task), or accept per-replica statistics "
+                  "(a difference by design, not a bug)"),
     "random": ("Dropout, SpatialDropout, GaussianNoise, GaussianDropout and AlphaDropout draw per example; draw "
                "other noise in the step with ctx.normal or ctx.keyed_draws"),
     "clipping": ("clip with optimizer.global_clipnorm or ctx.optimizer(global_clipnorm=...), which clips the "
@@ -247,34 +344,67 @@ OTHER_STRATEGIES = {
 }
 
 
-def tolerance_for(config):
-  """TOLERANCE, or a mixed precision's (its rounding before the all-reduce)."""
-  return PRECISION_TOLERANCE.get(config.mixed_precision, TOLERANCE)
-
-
-def run(config, steps=None, tolerance=None, out=print):
-  """Runs both and prints the report; returns True when they agree. steps: default steps_for(config);
-  tolerance: default tolerance_for(config)."""
+def run(config, steps=None, out=print):
+  """Runs both sides and prints the report; returns True when they agree. steps: default steps_for(config)."""
   steps = steps or steps_for(config)
-  tolerance = tolerance or tolerance_for(config)
   if config.strategy not in ("one_device", "mirrored"):
     out(f"note: strategy={config.strategy}: this check runs the same step on one_device and on mirrored x2 in "
         f"this process{OTHER_STRATEGIES.get(config.strategy, '')}")
   strategy_lib.configure_devices(variant(config, 2, steps))  # both logical CPUs before TensorFlow starts
+  check_lib.check(variant(config, 2, steps))  # a setting the two-replica side refuses: one line, before training
+  out(settings_line(config))
   with build_lib.determinism_restored():
-    differences, suspects, sides = _compare(config, steps)
-    cause = REDUCTION
-    if beyond_tolerance(differences, tolerance):
-      cause = non_finite_cause(sides) or diagnose(
-          suspects, lambda kind: not beyond_tolerance(_compare(config, steps, (kind,))[0], tolerance))
-  passed, lines = report(differences, steps, tolerance, cause=cause)
+    comparison = compare(config, steps)
+    cause = REDUCTION if comparison.verdict.passed else cause_of(config, steps, comparison)
+  passed, lines = report(comparison.verdict, steps, cause=cause)
   for line in lines:
     out(line)
   return passed
 
 
-def _compare(config, steps, turn_off=()):
-  """(relative differences of 1 vs 2 replicas, the Suspects of the one-replica build, non_finite's sides)."""
-  one, suspects = train(variant(config, 1, steps), steps, turn_off)
-  two, _ = train(variant(config, 2, steps), steps, turn_off)
-  return relative_differences(one, two), suspects, non_finite(one, two)
+def cause_of(config, steps, comparison):
+  """What a FAIL names: inf or NaN first; else where the sides part (loops/first_difference.py), a suspect found
+  there confirmed by turning it off on both sides."""
+  step = comparison.verdict.first_step
+  cause = non_finite_cause(non_finite_at(comparison, step))
+  if cause:
+    return cause
+  finding, task = locate(config, steps, comparison)
+  return named_cause(finding, first_difference.described(finding, task, config, step), comparison.suspects,
+                     lambda kind: compare(config, steps, (kind,)).verdict.passed)
+
+
+def locate(config, steps, comparison):
+  """(first_difference.Finding, the task) at the check's first differing step: both sides and the floor run built
+  again without XLA (a recorded step cannot be compiled), each taking the steps up to it from the check's starts."""
+  starts = [start for start, _ in comparison.one][:comparison.verdict.first_step]
+  side_of = lambda replicas: lambda: Side(_probed(variant(config, replicas, steps)))
+  one, task = first_difference.recorded(side_of(1), starts)
+  two, _ = first_difference.recorded(side_of(2), starts)
+  floor, _ = first_difference.recorded(side_of(1), starts, rounding.NUDGE[config.mixed_precision])
+  finding = first_difference.first(one, two, floor, rounding.MINIMUM[config.mixed_precision])
+  where = comparison.layers.get(finding.place.split("#")[0])
+  if where:  # the path as the check's own build numbered it (Keras numbers paths per process)
+    call = finding.where.rsplit(" (call ", 1)
+    finding = dataclasses.replace(finding, where=where + (f" (call {call[1]}" if len(call) > 1 else ""))
+  return finding, task
+
+
+def _probed(config):
+  config.jit_compile, config.deterministic = False, True
+  return config
+
+
+def named_cause(finding, where, suspects, agree_without):
+  """The cause of a FAIL from where the sides part: a suspect of the build found there is confirmed (or not) by
+  turning it off on both sides; clipping ops in the step name the likely cause of differing gradients."""
+  kind = finding.kind
+  if kind in ("batchnorm", "random") and getattr(suspects, kind):
+    if agree_without(kind):
+      return f"cause: {_described(kind, suspects)} (confirmed: {TURNED_OFF[kind]}, the two agree); fix: {FIXES[kind]}; {where}"
+    return (f"cause: {where} ({_described(kind, suspects)} {TURNED_OFF[kind]}: the sides still differ beyond "
+            f"rounding, so not the only cause)")
+  if kind == "gradients" and suspects.clipping:
+    return (f"likely cause: the step clips gradients before the cross-replica sum ({', '.join(suspects.clipping)}); "
+            f"fix: {FIXES['clipping']}; {where}")
+  return f"cause: {where}"

@@ -1,7 +1,8 @@
 """`main.py --check=workers`: does this task and config compute on 2 worker processes what it computes on one device?
 
-The proof of `--check=replicas` (loops/replica_check.py: same initial weights, op determinism, a few steps, every
-model and optimizer variable's UPDATE compared by relative difference, the verdict last) across processes: one
+The proof of `--check=replicas` (loops/replica_check.py: op determinism, a few steps each taken from the same weights,
+every model and optimizer variable's one-step update judged against what rounding explains, the verdict last)
+across processes: one
 device in this process against multi_worker_mirrored on 2 worker processes on this machine (TF_CONFIG on loopback
 ports, started by launch/local.py; one CPU replica each, GPUs hidden from them, so the one-device side runs on the
 CPU too), as users run several workers. What it adds to the replica check: the cross-worker reductions, each
@@ -9,7 +10,8 @@ worker's own input shard, a state kept per process.
 
 This process writes the workers' configs (the resolved variants themselves, pickled: the workers train exactly what
 was checked here, command-line overrides included) to a private temporary directory and runs the one-device side
-while they train; the chief writes its {key: (initial, final)} there, read back once both workers have ended.
+while they start and build; it writes the start of each of its steps there, the workers take each step from it, and
+the chief writes their finals there, read back once both workers have ended.
 The workers end within `timeout_seconds`, and with this process (their process group is stopped on every way out,
 SIGTERM included; a SIGKILL of this process reaches them through the kernel's parent-death signal on Linux).
 
@@ -40,7 +42,9 @@ from errors import ConfigError, first_line
 from launch import local
 from loops import build as build_lib
 from loops import check as check_lib
+from loops import first_difference
 from loops import replica_check
+from loops import rounding
 from loops.distribute import checks as distribute_checks
 from loops.distribute import cluster
 from loops.distribute import startup
@@ -55,29 +59,31 @@ CONFIGS = "configs.pkl"
 SHOWN_LINES = 20  # a failed worker's last output lines, printed to stderr
 
 
-def run(config, steps=None, tolerance=None, out=print, timeout_seconds=TIMEOUT_SECONDS):
+def run(config, steps=None, out=print, timeout_seconds=TIMEOUT_SECONDS):
   """Runs both sides and prints the report (verdict last); returns True when they agree.
 
   Raises:
     ConfigError: strategy=parameter_server (asynchronous: its updates are not those of one device), a setting the
       check cannot run, or a worker that failed or did not end in time (its last lines printed to stderr first).
   """
-  (passed, lines), = compare([config], steps, tolerance, timeout_seconds)
+  (passed, lines), = compare([config], steps, timeout_seconds)
+  out(replica_check.settings_line(config, "workers", WORKERS))
   for line in lines:
     out(line)
   return passed
 
 
-def compare(configs, steps=None, tolerance=None, timeout_seconds=TIMEOUT_SECONDS):
+def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
   """[(passed, report lines)] of each config: its one-device side in this process while a pair of worker processes
   trains it. Configs of the same strategy settings share one pair (each TensorFlow start costs seconds): each worker
   starts its multi-worker strategy once and trains them in turn on it (a second strategy in one process would
   re-enable its collective ops while its peer may already call on them: 'Socket closed' in CompleteGroup, measured
   under load). Every config is checked before any worker starts. steps: default replica_check.steps_for(config);
-  tolerance: default replica_check.tolerance_for(config); timeout_seconds: per config."""
+  timeout_seconds: per config."""
   for config in configs:
     refuse_asynchronous(config)
   counts = [steps or replica_check.steps_for(config) for config in configs]
+  strategy_lib.configure_devices(replica_check.variant(configs[0], 2, counts[0]))  # where a FAIL is located
   ones = [one_device(config, n) for config, n in zip(configs, counts)]
   twos = [two_workers(config, n) for config, n in zip(configs, counts)]
   for config in ones + twos:
@@ -89,14 +95,25 @@ def compare(configs, steps=None, tolerance=None, timeout_seconds=TIMEOUT_SECONDS
     with build_lib.determinism_restored():
       here, there = alongside_workers([twos[n] for n in pair], functools.partial(train_each, ones, counts, pair),
                                       timeout_seconds * len(pair))
-    for n, (values, suspects), theirs in zip(pair, here, there):
-      reports[n] = _report(values, theirs, suspects, counts[n], tolerance or replica_check.tolerance_for(configs[n]))
+    for n, (one, floor, side), theirs in zip(pair, here, there):
+      comparison = replica_check.judged_comparison(one, theirs, floor, side, configs[n])
+      with build_lib.determinism_restored():
+        reports[n] = _report(comparison, configs[n], counts[n])
   return reports
 
 
-def train_each(configs, counts, indices):
-  """[replica_check.train of each indexed config], in turn in this process."""
-  return [replica_check.train(configs[n], counts[n]) for n in indices]
+def train_each(configs, counts, indices, directory):
+  """[(steps, floor steps, Side)] of each indexed config in turn in this process: the one-device side's steps
+  (each step's start written to `directory` for the workers at once), then the rounding floor's."""
+  done = []
+  for n in indices:
+    side = replica_check.Side(configs[n])
+    one = side.steps(counts[n])
+    starts = [start for start, _ in one]
+    save_states(starts_path(directory, n), starts)
+    floor = replica_check.Side(configs[n]).steps(counts[n], starts, rounding.NUDGE[configs[n].mixed_precision])
+    done.append((one, floor, side))
+  return done
 
 
 def sharing_a_pair(twos):
@@ -110,15 +127,29 @@ def sharing_a_pair(twos):
   return list(pairs.values())
 
 
-def _report(values, there, suspects, steps, tolerance):
-  """The replica check's report for the workers; a FAIL names the likely cause from the one-device build (inf or
-  NaN on a side first)."""
-  differences = compared(values, there)
+def _report(comparison, config, steps):
+  """The replica check's report for the workers. A FAIL names inf or NaN on a side first; else where the sides
+  part, located on 2 replicas of this process (the step's causes are the same; a difference that only workers
+  show, such as what each reads, is then said to be one)."""
   cause = replica_check.REDUCTION
-  if replica_check.beyond_tolerance(differences, tolerance):
-    sides = replica_check.non_finite(values, there)
-    cause = replica_check.non_finite_cause(sides, kind="workers") or replica_check.diagnose(suspects)
-  return replica_check.report(differences, steps, tolerance, kind="workers", cause=cause)
+  if not comparison.verdict.passed:
+    sides = replica_check.non_finite_at(comparison, comparison.verdict.first_step)
+    cause = replica_check.non_finite_cause(sides, kind="workers") or located(comparison, config, steps)
+  return replica_check.report(comparison.verdict, steps, kind="workers", cause=cause)
+
+
+def located(comparison, config, steps):
+  """replica_check's cause of the FAIL, from 2 replicas of this process (its logical CPUs: set up in compare)."""
+  if len(tf.config.list_logical_devices("CPU")) < 2 and len(tf.config.list_logical_devices("GPU")) < 2:
+    return replica_check.diagnose(comparison.suspects)
+  finding, task = replica_check.locate(config, steps, comparison)
+  if finding.kind == "gradients" and not comparison.suspects.clipping:
+    return (f"on 2 replicas of this process every layer's output and the loss agree with one device at step "
+            f"{comparison.verdict.first_step}: the gradients are changed before the cross-replica sum, or the "
+            f"difference comes from the workers themselves (what each reads, a state kept per process)")
+  return "on 2 replicas of this process: " + replica_check.named_cause(
+      finding, first_difference.described(finding, task, config, comparison.verdict.first_step),
+      comparison.suspects, lambda kind: replica_check.compare(config, steps, (kind,)).verdict.passed)
 
 
 def refuse_asynchronous(config):
@@ -144,20 +175,10 @@ def two_workers(config, steps):
   return c
 
 
-def compared(one, two):
-  """replica_check.relative_differences over the keys both sides have; a variable only one side made is inf."""
-  common = {key: value for key, value in one.items() if key in two}
-  differences = replica_check.relative_differences(common, two)
-  for key in set(one) ^ set(two):
-    side = one if key in one else two
-    differences[f"{side[key][2]} (only on {'1 device' if side is one else '2 workers'})"] = float("inf")
-  return differences
-
-
 def alongside_workers(configs, work, timeout_seconds=TIMEOUT_SECONDS):
-  """(work(), [each config's values on the workers]): 2 worker processes train `configs` in turn on one strategy
-  (each config resolved, multi_worker_mirrored, train.steps the steps; their strategy settings alike: see compare)
-  while this process runs `work`."""
+  """(work(directory), [each config's finals on the workers]): 2 worker processes train `configs` in turn on one
+  strategy (each config resolved, multi_worker_mirrored, train.steps the steps; their strategy settings alike: see
+  compare), each step from the start `work` writes to `directory` (save_states(starts_path(directory, n), ...))."""
   directory = tempfile.mkdtemp(prefix="worker_check-")
   workers = Workers(directory)
   try:
@@ -165,11 +186,11 @@ def alongside_workers(configs, work, timeout_seconds=TIMEOUT_SECONDS):
     with stopped_by_sigterm():
       workers.start()
       try:
-        result = work()
+        result = work(directory)
         workers.finish(time.monotonic() + timeout_seconds, timeout_seconds)
       finally:
         workers.stop()
-    return result, [load_values(directory, n) for n in range(len(configs))]
+    return result, [load_states(values_path(directory, n)) for n in range(len(configs))]
   finally:
     shutil.rmtree(directory, ignore_errors=True)
 
@@ -300,16 +321,23 @@ def load_configs(directory):
 
 
 def values_path(directory, n):
-  """Where the chief writes config n's values."""
+  """Where the chief writes config n's finals."""
   return os.path.join(directory, f"values-{n}.npz")
 
 
-def save_values(path, values):
-  """{(owner, index): (initial, final, path)} as one .npz (keys as JSON), written whole then renamed."""
-  keys = list(values)
-  arrays = {"keys": np.array(json.dumps([[owner, index, values[owner, index][2]] for owner, index in keys]))}
-  for n, key in enumerate(keys):
-    arrays[f"initial_{n}"], arrays[f"final_{n}"] = values[key][0], values[key][1]
+def starts_path(directory, n):
+  """Where this process writes the start of each of config n's steps."""
+  return os.path.join(directory, f"starts-{n}.npz")
+
+
+def save_states(path, states):
+  """[{(owner, index): array}] as one .npz (keys as JSON), written whole then renamed."""
+  keys = sorted({key for state in states for key in state})
+  arrays = {"keys": np.array(json.dumps(keys)), "steps": np.array(len(states))}
+  for k, state in enumerate(states):
+    for n, key in enumerate(keys):
+      if key in state:
+        arrays[f"{k}_{n}"] = state[key]
   buffer = io.BytesIO()
   np.savez(buffer, **arrays)
   with tf.io.gfile.GFile(path + ".partial", "wb") as f:
@@ -317,13 +345,21 @@ def save_values(path, values):
   tf.io.gfile.rename(path + ".partial", path, overwrite=True)
 
 
-def load_values(directory, n):
-  """What save_values wrote for config n (the chief's)."""
-  with tf.io.gfile.GFile(values_path(directory, n), "rb") as f:
+def load_states(path):
+  """What save_states wrote."""
+  with tf.io.gfile.GFile(path, "rb") as f:
     arrays = np.load(io.BytesIO(f.read()), allow_pickle=False)
-    keys = json.loads(str(arrays["keys"]))
-    return {(owner, index): (arrays[f"initial_{n}"], arrays[f"final_{n}"], path)
-            for n, (owner, index, path) in enumerate(keys)}
+    keys = [tuple(key) for key in json.loads(str(arrays["keys"]))]
+    return [{key: arrays[f"{k}_{n}"] for n, key in enumerate(keys) if f"{k}_{n}" in arrays}
+            for k in range(int(arrays["steps"]))]
+
+
+def waited_for(path, poll_seconds=0.1):
+  """load_states(path) once the checking process has written it (it bounds the wait: it stops the workers at its
+  deadline, and they die with it)."""
+  while not tf.io.gfile.exists(path):
+    time.sleep(poll_seconds)
+  return load_states(path)
 
 
 def die_with_parent(parent_pid, directory):
@@ -335,8 +371,8 @@ def die_with_parent(parent_pid, directory):
 
 
 def worker_main(argv):
-  """The worker side: trains each config of DIRECTORY in turn on the strategy started for the first; the chief
-  writes each one's values there."""
+  """The worker side: trains each config of DIRECTORY in turn on the strategy started for the first, each step
+  from the start the checking process wrote; the chief writes each one's finals there."""
   directory, parent_pid = argv[1], int(argv[2])
   die_with_parent(parent_pid, directory)
   role = cluster.from_environment(source="tf_config")
@@ -347,9 +383,10 @@ def worker_main(argv):
     if strategy is None:
       strategy_lib.configure_devices(config)
       strategy = build_lib.start_strategy(config, role)
-    values = replica_check.trained_values(config, config.train.steps, role, strategy)
+    side = replica_check.Side(config, role=role, strategy=strategy)
+    finals = [final for _, final in side.steps(config.train.steps, waited_for(starts_path(directory, n)))]
     if role.is_chief:
-      save_values(values_path(directory, n), values)
+      save_states(values_path(directory, n), finals)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from loops import first_difference
 from loops import replica_check
 from loops.distribute import strategy as strategy_lib
 from loops.modeling import optimizers
@@ -144,31 +145,56 @@ TASKS = "tests.fixtures.split_sensitive_tasks:"
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("task, overrides, cause", [
+@pytest.mark.parametrize("task, overrides, cause, where", [
     ("TwoInputsWithBatchNorm", {}, "cause: BatchNormalization with each replica's own batch statistics "
-                                   "(batch_normalization"),
+                                   "(batch_normalization) (confirmed: synchronized, the two agree)",
+     "; the sides part first at batch_normalization at step 1: BatchNormalization normalizing with each replica's "
+     "own batch statistics (a difference by design, not a bug)"),
     ("WithUnkeyedNoise", {"model.sync_batchnorm": True},
-     "cause: random layers drawing the same values on every replica (Keras' seed state) (random_translation"),
+     "cause: random layers drawing the same values on every replica (Keras' seed state) (random_translation) "
+     "(confirmed: in inference mode, the two agree)",
+     "; the sides part first at random_translation at step 1: it draws random values that are not keyed per example"),
+    ("WithUnkeyedSampling", {},  # keras.io's VAE Sampling layer: keras.random.normal in a user's layer
+     "cause: the sides part first at encoder/sampling at step 1: it draws random values that are not keyed per "
+     "example", ""),
     ("ClipsInTheStep", {}, "likely cause: the step clips gradients before the cross-replica sum "
-                           "(while/clip_by_global_norm); fix: clip with optimizer.global_clipnorm"),
+                           "(while/clip_by_global_norm); fix: clip with optimizer.global_clipnorm",
+     "; every layer's output and the loss agree at step 1; the gradients differ: the step changes them before the "
+     "cross-replica sum"),
 ])
-def test_a_fail_names_its_cause(task, overrides, cause):
+def test_a_fail_names_its_cause_and_where_the_sides_part(task, overrides, cause, where):
   config = set_keys(load_config("tasks", "regression"), {"task.name": TASKS + task, **overrides})
   lines = []
   assert not replica_check.run(config, out=lines.append)
   verdict = lines[-1]
-  assert verdict.startswith("replicas: FAIL: ") and cause in verdict, verdict
-  assert ("confirmed" in verdict) == (not task.startswith("Clips")), verdict
+  assert verdict.startswith("replicas: FAIL: "), verdict
+  assert " variables differ on 2 replicas from step 1 (rounding explains up to " in verdict, verdict
+  assert cause in verdict and where in verdict, verdict
   assert replica_check.REDUCTION not in verdict, verdict
 
 
-def test_diagnosis_without_a_rerun_names_suspects_as_likely_and_a_rerun_can_rule_them_out():
-  suspects = replica_check.Suspects(batchnorm=("bn",), random=("flip",))
-  assert replica_check.diagnose(suspects).startswith("likely cause: BatchNormalization with each replica's own "
-                                                     "batch statistics (bn)")
-  ruled_out = replica_check.diagnose(suspects, agree_without=lambda kind: False)
-  assert ruled_out.startswith(replica_check.REDUCTION) and "ruled out: turned off, they still differ" in ruled_out
-  assert replica_check.diagnose(replica_check.Suspects(), agree_without=lambda kind: True) == replica_check.REDUCTION
+def test_a_suspect_found_where_the_sides_part_is_confirmed_by_turning_it_off_and_else_not_called_the_cause():
+  Finding = first_difference.Finding
+  suspects = replica_check.Suspects(batchnorm=("bn",), random=("flip",), clipping=("while/clip_by_global_norm",))
+  bn = Finding("batchnorm", "model/bn")
+  confirmed = replica_check.named_cause(bn, "WHERE", suspects, lambda kind: kind == "batchnorm")
+  assert confirmed.startswith("cause: BatchNormalization with each replica's own batch statistics (bn) (confirmed: "
+                              "synchronized, the two agree); fix: --config.model.sync_batchnorm=True"), confirmed
+  assert confirmed.endswith("; WHERE")
+  assert replica_check.named_cause(bn, "WHERE", suspects, lambda kind: False) == (
+      "cause: WHERE (BatchNormalization with each replica's own batch statistics (bn) synchronized: the sides still "
+      "differ beyond rounding, so not the only cause)")
+  gradients = replica_check.named_cause(Finding("gradients", ""), "WHERE", suspects, None)
+  assert gradients.startswith("likely cause: the step clips gradients before the cross-replica sum "
+                              "(while/clip_by_global_norm); fix: ") and gradients.endswith("; WHERE")
+  assert replica_check.named_cause(Finding("loss", "x"), "WHERE", suspects, None) == "cause: WHERE"
+  assert replica_check.named_cause(Finding("random", "m/sampling"), "WHERE", replica_check.Suspects(), None) == (
+      "cause: WHERE")  # a user's layer drawing tf.random: not a Keras seed-state suspect, named where it is
+  # without reruns (--check=workers) the suspects are named as likely
+  assert replica_check.diagnose(suspects).startswith("likely cause: the step clips gradients")
+  assert replica_check.diagnose(replica_check.Suspects(batchnorm=("bn",))).startswith(
+      "likely cause: BatchNormalization with each replica's own batch statistics (bn)")
+  assert replica_check.diagnose(replica_check.Suspects()) == replica_check.REDUCTION
 
 
 @pytest.mark.e2e

@@ -102,7 +102,7 @@ def test_two_replicas_compute_what_one_does(name):
   assert replica_check.run(case_config(name), out=lines.append), "\n".join(lines)
   assert lines[-1].startswith("replicas: PASS: 1 and 2 replicas agree on all "), lines[-1]
   if "update_every" in name:  # every variant ran: the generator's update is at step 4
-    assert "after 5 steps" in lines[-1], lines[-1]
+    assert "at each of 5 steps" in lines[-1], lines[-1]
 
 
 # one row per family, each on a pair of worker processes of its own: optimizer and clipping, data mixing,

@@ -105,12 +105,19 @@ def test_the_replica_check_passes_the_distillation_example(teacher):
   assert private_apis.op_determinism_enabled() == determinism  # left as it was (XLA's MaxPool gradient refuses it)
 
 
-@pytest.mark.parametrize("wrong, overrides", [
-    ("LocallyCentred", {}),  # a batch statistic of the replica's rows
-    ("LocalNegatives", {}),  # contrastive negatives from the replica only
-    ("MeanOverLocalBatch", {"optimizer.name": "sgd", "optimizer.learning_rate": 0.01}),  # tf.reduce_mean
+@pytest.mark.parametrize("wrong, overrides, located", [
+    ("LocallyCentred", {},  # a batch statistic of the replica's rows
+     "every layer's output agrees at step 1; the per-example loss differs: LocallyCentred.per_example_loss "
+     "(tests/fixtures/wrong_tasks.py:12) reduces over the replica's own rows"),
+    ("LocalNegatives", {},  # contrastive negatives from the replica only
+     "every layer's output agrees at step 1; the per-example loss differs: LocalNegatives.per_example_loss "
+     "(tests/fixtures/wrong_tasks.py:22) reduces over the replica's own rows"),
+    ("MeanOverLocalBatch", {"optimizer.name": "sgd", "optimizer.learning_rate": 0.01},  # tf.reduce_mean
+     "every layer's output agrees at step 1; the loss the step returns differs: MeanOverLocalBatch.train_step "
+     "(tests/fixtures/wrong_tasks.py:39) reduces over the replica's own rows"),
 ])
-def test_the_replica_check_fails_a_step_that_reduces_over_the_replica_batch(wrong, overrides):
+def test_the_replica_check_fails_a_step_that_reduces_over_the_replica_batch_and_names_its_loss(wrong, overrides,
+                                                                                                 located):
   base = "contrastive" if wrong == "LocalNegatives" else "regression"
   config = example_config(base)
   config.task.name = f"tests.fixtures.wrong_tasks:{wrong}"
@@ -119,8 +126,7 @@ def test_the_replica_check_fails_a_step_that_reduces_over_the_replica_batch(wron
     config[group][field] = value
   lines = []
   assert not replica_check.run(config, out=lines.append), "\n".join(lines)
-  assert lines[-1].startswith("replicas: FAIL: ")
-  assert any(line.startswith("first variable beyond the tolerance 0.001: ") for line in lines)
+  assert lines[-1].startswith("replicas: FAIL: ") and ": cause: " + located in lines[-1], lines[-1]
 
 
 def test_check_replicas_from_the_command_line_exits_1_with_the_verdict_last():

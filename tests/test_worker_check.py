@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from errors import ConfigError
+from loops import replica_check
 from loops import worker_check
 from tests.conftest import REPO, load_config, run_main
 
@@ -69,20 +70,25 @@ def test_the_workers_get_the_configs_as_checked_here(tmp_path):
   assert loaded.eval.every_steps == 20 and loaded.model.kwargs.width == 3
 
 
-def test_values_round_trip_and_keys_only_one_side_has_are_named(tmp_path):
-  values = {("model model", 0): (np.zeros((2, 3), np.float32), np.ones((2, 3), np.float32), "model model: d/kernel"),
-            ("optimizer model", 1): (np.zeros(3), np.full(3, 2.0), "optimizer model: adam/m")}
+def test_states_round_trip_and_keys_only_one_side_has_differ_without_bound(tmp_path):
+  states = [{("model model", 0): np.full((2, 3), k, np.float32), ("optimizer model", 1): np.full(3, 2.0 * k)}
+            for k in range(3)]
   path = worker_check.values_path(str(tmp_path), 0)
-  worker_check.save_values(path, values)
-  loaded = worker_check.load_values(str(tmp_path), 0)
-  assert set(loaded) == set(values) and not os.path.exists(path + ".partial")
-  for key, (initial, final, name) in values.items():
-    assert np.array_equal(loaded[key][0], initial) and np.array_equal(loaded[key][1], final)
-    assert loaded[key][0].dtype == initial.dtype and loaded[key][2] == name
-  assert set(worker_check.compared(values, loaded).values()) == {0.0}
-  fewer = dict(list(loaded.items())[:1])
-  assert worker_check.compared(values, fewer) == {"model model: d/kernel": 0.0,
-                                                  "optimizer model: adam/m (only on 1 device)": float("inf")}
+  worker_check.save_states(path, states)
+  loaded = worker_check.load_states(path)
+  assert len(loaded) == 3 and not os.path.exists(path + ".partial")
+  for state, back in zip(states, loaded):
+    assert set(back) == set(state)
+    for key, value in state.items():
+      assert np.array_equal(back[key], value) and back[key].dtype == value.dtype
+  one = [(states[k], states[k + 1]) for k in range(2)]
+  paths = {("model model", 0): "model model: d/kernel", ("optimizer model", 1): "optimizer model: adam/m"}
+  verdict = replica_check.judged(one, [states[1], states[2]], one, paths)
+  assert verdict.passed and {row.difference for row in verdict.rows} == {0.0}
+  fewer = [{key: value for key, value in state.items() if key[0] == "model model"} for state in states[1:]]
+  verdict = replica_check.judged(one, fewer, one, paths)
+  assert [(row.step, row.path) for row in verdict.beyond] == [(1, "optimizer model: adam/m (only on one side)"),
+                                                                (2, "optimizer model: adam/m (only on one side)")]
 
 
 def test_worker_env_keeps_the_users_and_sets_the_checks():
@@ -108,7 +114,7 @@ def test_a_failed_worker_is_named_with_its_last_line_and_the_other_is_stopped(mo
       time.sleep(60)""")
   started = time.monotonic()
   with pytest.raises(ConfigError, match=r"^--check=workers: worker 1 failed \(exit code 3\): ValueError: something"):
-    worker_check.alongside_workers([], lambda: None, timeout_seconds=60)
+    worker_check.alongside_workers([], lambda directory: None, timeout_seconds=60)
   assert time.monotonic() - started < 20
   assert "[worker:1] ValueError: something in the task" in capsys.readouterr().err
 
@@ -116,7 +122,7 @@ def test_a_failed_worker_is_named_with_its_last_line_and_the_other_is_stopped(mo
 def test_workers_past_the_timeout_are_stopped_with_one_line(monkeypatch):
   stand_in(monkeypatch, "import time; time.sleep(60)")
   with pytest.raises(ConfigError, match=r"^--check=workers: the 2 workers did not end within 1 s \(stopped\)"):
-    worker_check.alongside_workers([], lambda: None, timeout_seconds=1)
+    worker_check.alongside_workers([], lambda directory: None, timeout_seconds=1)
 
 
 def test_a_taken_port_starts_the_workers_once_more(monkeypatch, tmp_path):
@@ -128,7 +134,7 @@ def test_a_taken_port_starts_the_workers_once_more(monkeypatch, tmp_path):
         if not os.path.exists(os.path.join({str(tmp_path)!r}, "failed")):
           open(os.path.join({str(tmp_path)!r}, "failed"), "w").close()
           sys.exit("error: port 1 of worker 0 (127.0.0.1:1) is in use by another process")""")
-  assert worker_check.alongside_workers([], lambda: "done") == ("done", [])
+  assert worker_check.alongside_workers([], lambda directory: "done") == ("done", [])
   assert open(tmp_path / "starts").read() == "xx"  # worker 0 started twice
 
 
@@ -139,7 +145,7 @@ def test_sigterm_of_the_checking_process_stops_its_workers(tmp_path):
       from loops import worker_check
       code = "import os, sys, time; open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w'); time.sleep(120)"
       worker_check.worker_command = lambda directory, pid: [sys.executable, "-c", code]
-      worker_check.alongside_workers([], lambda: time.sleep(120))""")
+      worker_check.alongside_workers([], lambda directory: time.sleep(120))""")
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
   proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + 60

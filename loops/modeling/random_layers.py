@@ -15,6 +15,7 @@ keep Keras' draw: `unkeyed(model)` names them, and the replica check names them 
 """
 
 import contextlib
+import inspect
 import math
 import threading
 import zlib
@@ -41,6 +42,12 @@ def keyed(ctx):
     _ACTIVE.scope = previous
 
 
+def active_context():
+  """The StepContext of the step being traced in this thread (inside keyed), else None."""
+  scope = getattr(_ACTIVE, "scope", None)
+  return scope[0] if scope else None
+
+
 def key(model, model_name, seed):
   """Gives every keyable random layer of `model` (nested ones too) the keyed call; returns their paths."""
   keyed_paths = []
@@ -58,6 +65,11 @@ def unkeyed(model):
   return [layer for layer in private_apis.all_layers(model, include_self=False)
           if not getattr(layer.call, "keyed", False)
           and any(isinstance(value, keras.random.SeedGenerator) for value in vars(layer).values())]
+
+
+def can_turn_off(layer):
+  """Whether in_inference_mode can stop `layer` drawing: its call takes `training`."""
+  return "training" in inspect.signature(type(layer).call).parameters
 
 
 def in_inference_mode(layer):

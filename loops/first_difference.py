@@ -1,0 +1,222 @@
+"""Where the two sides of a replica check part: at the first step that differs, the first layer whose output differs
+beyond rounding, else the per-example loss (or a step's returned loss), else the gradients.
+
+Each side is built again and takes the steps up to that one from the same starts as in the check, with every Keras
+layer call recording its outputs (a `tf.py_function` beside each output, traced into the step; the rows put back in
+the order one device reads them) and the task's loss recording its value. A third build, its weights moved by one
+rounding (loops/rounding.py), is the floor each layer is judged against. The first layer in the order one device
+finishes them that differs is named with what it is: a BatchNormalization with per-replica statistics, a layer
+drawing random values (random ops traced inside it) that are not keyed per example, or a layer reducing over the
+replica's rows.
+"""
+
+import dataclasses
+import inspect
+import os
+import threading
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from loops import private_apis
+from loops import rounding
+from loops.modeling import random_layers
+
+LOSS = "the per-example loss"
+STEP_LOSS = "the loss the step returns"
+RANDOM_OPS = ("Random", "Multinomial", "TruncatedNormal", "ParameterizedTruncatedNormal")
+
+
+@dataclasses.dataclass(frozen=True)
+class Finding:
+  """What differs first: a layer (path, class, what it is), the loss, or nothing before the gradients."""
+  kind: str  # "batchnorm", "random", "layer", "loss", "gradients"
+  where: str  # the layer's path in the build that recorded it, or what else differs
+  place: str = ""  # the layer's place in the models (first_difference.places)
+  difference: float = 0.0
+  explained: float = 0.0
+
+
+class Recorder:
+  """Inside: every Keras layer called in a step being traced records its outputs' values when the step runs (the
+  last run's stay), by (name, replica). A layer's name is its place in the models (Keras numbers layer paths per
+  process: two builds' paths differ), '#2' on for its second call in the same step; `shown` maps names to paths.
+  models: {name: keras model} of the build."""
+
+  def __init__(self, models=None):
+    self.values, self.order, self.layers, self.random, self.shown = {}, [], {}, {}, {}
+    self._places = {id(layer): place for place, layer in places(models or {}).items()}
+    self._calls, self._lock, self._original = {}, threading.Lock(), None
+
+  def __enter__(self):
+    self._original = keras.layers.Layer.__call__
+    original, recorder = self._original, self
+
+    def recording_call(layer, *args, **kwargs):
+      ctx = random_layers.active_context()
+      if ctx is None or not tf.inside_function():
+        return original(layer, *args, **kwargs)
+      graph = tf.compat.v1.get_default_graph()
+      before = len(graph.get_operations())
+      outputs = original(layer, *args, **kwargs)
+      drawn = any(op.type.startswith(RANDOM_OPS) or op.type.startswith("StatelessRandom")
+                  for op in graph.get_operations()[before:])
+      recorder.add(recorder.named(layer), outputs, ctx, layer, drawn)
+      return outputs
+
+    keras.layers.Layer.__call__ = recording_call
+    return self
+
+  def __exit__(self, *exc):
+    keras.layers.Layer.__call__ = self._original
+
+  def named(self, thing):
+    """The layer's path, '#n' on its n-th call in this trace of this replica."""
+    shown = thing if isinstance(thing, str) else (getattr(thing, "path", None) or thing.name)
+    place = shown if isinstance(thing, str) else self._places.get(id(thing), shown)
+    key = (threading.get_ident(), place)
+    self._calls[key] = self._calls.get(key, 0) + 1
+    name = place if self._calls[key] == 1 else f"{place}#{self._calls[key]}"
+    self.shown[name] = shown if self._calls[key] == 1 else f"{shown} (call {self._calls[key]})"
+    return name
+
+  def add(self, name, outputs, ctx, layer=None, drawn=False):
+    """Records each output tensor with the rows it holds (one device's order) when the step runs."""
+    if name not in self.layers:
+      self.order.append(name)
+      self.layers[name], self.random[name] = layer, drawn
+    for n, tensor in enumerate(t for t in tf.nest.flatten(outputs) if isinstance(t, tf.Tensor)):
+      if not (tensor.dtype.is_floating or tensor.dtype.is_integer):
+        continue
+      rows = (ctx._rows_as_one_device_reads(tf.shape(tensor)[0]) if tensor.shape.rank  # pylint: disable=protected-access
+              else tf.cast(ctx.replica_id, tf.int32)[None])
+      tf.py_function(self._store(name, n), [tensor, rows, ctx.replica_id], [])
+
+  def _store(self, name, n):
+    def store(value, rows, replica):
+      with self._lock:
+        value = value.numpy()
+        self.values[(name, n, int(replica.numpy()))] = (rows.numpy(), value.astype(np.float32, copy=False))
+    return store
+
+  def assembled(self, name):
+    """The values recorded under `name`: every replica's rows in one device's order (a layer's outputs one after
+    the other, flat), or None."""
+    parts = {}
+    for (recorded, n, replica), (rows, value) in self.values.items():
+      if recorded == name:
+        parts.setdefault(n, []).append((replica, rows, value))
+    arrays = []
+    for n in sorted(parts):
+      pieces = [(rows, value) for _, rows, value in sorted(parts[n], key=lambda piece: piece[0])]
+      if all(value.ndim == 0 for _, value in pieces):  # a replica's share of a scalar: their sum is one device's
+        array = np.array([sum(float(value) for _, value in pieces)])
+      elif any(value.ndim == 0 or len(rows) != value.shape[0] for rows, value in pieces):
+        array = np.concatenate([np.ravel(value) for _, value in pieces])
+      else:
+        array = np.zeros((sum(len(rows) for rows, _ in pieces),) + pieces[0][1].shape[1:], pieces[0][1].dtype)
+        for rows, value in pieces:
+          array[rows] = value
+      arrays.append(array.ravel())
+    return np.concatenate(arrays).astype(np.float64) if arrays else None
+
+
+def places(models):
+  """{place: layer} of every model and layer of {name: keras model}: the same in every build of a config."""
+  return {f"{name}:{i}": layer for name, model in models.items()
+          for i, layer in enumerate([model] + private_apis.all_layers(model, include_self=False))}
+
+
+def recorded(side_of, starts, nudge=0.0):
+  """(Recorder, the task) after the side built by side_of() took len(starts) steps, each from its start."""
+  side = side_of()
+  task = side.parts.task
+  with Recorder(side.parts.models) as recorder:
+    _record_the_loss(task, recorder)
+    side.steps(len(starts), starts, nudge)
+  return recorder, task
+
+
+def _record_the_loss(task, recorder):
+  """The task's per-example loss (or its train_step's returned loss) recorded too (an instance attribute)."""
+  method = "train_step" if task.writes_step else "per_example_loss"
+  name = STEP_LOSS if task.writes_step else LOSS
+  bound = getattr(task, method)
+
+  def recording(*args, **kwargs):
+    value = bound(*args, **kwargs)
+    recorder.add(recorder.named(name), value, random_layers.active_context() or args[-1])
+    return value
+
+  setattr(task, method, recording)
+
+
+def first(one, two, floor, minimum, margin=rounding.MARGIN):
+  """The Finding of the first recorded layer (one's order) whose values differ beyond margin x the floor's, else
+  of the loss, else "gradients"."""
+  is_loss = lambda name: name.startswith((LOSS, STEP_LOSS))
+  for name in [name for name in one.order if not is_loss(name)] + [name for name in one.order if is_loss(name)]:
+    finding = _judged(name, one, two, floor, minimum, margin, "loss" if is_loss(name) else None)
+    if finding:
+      return finding
+  return Finding("gradients", "")
+
+
+def _judged(name, one, two, floor, minimum, margin, kind=None):
+  a, b, c = (recorder.assembled(name) for recorder in (one, two, floor))
+  if a is None or b is None or a.shape != b.shape:
+    return None
+  scale = np.sqrt(np.mean(np.square(a))) or 1.0
+  difference = float(np.sqrt(np.mean(np.square(a - b))) / scale)
+  floor_value = float(np.sqrt(np.mean(np.square(a - c))) / scale) if c is not None and c.shape == a.shape else 0.0
+  explained = margin * max(floor_value, minimum)
+  if difference <= explained:
+    return None
+  layer = one.layers.get(name)
+  if kind is None:
+    if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized:
+      kind = "batchnorm"
+    elif one.random.get(name):
+      kind = "random"
+    else:
+      kind = "layer"
+  return Finding(kind, one.shown.get(name, name), place=name, difference=difference, explained=explained)
+
+
+def loss_source(task, config):
+  """Where the loss is written: the config's loss function (the built-in classification) or the task's method,
+  with its file and line."""
+  if task.writes_step:
+    return _source(type(task).train_step, f"{type(task).__name__}.train_step")
+  if config.loss.name and config.task.name == "classification":
+    return f"the loss {config.loss.name}"
+  return _source(type(task).per_example_loss, f"{type(task).__name__}.per_example_loss")
+
+
+def _source(function, name):
+  try:
+    path = os.path.abspath(inspect.getsourcefile(function))
+    shown = os.path.relpath(path) if path.startswith(os.getcwd() + os.sep) else path
+    return f"{name} ({shown}:{inspect.getsourcelines(function)[1]})"
+  except (OSError, TypeError):
+    return name
+
+
+def described(finding, task, config, step):
+  """The sentence a FAIL names for a Finding."""
+  at = f"at step {step}"
+  if finding.kind == "batchnorm":
+    return (f"the sides part first at {finding.where} {at}: BatchNormalization normalizing with each replica's own "
+            f"batch statistics (a difference by design, not a bug)")
+  if finding.kind == "random":
+    return (f"the sides part first at {finding.where} {at}: it draws random values that are not keyed per example "
+            f"(one device and 2 replicas draw other values for the same example); draw with ctx.normal or ctx.keyed_draws, or use the keyed Dropout family")
+  if finding.kind == "layer":
+    return (f"the sides part first at {finding.where} {at}: the layer computes over the replica's own rows (a "
+            f"reduction over the batch axis inside it)")
+  if finding.kind == "loss":
+    return (f"every layer's output agrees {at}; {finding.where} differs: {loss_source(task, config)} reduces over "
+            f"the replica's own rows (see loops/task/context.py: ctx.average, ctx.all_gather, ctx.sum_over_replicas)")
+  return (f"every layer's output and the loss agree {at}; the gradients differ: the step changes them before the "
+          f"cross-replica sum (clipping or normalizing the replica's gradients, SAM's epsilon from them)")
