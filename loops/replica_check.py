@@ -17,6 +17,7 @@ the build shows (unsynchronized BatchNorm, unkeyed random layers) turned off one
 whose absence makes them agree named as confirmed; gradient clipping ops in the step.
 """
 
+import contextlib
 import dataclasses
 import re
 
@@ -24,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from errors import first_line
 from loops import build as build_lib
 from loops import check as check_lib
 from loops import first_difference
@@ -188,15 +190,65 @@ def _named_variables(parts):
 
 
 @dataclasses.dataclass(frozen=True)
+class Floor:
+  """How what rounding explains was measured: "float64" (the one-device step again in float64: its own float32
+  error) or "nudge" (again with every weight moved by one rounding: a step that does not run in float64, or a
+  float16/bfloat16 one), and why not float64."""
+  how: str
+  why_not: str = ""
+
+  def described(self, side, precision):
+    if self.how == "float64":
+      return f"the {side} side's own float32 error: its step again in float64"
+    text = f"the {side} side's step again with every weight moved by one rounding of {precision or 'float32'}"
+    return text + (f" (it does not run in float64: {self.why_not})" if self.why_not else "")
+
+
+@contextlib.contextmanager
+def float64_models():
+  """Keras layers and optimizers built inside compute and keep float64 (the dtype policy is global)."""
+  previous = keras.mixed_precision.dtype_policy()
+  keras.mixed_precision.set_dtype_policy("float64")
+  try:
+    yield
+  finally:
+    keras.mixed_precision.set_dtype_policy(previous)
+
+
+def floor_side(config, turn_off=(), float64=True):
+  """(Side, nudge) of the floor run: built in float64 when float64 and the config is float32 (nudge 0), else the
+  config's precision with the nudge of one rounding."""
+  if float64 and config.mixed_precision is None:
+    with float64_models():
+      return Side(config, turn_off), 0.0
+  return Side(config, turn_off), rounding.NUDGE[config.mixed_precision]
+
+
+def floor_steps(config, steps, starts, turn_off=()):
+  """([(start, final)], Floor) of the floor run from the check's starts: in float64 where the step runs in it (a
+  float32 config), else nudged."""
+  why_not = ""
+  if config.mixed_precision is None:
+    try:
+      side, _ = floor_side(config, turn_off)
+      return side.steps(steps, starts), Floor("float64")
+    except Exception as e:  # pylint: disable=broad-except  # a step of float32 constants of its own: said, then nudged
+      why_not = first_line(e)[:200]
+  side, nudge = floor_side(config, turn_off, float64=False)
+  return side.steps(steps, starts, nudge), Floor("nudge", why_not)
+
+
+@dataclasses.dataclass(frozen=True)
 class Comparison:
   """The two sides' steps from the same starts, the floor run's, and the verdict."""
   one: list  # [(start, final)] of the one-replica (one-device) side
   two: list  # [final] of the other side, each step from one's start
-  floor: list  # [(nudged start, final)] of the floor run
+  floor: list  # [(start, final)] of the floor run (loaded in float64, or nudged)
   paths: dict
   suspects: Suspects
   verdict: rounding.Verdict
   layers: dict  # {place: path} of the one-device side's layers (first_difference.places)
+  how: Floor
 
 
 def judged(one, two, floor, paths, precision=None):
@@ -217,15 +269,15 @@ def compare(config, steps, turn_off=()):
   side = Side(one_config, turn_off)
   one = side.steps(steps)
   starts = [start for start, _ in one]
-  floor = Side(one_config, turn_off).steps(steps, starts, rounding.NUDGE[config.mixed_precision])
+  floor, how = floor_steps(one_config, steps, starts, turn_off)
   two = [final for _, final in Side(variant(config, 2, steps), turn_off).steps(steps, starts)]
-  return judged_comparison(one, two, floor, side, config)
+  return judged_comparison(one, two, floor, side, config, how)
 
 
-def judged_comparison(one, two, floor, side, config):
+def judged_comparison(one, two, floor, side, config, how):
   return Comparison(one, two, floor, side.paths, side.suspects(),
                     judged(one, two, floor, side.paths, config.mixed_precision),
-                    {place: layer.path for place, layer in first_difference.places(side.parts.models).items()})
+                    {place: layer.path for place, layer in first_difference.places(side.parts.models).items()}, how)
 
 
 def non_finite(one, two):
@@ -266,18 +318,14 @@ def non_finite_cause(sides, kind="replicas", shown=3):
 
 REDUCTION = ("the step reduces over the replica's own batch somewhere (see loops/task/context.py: ctx.average, "
              "ctx.all_gather, ctx.sum_over_replicas, ctx.normal)")
-FLOOR = ("the one-replica side's step taken again with every weight moved by one rounding; x{margin:g}")
-
-
-def report(verdict, steps, kind="replicas", cause=REDUCTION, shown=8):
+def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float64"), precision=None, shown=8):
   """(passed, lines): the largest differences over what rounding explains, the verdict last (a FAIL with its
   first step and cause). kind: "replicas" (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker
-  processes)."""
+  processes); floor: how rounding was measured."""
   one, two = SIDES[kind]
-  floor = FLOOR.format(margin=rounding.MARGIN).replace("one-replica", "one-device" if kind == "workers" else
-                                                        "one-replica")
+  measured = floor.described("one-device" if kind == "workers" else "one-replica", precision)
   lines = [f"each of {steps} steps from the same weights; the one-step updates' RMS difference per variable, "
-           f"against what rounding explains ({floor}):"]
+           f"against what rounding explains ({measured}; x{rounding.MARGIN:g}):"]
   lines += [f"  step {row.step:<3d} {row.difference:9.2e} of {row.explained:9.2e}  {row.path}"
             for row in verdict.worst(shown)]
   worst, = verdict.worst(1) or [None]
@@ -356,7 +404,8 @@ def run(config, steps=None, out=print):
   with build_lib.determinism_restored():
     comparison = compare(config, steps)
     cause = REDUCTION if comparison.verdict.passed else cause_of(config, steps, comparison)
-  passed, lines = report(comparison.verdict, steps, cause=cause)
+  passed, lines = report(comparison.verdict, steps, cause=cause, floor=comparison.how,
+                         precision=config.mixed_precision)
   for line in lines:
     out(line)
   return passed
@@ -381,13 +430,18 @@ def locate(config, steps, comparison):
   side_of = lambda replicas: lambda: Side(_probed(variant(config, replicas, steps)))
   one, task = first_difference.recorded(side_of(1), starts)
   two, _ = first_difference.recorded(side_of(2), starts)
-  floor, _ = first_difference.recorded(side_of(1), starts, rounding.NUDGE[config.mixed_precision])
+  floor_of = lambda: floor_side(_probed(variant(config, 1, steps)), float64=comparison.how.how == "float64")[0]
+  floor, _ = first_difference.recorded(floor_of, starts, _nudge(config, comparison.how))
   finding = first_difference.first(one, two, floor, rounding.MINIMUM[config.mixed_precision])
   where = comparison.layers.get(finding.place.split("#")[0])
   if where:  # the path as the check's own build numbered it (Keras numbers paths per process)
     call = finding.where.rsplit(" (call ", 1)
     finding = dataclasses.replace(finding, where=where + (f" (call {call[1]}" if len(call) > 1 else ""))
   return finding, task
+
+
+def _nudge(config, floor):
+  return 0.0 if floor.how == "float64" else rounding.NUDGE[config.mixed_precision]
 
 
 def _probed(config):

@@ -44,7 +44,6 @@ from loops import build as build_lib
 from loops import check as check_lib
 from loops import first_difference
 from loops import replica_check
-from loops import rounding
 from loops.distribute import checks as distribute_checks
 from loops.distribute import cluster
 from loops.distribute import startup
@@ -95,24 +94,23 @@ def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
     with build_lib.determinism_restored():
       here, there = alongside_workers([twos[n] for n in pair], functools.partial(train_each, ones, counts, pair),
                                       timeout_seconds * len(pair))
-    for n, (one, floor, side), theirs in zip(pair, here, there):
-      comparison = replica_check.judged_comparison(one, theirs, floor, side, configs[n])
+    for n, (one, floor, how, side), theirs in zip(pair, here, there):
+      comparison = replica_check.judged_comparison(one, theirs, floor, side, configs[n], how)
       with build_lib.determinism_restored():
         reports[n] = _report(comparison, configs[n], counts[n])
   return reports
 
 
 def train_each(configs, counts, indices, directory):
-  """[(steps, floor steps, Side)] of each indexed config in turn in this process: the one-device side's steps
-  (each step's start written to `directory` for the workers at once), then the rounding floor's."""
+  """[(steps, floor steps, replica_check.Floor, Side)] of each indexed config in turn in this process: the
+  one-device side's steps (each step's start written to `directory` for the workers at once), then the floor's."""
   done = []
   for n in indices:
     side = replica_check.Side(configs[n])
     one = side.steps(counts[n])
     starts = [start for start, _ in one]
     save_states(starts_path(directory, n), starts)
-    floor = replica_check.Side(configs[n]).steps(counts[n], starts, rounding.NUDGE[configs[n].mixed_precision])
-    done.append((one, floor, side))
+    done.append((one, *replica_check.floor_steps(configs[n], counts[n], starts), side))
   return done
 
 
@@ -135,7 +133,8 @@ def _report(comparison, config, steps):
   if not comparison.verdict.passed:
     sides = replica_check.non_finite_at(comparison, comparison.verdict.first_step)
     cause = replica_check.non_finite_cause(sides, kind="workers") or located(comparison, config, steps)
-  return replica_check.report(comparison.verdict, steps, kind="workers", cause=cause)
+  return replica_check.report(comparison.verdict, steps, kind="workers", cause=cause, floor=comparison.how,
+                              precision=config.mixed_precision)
 
 
 def located(comparison, config, steps):
