@@ -133,11 +133,24 @@ class Side:
       taken.append((start, self.state()))
     return taken
 
+  def built(self):
+    """What a judgement needs of this build once its steps are taken: Built."""
+    return Built(self.paths, self.suspects(),
+                 {place: layer.path for place, layer in first_difference.places(self.parts.models).items()})
+
   def suspects(self):
     return Suspects(batchnorm=tuple(l.path for l in _unsynchronized_batchnorm(self.parts)),
                     random=tuple(l.path for m in self.parts.models.values() for l in random_layers.unkeyed(m)
                                  if random_layers.can_turn_off(l)),
                     clipping=clipping_scopes(self.execution.train_graph_def(1)))
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+  """Of the one-device side's build: variable paths by key, its Suspects, its layers' paths by place."""
+  paths: dict
+  suspects: Suspects
+  layers: dict
 
 
 def trained_values(config, steps, role=None, strategy=None):
@@ -198,6 +211,9 @@ class Floor:
   why_not: str = ""
 
   def described(self, side, precision):
+    if self.how == "minimum":
+      return (f"at least the least difference judged, {rounding.MINIMUM[precision]:g} of a variable's update: within "
+              f"it, no floor run")
     if self.how == "float64":
       return f"the {side} side's own float32 error: its step again in float64"
     text = f"the {side} side's step again with every weight moved by one rounding of {precision or 'float32'}"
@@ -243,7 +259,7 @@ class Comparison:
   """The two sides' steps from the same starts, the floor run's, and the verdict."""
   one: list  # [(start, final)] of the one-replica (one-device) side
   two: list  # [final] of the other side, each step from one's start
-  floor: list  # [(start, final)] of the floor run (loaded in float64, or nudged)
+  floor: list  # [(start, final)] of the floor run (loaded in float64, or nudged; one's own when not run)
   paths: dict
   suspects: Suspects
   verdict: rounding.Verdict
@@ -269,15 +285,19 @@ def compare(config, steps, turn_off=()):
   side = Side(one_config, turn_off)
   one = side.steps(steps)
   starts = [start for start, _ in one]
-  floor, how = floor_steps(one_config, steps, starts, turn_off)
   two = [final for _, final in Side(variant(config, 2, steps), turn_off).steps(steps, starts)]
-  return judged_comparison(one, two, floor, side, config, how)
+  return judged_comparison(one, two, lambda: floor_steps(one_config, steps, starts, turn_off), side.built(), config)
 
 
-def judged_comparison(one, two, floor, side, config, how):
-  return Comparison(one, two, floor, side.paths, side.suspects(),
-                    judged(one, two, floor, side.paths, config.mixed_precision),
-                    {place: layer.path for place, layer in first_difference.places(side.parts.models).items()}, how)
+def judged_comparison(one, two, floor_of, built, config):
+  """The Comparison of both sides' steps: judged against the least difference first, and against the floor run
+  (floor_of() -> (steps, Floor), run only then) when some variable exceeds it."""
+  floor, how = one, Floor("minimum")
+  verdict = judged(one, two, floor, built.paths, config.mixed_precision)
+  if not verdict.passed:
+    floor, how = floor_of()
+    verdict = judged(one, two, floor, built.paths, config.mixed_precision)
+  return Comparison(one, two, floor, built.paths, built.suspects, verdict, built.layers, how)
 
 
 def non_finite(one, two):
@@ -332,6 +352,9 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
   if worst is None:
     return True, lines + [f"{kind}: PASS: there are no variables to compare"]
   measured = f"rounding explains up to {worst.explained:.2e}; the sides differ by {worst.difference:.2e}"
+  if floor.how == "minimum":
+    measured = (f"the sides differ by {worst.difference:.2e}, within the least difference judged, "
+                f"{worst.explained:.2e}: no floor run needed")
   if verdict.passed:
     lines.append(f"{kind}: PASS: {one} and {two} agree on all {verdict.variables} variables at each of {steps} "
                  f"steps ({measured} in {worst.path} at step {worst.step})")
@@ -430,18 +453,15 @@ def locate(config, steps, comparison):
   side_of = lambda replicas: lambda: Side(_probed(variant(config, replicas, steps)))
   one, task = first_difference.recorded(side_of(1), starts)
   two, _ = first_difference.recorded(side_of(2), starts)
-  floor_of = lambda: floor_side(_probed(variant(config, 1, steps)), float64=comparison.how.how == "float64")[0]
-  floor, _ = first_difference.recorded(floor_of, starts, _nudge(config, comparison.how))
+  float64 = comparison.how.how == "float64"
+  floor_of = lambda: floor_side(_probed(variant(config, 1, steps)), float64=float64)[0]
+  floor, _ = first_difference.recorded(floor_of, starts, 0.0 if float64 else rounding.NUDGE[config.mixed_precision])
   finding = first_difference.first(one, two, floor, rounding.MINIMUM[config.mixed_precision])
   where = comparison.layers.get(finding.place.split("#")[0])
   if where:  # the path as the check's own build numbered it (Keras numbers paths per process)
     call = finding.where.rsplit(" (call ", 1)
     finding = dataclasses.replace(finding, where=where + (f" (call {call[1]}" if len(call) > 1 else ""))
   return finding, task
-
-
-def _nudge(config, floor):
-  return 0.0 if floor.how == "float64" else rounding.NUDGE[config.mixed_precision]
 
 
 def _probed(config):

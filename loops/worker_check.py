@@ -94,23 +94,24 @@ def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
     with build_lib.determinism_restored():
       here, there = alongside_workers([twos[n] for n in pair], functools.partial(train_each, ones, counts, pair),
                                       timeout_seconds * len(pair))
-    for n, (one, floor, how, side), theirs in zip(pair, here, there):
-      comparison = replica_check.judged_comparison(one, theirs, floor, side, configs[n], how)
+    for n, (one, built), theirs in zip(pair, here, there):
+      floor_of = functools.partial(replica_check.floor_steps, ones[n], counts[n], [start for start, _ in one])
       with build_lib.determinism_restored():
+        comparison = replica_check.judged_comparison(one, theirs, floor_of, built, configs[n])
         reports[n] = _report(comparison, configs[n], counts[n])
   return reports
 
 
 def train_each(configs, counts, indices, directory):
-  """[(steps, floor steps, replica_check.Floor, Side)] of each indexed config in turn in this process: the
-  one-device side's steps (each step's start written to `directory` for the workers at once), then the floor's."""
+  """[(steps, replica_check.Built)] of each indexed config in turn in this process: the one-device side's steps,
+  each step's start written to `directory` for the workers at once."""
   done = []
   for n in indices:
     side = replica_check.Side(configs[n])
     one = side.steps(counts[n])
     starts = [start for start, _ in one]
     save_states(starts_path(directory, n), starts)
-    done.append((one, *replica_check.floor_steps(configs[n], counts[n], starts), side))
+    done.append((one, side.built()))
   return done
 
 
