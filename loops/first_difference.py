@@ -203,18 +203,20 @@ def _source(function, name):
     return name
 
 
+LAYER_KINDS = {
+    "batchnorm": "BatchNormalization normalizing with each replica's own batch statistics (a difference by design, "
+                 "not a bug)",
+    "random": ("it draws random values that are not keyed per example (one device and 2 replicas draw other values "
+               "for the same example); draw with ctx.normal or ctx.keyed_draws, or use the keyed Dropout family"),
+    "layer": "the layer computes over the replica's own rows (a reduction over the batch axis inside it)",
+}
+
+
 def described(finding, task, config, step):
   """The sentence a FAIL names for a Finding."""
   at = f"at step {step}"
-  if finding.kind == "batchnorm":
-    return (f"the sides part first at {finding.where} {at}: BatchNormalization normalizing with each replica's own "
-            f"batch statistics (a difference by design, not a bug)")
-  if finding.kind == "random":
-    return (f"the sides part first at {finding.where} {at}: it draws random values that are not keyed per example "
-            f"(one device and 2 replicas draw other values for the same example); draw with ctx.normal or ctx.keyed_draws, or use the keyed Dropout family")
-  if finding.kind == "layer":
-    return (f"the sides part first at {finding.where} {at}: the layer computes over the replica's own rows (a "
-            f"reduction over the batch axis inside it)")
+  if finding.kind in LAYER_KINDS:
+    return f"the sides part first at {finding.where} {at}: {LAYER_KINDS[finding.kind]}"
   if finding.kind == "loss":
     return (f"every layer's output agrees {at}; {finding.where} differs: {loss_source(task, config)} reduces over "
             f"the replica's own rows (see loops/task/context.py: ctx.average, ctx.all_gather, ctx.sum_over_replicas)")
