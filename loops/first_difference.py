@@ -128,13 +128,15 @@ def places(models):
           for i, layer in enumerate([model] + private_apis.all_layers(model, include_self=False))}
 
 
-def recorded(side_of, starts, nudge=0.0):
-  """(Recorder, the task) after the side built by side_of() took len(starts) steps, each from its start."""
+def recorded(side_of, step, start, nudge=0.0):
+  """(Recorder, the task) of step `step` (1-based) of the side built by side_of(): the steps before it on its own
+  (their batches), that one from `start` (nudged)."""
   side = side_of()
   task = side.parts.task
   with Recorder(side.parts.models) as recorder:
     _record_the_loss(task, recorder)
-    side.steps(len(starts), starts, nudge)
+    side.advance(step - 1)
+    side.step(start, nudge)
   return recorder, task
 
 

@@ -122,16 +122,18 @@ class Side:
         value = value * (1 + rng.choice(np.array([-nudge, nudge], value.dtype), value.shape))
       variable.assign(value)
 
-  def steps(self, count, starts=None, nudge=0.0):
-    """[(start, final)] of `count` steps taken one at a time: from its own state, or each from starts[k] (nudged)."""
-    taken = []
-    for k in range(count):
-      if starts is not None:
-        self.load(starts[k], nudge)
-      start = self.state()
-      self.execution.train(1)
-      taken.append((start, self.state()))
-    return taken
+  def step(self, start=None, nudge=0.0):
+    """(start, final) of one step: from its own state, or from `start` (nudged)."""
+    if start is not None:
+      self.load(start, nudge)
+    begun = self.state()
+    self.execution.train(1)
+    return begun, self.state()
+
+  def advance(self, count):
+    """Takes `count` steps from its own state (to reach a step's batch)."""
+    if count > 0:
+      self.execution.train(count)
 
   def built(self):
     """What a judgement needs of this build once its steps are taken: Built."""
@@ -240,64 +242,93 @@ def floor_side(config, turn_off=(), float64=True):
   return Side(config, turn_off), rounding.NUDGE[config.mixed_precision]
 
 
-def floor_steps(config, steps, starts, turn_off=()):
-  """([(start, final)], Floor) of the floor run from the check's starts: in float64 where the step runs in it (a
-  float32 config), else nudged."""
-  why_not = ""
-  if config.mixed_precision is None:
-    try:
-      side, _ = floor_side(config, turn_off)
-      return side.steps(steps, starts), Floor("float64")
-    except Exception as e:  # pylint: disable=broad-except  # a step of float32 constants of its own: said, then nudged
-      why_not = first_line(e)[:200]
-  side, nudge = floor_side(config, turn_off, float64=False)
-  return side.steps(steps, starts, nudge), Floor("nudge", why_not)
+def _shortened(text, size=100):
+  return text if len(text) <= size else text[:size - 3] + "..."
+
+
+class FloorRun:
+  """The floor's side, built when a step first needs it and taking each step asked of it from the same start as
+  the check's sides: in float64 where the step runs in it (a float32 config), else nudged (said with the reason)."""
+
+  def __init__(self, config, turn_off=()):
+    self.config, self.turn_off = config, turn_off
+    self.side, self.nudge, self.taken, self.how = None, 0.0, 0, Floor("minimum")
+
+  def step(self, k, start):
+    """(start, final) of step k (0-based) from `start`."""
+    if self.side is None and self.config.mixed_precision is None:
+      try:
+        return self._step(k, start, float64=True)
+      except Exception as e:  # pylint: disable=broad-except  # a step of float32 constants of its own: said, nudged
+        self.side, self.how = None, Floor("nudge", _shortened(first_line(e)))
+    return self._step(k, start, float64=False)
+
+  def _step(self, k, start, float64):
+    if self.side is None:
+      self.side, self.nudge = floor_side(self.config, self.turn_off, float64)
+      self.taken = 0
+      self.how = Floor("float64") if float64 else Floor("nudge", self.how.why_not)
+    self.side.advance(k - self.taken)  # the batches of the steps it was not asked to take
+    self.taken = k + 1
+    return self.side.step(start, self.nudge)
 
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
-  """The two sides' steps from the same starts, the floor run's, and the verdict."""
-  one: list  # [(start, final)] of the one-replica (one-device) side
-  two: list  # [final] of the other side, each step from one's start
-  floor: list  # [(start, final)] of the floor run (loaded in float64, or nudged; one's own when not run)
-  paths: dict
-  suspects: Suspects
+  """The verdict of every step, the build it judged, how rounding was measured, and the first step that differs
+  (1-based; its start and both sides' finals), else None."""
   verdict: rounding.Verdict
-  layers: dict  # {place: path} of the one-device side's layers (first_difference.places)
+  built: Built
   how: Floor
+  first: tuple = None
+
+
+def step_rows(step, start, final_one, final_two, floor, paths, precision=None):
+  """[rounding.Row] of one step (1-based) from `start`: floor is the floor run's (start, final); a key only one
+  side has differs without bound."""
+  common = {key: start[key] for key in start if key in final_two}
+  rows = rounding.step_rows(step, rounding.updates(common, final_one), rounding.updates(common, final_two),
+                            rounding.updates(*floor), paths, rounding.MINIMUM[precision])
+  return rows + [rounding.Row(step, f"{paths.get(key, key)} (only on one side)", float("inf"), 0.0)
+                 for key in sorted(set(start) ^ set(final_two))]
 
 
 def judged(one, two, floor, paths, precision=None):
-  """The rounding.Verdict of every step: a key only one side has differs without bound."""
-  rows = []
-  for k, ((start, final), final_two, (floor_start, floor_final)) in enumerate(zip(one, two, floor)):
-    common = {key: start[key] for key in start if key in final_two}
-    rows += rounding.step_rows(k + 1, rounding.updates(common, final), rounding.updates(common, final_two),
-                               rounding.updates(floor_start, floor_final), paths, rounding.MINIMUM[precision])
-    rows += [rounding.Row(k + 1, f"{paths.get(key, key)} (only on one side)", float("inf"), 0.0)
-             for key in set(start) ^ set(final_two)]
-  return rounding.Verdict(tuple(rows))
+  """The rounding.Verdict of every step: one [(start, final)], two [final], floor [(start, final)]."""
+  return rounding.Verdict(tuple(row for k, ((start, final), final_two, floor_step) in enumerate(zip(one, two, floor))
+                                for row in step_rows(k + 1, start, final, final_two, floor_step, paths, precision)))
+
+
+class Judge:
+  """Judges a check one step at a time as its sides take them, keeping each variable's rows and the first step that
+  differs, not the states: against the least difference judged, then, where a variable exceeds it, against the
+  floor run from the same start."""
+
+  def __init__(self, floor_config, paths, turn_off=()):
+    self.floor, self.paths, self.precision = FloorRun(floor_config, turn_off), paths, floor_config.mixed_precision
+    self.rows, self.first = [], None
+
+  def step(self, k, start, final_one, final_two):
+    rows = step_rows(k + 1, start, final_one, final_two, (start, final_one), self.paths, self.precision)
+    if any(row.differs for row in rows):
+      rows = step_rows(k + 1, start, final_one, final_two, self.floor.step(k, start), self.paths, self.precision)
+    self.rows += rows
+    if self.first is None and any(row.differs for row in rows):
+      self.first = (k + 1, start, final_one, final_two)
+
+  def comparison(self, built):
+    return Comparison(rounding.Verdict(tuple(self.rows)), built, self.floor.how, self.first)
 
 
 def compare(config, steps, turn_off=()):
-  """The Comparison of 1 vs 2 replicas of this process."""
+  """The Comparison of 1 vs 2 replicas of this process, both sides taking each step from the one side's start."""
   one_config = variant(config, 1, steps)
-  side = Side(one_config, turn_off)
-  one = side.steps(steps)
-  starts = [start for start, _ in one]
-  two = [final for _, final in Side(variant(config, 2, steps), turn_off).steps(steps, starts)]
-  return judged_comparison(one, two, lambda: floor_steps(one_config, steps, starts, turn_off), side.built(), config)
-
-
-def judged_comparison(one, two, floor_of, built, config):
-  """The Comparison of both sides' steps: judged against the least difference first, and against the floor run
-  (floor_of() -> (steps, Floor), run only then) when some variable exceeds it."""
-  floor, how = one, Floor("minimum")
-  verdict = judged(one, two, floor, built.paths, config.mixed_precision)
-  if not verdict.passed:
-    floor, how = floor_of()
-    verdict = judged(one, two, floor, built.paths, config.mixed_precision)
-  return Comparison(one, two, floor, built.paths, built.suspects, verdict, built.layers, how)
+  one, two = Side(one_config, turn_off), Side(variant(config, 2, steps), turn_off)
+  judge = Judge(one_config, one.paths, turn_off)
+  for k in range(steps):
+    start, final = one.step()
+    judge.step(k, start, final, two.step(start)[1])
+  return judge.comparison(one.built())
 
 
 def non_finite(one, two):
@@ -311,10 +342,10 @@ def non_finite(one, two):
   return sides
 
 
-def non_finite_at(comparison, step):
-  """non_finite of both sides' finals at `step` (1-based)."""
-  (start, final), final_two = comparison.one[step - 1], comparison.two[step - 1]
-  path = comparison.paths
+def non_finite_at(comparison):
+  """non_finite of both sides' finals at the first step that differs."""
+  _, start, final, final_two = comparison.first
+  path = comparison.built.paths
   return non_finite({key: (start[key], final[key], path[key]) for key in final},
                     {key: (start[key], final_two[key], path[key]) for key in final_two if key in start})
 
@@ -351,13 +382,13 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
   worst, = verdict.worst(1) or [None]
   if worst is None:
     return True, lines + [f"{kind}: PASS: there are no variables to compare"]
-  measured = f"rounding explains up to {worst.explained:.2e}; the sides differ by {worst.difference:.2e}"
-  if floor.how == "minimum":
-    measured = (f"the sides differ by {worst.difference:.2e}, within the least difference judged, "
-                f"{worst.explained:.2e}: no floor run needed")
   if verdict.passed:
+    where = f"in {worst.path} at step {worst.step}"
+    measured = (f"rounding explains up to {worst.explained:.2e}; the sides differ by {worst.difference:.2e} {where}"
+                if floor.how != "minimum" else f"the sides differ by at most {worst.difference:.2e} {where}, within "
+                f"the least difference judged, {worst.explained:.2e}: no floor run needed")
     lines.append(f"{kind}: PASS: {one} and {two} agree on all {verdict.variables} variables at each of {steps} "
-                 f"steps ({measured} in {worst.path} at step {worst.step})")
+                 f"steps ({measured})")
     return True, lines
   step = verdict.first_step
   beyond = verdict.variables_beyond(step)
@@ -437,27 +468,29 @@ def run(config, steps=None, out=print):
 def cause_of(config, steps, comparison):
   """What a FAIL names: inf or NaN first; else where the sides part (loops/first_difference.py), a suspect found
   there confirmed by turning it off on both sides."""
-  step = comparison.verdict.first_step
-  cause = non_finite_cause(non_finite_at(comparison, step))
+  step = comparison.first[0]
+  cause = non_finite_cause(non_finite_at(comparison))
   if cause:
     return cause
   finding, task = locate(config, steps, comparison)
-  return named_cause(finding, first_difference.described(finding, task, config, step), comparison.suspects,
+  return named_cause(finding, first_difference.described(finding, task, config, step), comparison.built.suspects,
                      lambda kind: compare(config, steps, (kind,)).verdict.passed)
 
 
 def locate(config, steps, comparison):
   """(first_difference.Finding, the task) at the check's first differing step: both sides and the floor run built
-  again without XLA (a recorded step cannot be compiled), each taking the steps up to it from the check's starts."""
-  starts = [start for start, _ in comparison.one][:comparison.verdict.first_step]
+  again without XLA (a recorded step cannot be compiled), each taking the steps before it on its own (their
+  batches) and that step from the check's start."""
+  step, start, _, _ = comparison.first
   side_of = lambda replicas: lambda: Side(_probed(variant(config, replicas, steps)))
-  one, task = first_difference.recorded(side_of(1), starts)
-  two, _ = first_difference.recorded(side_of(2), starts)
+  one, task = first_difference.recorded(side_of(1), step, start)
+  two, _ = first_difference.recorded(side_of(2), step, start)
   float64 = comparison.how.how == "float64"
   floor_of = lambda: floor_side(_probed(variant(config, 1, steps)), float64=float64)[0]
-  floor, _ = first_difference.recorded(floor_of, starts, 0.0 if float64 else rounding.NUDGE[config.mixed_precision])
+  nudge = 0.0 if float64 else rounding.NUDGE[config.mixed_precision]
+  floor, _ = first_difference.recorded(floor_of, step, start, nudge)
   finding = first_difference.first(one, two, floor, rounding.MINIMUM[config.mixed_precision])
-  where = comparison.layers.get(finding.place.split("#")[0])
+  where = comparison.built.layers.get(finding.place.split("#")[0])
   if where:  # the path as the check's own build numbered it (Keras numbers paths per process)
     call = finding.where.rsplit(" (call ", 1)
     finding = dataclasses.replace(finding, where=where + (f" (call {call[1]}" if len(call) > 1 else ""))

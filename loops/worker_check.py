@@ -91,28 +91,41 @@ def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
     distribute_checks.check_micro_batches_across_workers(config, WORKERS)
   reports = [None] * len(configs)
   for pair in sharing_a_pair(twos):
-    with build_lib.determinism_restored():
-      here, there = alongside_workers([twos[n] for n in pair], functools.partial(train_each, ones, counts, pair),
-                                      timeout_seconds * len(pair))
-    for n, (one, built), theirs in zip(pair, here, there):
-      floor_of = functools.partial(replica_check.floor_steps, ones[n], counts[n], [start for start, _ in one])
+    directory = tempfile.mkdtemp(prefix="worker_check-")
+    try:
       with build_lib.determinism_restored():
-        comparison = replica_check.judged_comparison(one, theirs, floor_of, built, configs[n])
-        reports[n] = _report(comparison, configs[n], counts[n])
+        built = alongside_workers(directory, [twos[n] for n in pair],
+                                  functools.partial(train_each, ones, counts, pair), timeout_seconds * len(pair))
+        for i, n in enumerate(pair):
+          comparison = judged(directory, i, ones[n], counts[n], built[i])
+          reports[n] = _report(comparison, configs[n], counts[n])
+    finally:
+      shutil.rmtree(directory, ignore_errors=True)
   return reports
 
 
 def train_each(configs, counts, indices, directory):
-  """[(steps, replica_check.Built)] of each indexed config in turn in this process: the one-device side's steps,
-  each step's start written to `directory` for the workers at once."""
-  done = []
-  for n in indices:
+  """[replica_check.Built] of each indexed config, trained in turn in this process: the one-device side's state
+  before each step and after the last written to `directory` as it goes (the workers take each step from it)."""
+  built = []
+  for i, n in enumerate(indices):
     side = replica_check.Side(configs[n])
-    one = side.steps(counts[n])
-    starts = [start for start, _ in one]
-    save_states(starts_path(directory, n), starts)
-    done.append((one, side.built()))
-  return done
+    save_state(starts_path(directory, i, 0), side.state())
+    for k in range(counts[n]):
+      save_state(starts_path(directory, i, k + 1), side.step()[1])
+    built.append(side.built())
+  return built
+
+
+def judged(directory, i, one_config, steps, built):
+  """The replica_check.Comparison of the i-th config of `directory`, read one step at a time."""
+  judge = replica_check.Judge(one_config, built.paths)
+  start = load_state(starts_path(directory, i, 0))
+  for k in range(steps):
+    final = load_state(starts_path(directory, i, k + 1))
+    judge.step(k, start, final, load_state(values_path(directory, i, k)))
+    start = final
+  return judge.comparison(built)
 
 
 def sharing_a_pair(twos):
@@ -132,7 +145,7 @@ def _report(comparison, config, steps):
   show, such as what each reads, is then said to be one)."""
   cause = replica_check.REDUCTION
   if not comparison.verdict.passed:
-    sides = replica_check.non_finite_at(comparison, comparison.verdict.first_step)
+    sides = replica_check.non_finite_at(comparison)
     cause = replica_check.non_finite_cause(sides, kind="workers") or located(comparison, config, steps)
   return replica_check.report(comparison.verdict, steps, kind="workers", cause=cause, floor=comparison.how,
                               precision=config.mixed_precision)
@@ -141,15 +154,15 @@ def _report(comparison, config, steps):
 def located(comparison, config, steps):
   """replica_check's cause of the FAIL, from 2 replicas of this process (its logical CPUs: set up in compare)."""
   if len(tf.config.list_logical_devices("CPU")) < 2 and len(tf.config.list_logical_devices("GPU")) < 2:
-    return replica_check.diagnose(comparison.suspects)
+    return replica_check.diagnose(comparison.built.suspects)
   finding, task = replica_check.locate(config, steps, comparison)
-  if finding.kind == "gradients" and not comparison.suspects.clipping:
+  if finding.kind == "gradients" and not comparison.built.suspects.clipping:
     return (f"on 2 replicas of this process every layer's output and the loss agree with one device at step "
             f"{comparison.verdict.first_step}: the gradients are changed before the cross-replica sum, or the "
             f"difference comes from the workers themselves (what each reads, a state kept per process)")
   return "on 2 replicas of this process: " + replica_check.named_cause(
       finding, first_difference.described(finding, task, config, comparison.verdict.first_step),
-      comparison.suspects, lambda kind: replica_check.compare(config, steps, (kind,)).verdict.passed)
+      comparison.built.suspects, lambda kind: replica_check.compare(config, steps, (kind,)).verdict.passed)
 
 
 def refuse_asynchronous(config):
@@ -175,24 +188,20 @@ def two_workers(config, steps):
   return c
 
 
-def alongside_workers(configs, work, timeout_seconds=TIMEOUT_SECONDS):
-  """(work(directory), [each config's finals on the workers]): 2 worker processes train `configs` in turn on one
-  strategy (each config resolved, multi_worker_mirrored, train.steps the steps; their strategy settings alike: see
-  compare), each step from the start `work` writes to `directory` (save_states(starts_path(directory, n), ...))."""
-  directory = tempfile.mkdtemp(prefix="worker_check-")
+def alongside_workers(directory, configs, work, timeout_seconds=TIMEOUT_SECONDS):
+  """work(directory), while 2 worker processes train `configs` in turn on one strategy (each config resolved,
+  multi_worker_mirrored, train.steps the steps; their strategy settings alike: see compare), each step from the start
+  `work` writes to `directory` (starts_path), the chief writing its finals there (values_path)."""
   workers = Workers(directory)
-  try:
-    save_configs(directory, configs)
-    with stopped_by_sigterm():
-      workers.start()
-      try:
-        result = work(directory)
-        workers.finish(time.monotonic() + timeout_seconds, timeout_seconds)
-      finally:
-        workers.stop()
-    return result, [load_states(values_path(directory, n)) for n in range(len(configs))]
-  finally:
-    shutil.rmtree(directory, ignore_errors=True)
+  save_configs(directory, configs)
+  with stopped_by_sigterm():
+    workers.start()
+    try:
+      result = work(directory)
+      workers.finish(time.monotonic() + timeout_seconds, timeout_seconds)
+    finally:
+      workers.stop()
+  return result
 
 
 class Tail:
@@ -320,24 +329,20 @@ def load_configs(directory):
     return pickle.loads(f.read())
 
 
-def values_path(directory, n):
-  """Where the chief writes config n's finals."""
-  return os.path.join(directory, f"values-{n}.npz")
+def values_path(directory, n, step):
+  """Where the chief writes config n's final of a step (0-based)."""
+  return os.path.join(directory, f"values-{n}-{step}.npz")
 
 
-def starts_path(directory, n):
-  """Where this process writes the start of each of config n's steps."""
-  return os.path.join(directory, f"starts-{n}.npz")
+def starts_path(directory, n, step):
+  """Where this process writes config n's state before a step (0-based; after the last: step = steps)."""
+  return os.path.join(directory, f"starts-{n}-{step}.npz")
 
 
-def save_states(path, states):
-  """[{(owner, index): array}] as one .npz (keys as JSON), written whole then renamed."""
-  keys = sorted({key for state in states for key in state})
-  arrays = {"keys": np.array(json.dumps(keys)), "steps": np.array(len(states))}
-  for k, state in enumerate(states):
-    for n, key in enumerate(keys):
-      if key in state:
-        arrays[f"{k}_{n}"] = state[key]
+def save_state(path, state):
+  """{(owner, index): array} as one .npz (keys as JSON), written whole then renamed."""
+  keys = sorted(state)
+  arrays = {"keys": np.array(json.dumps(keys)), **{str(n): state[key] for n, key in enumerate(keys)}}
   buffer = io.BytesIO()
   np.savez(buffer, **arrays)
   with tf.io.gfile.GFile(path + ".partial", "wb") as f:
@@ -345,21 +350,19 @@ def save_states(path, states):
   tf.io.gfile.rename(path + ".partial", path, overwrite=True)
 
 
-def load_states(path):
-  """What save_states wrote."""
+def load_state(path):
+  """What save_state wrote."""
   with tf.io.gfile.GFile(path, "rb") as f:
     arrays = np.load(io.BytesIO(f.read()), allow_pickle=False)
-    keys = [tuple(key) for key in json.loads(str(arrays["keys"]))]
-    return [{key: arrays[f"{k}_{n}"] for n, key in enumerate(keys) if f"{k}_{n}" in arrays}
-            for k in range(int(arrays["steps"]))]
+    return {tuple(key): arrays[str(n)] for n, key in enumerate(json.loads(str(arrays["keys"])))}
 
 
 def waited_for(path, poll_seconds=0.1):
-  """load_states(path) once the checking process has written it (it bounds the wait: it stops the workers at its
+  """load_state(path) once the checking process has written it (it bounds the wait: it stops the workers at its
   deadline, and they die with it)."""
   while not tf.io.gfile.exists(path):
     time.sleep(poll_seconds)
-  return load_states(path)
+  return load_state(path)
 
 
 def die_with_parent(parent_pid, directory):
@@ -384,9 +387,10 @@ def worker_main(argv):
       strategy_lib.configure_devices(config)
       strategy = build_lib.start_strategy(config, role)
     side = replica_check.Side(config, role=role, strategy=strategy)
-    finals = [final for _, final in side.steps(config.train.steps, waited_for(starts_path(directory, n)))]
-    if role.is_chief:
-      save_states(values_path(directory, n), finals)
+    for k in range(config.train.steps):
+      _, final = side.step(waited_for(starts_path(directory, n, k)))
+      if role.is_chief:
+        save_state(values_path(directory, n, k), final)
 
 
 if __name__ == "__main__":

@@ -73,12 +73,11 @@ def test_the_workers_get_the_configs_as_checked_here(tmp_path):
 def test_states_round_trip_and_keys_only_one_side_has_differ_without_bound(tmp_path):
   states = [{("model model", 0): np.full((2, 3), k, np.float32), ("optimizer model", 1): np.full(3, 2.0 * k)}
             for k in range(3)]
-  path = worker_check.values_path(str(tmp_path), 0)
-  worker_check.save_states(path, states)
-  loaded = worker_check.load_states(path)
-  assert len(loaded) == 3 and not os.path.exists(path + ".partial")
-  for state, back in zip(states, loaded):
-    assert set(back) == set(state)
+  for k, state in enumerate(states):
+    path = worker_check.starts_path(str(tmp_path), 0, k)
+    worker_check.save_state(path, state)
+    back = worker_check.load_state(path)
+    assert set(back) == set(state) and not os.path.exists(path + ".partial")
     for key, value in state.items():
       assert np.array_equal(back[key], value) and back[key].dtype == value.dtype
   one = [(states[k], states[k + 1]) for k in range(2)]
@@ -89,6 +88,24 @@ def test_states_round_trip_and_keys_only_one_side_has_differ_without_bound(tmp_p
   verdict = replica_check.judged(one, fewer, one, paths)
   assert [(row.step, row.path) for row in verdict.beyond] == [(1, "optimizer model: adam/m (only on one side)"),
                                                                 (2, "optimizer model: adam/m (only on one side)")]
+
+
+def test_the_workers_state_files_are_judged_one_step_at_a_time(tmp_path, monkeypatch):
+  """worker_check.judged reads the one-device side's states and the workers' finals step by step; a difference
+  from step 2 on is the first step that differs."""
+  directory, paths = str(tmp_path), {("model model", 0): "model model: kernel"}
+  starts = [{("model model", 0): np.full(4, float(k), np.float32)} for k in range(4)]
+  for k, state in enumerate(starts):
+    worker_check.save_state(worker_check.starts_path(directory, 0, k), state)
+  for k in range(3):
+    final = starts[k + 1][("model model", 0)] + (0.5 if k >= 1 else 0.0)
+    worker_check.save_state(worker_check.values_path(directory, 0, k), {("model model", 0): final})
+  built = replica_check.Built(paths, replica_check.Suspects(), {})
+  # the floor run (a real build) stands in as the one-device side itself: rounding explains nothing
+  monkeypatch.setattr(replica_check.FloorRun, "step", lambda self, k, start: (start, starts[k + 1]))
+  comparison = worker_check.judged(directory, 0, load_config("digits_cnn"), 3, built)
+  assert comparison.verdict.first_step == 2 and comparison.first[0] == 2
+  assert [row.step for row in comparison.verdict.beyond] == [2, 3]
 
 
 def test_worker_env_keeps_the_users_and_sets_the_checks():
@@ -105,7 +122,7 @@ def stand_in(monkeypatch, code):
                       lambda directory, pid: [sys.executable, "-c", textwrap.dedent(code), directory, str(pid)])
 
 
-def test_a_failed_worker_is_named_with_its_last_line_and_the_other_is_stopped(monkeypatch, capsys):
+def test_a_failed_worker_is_named_with_its_last_line_and_the_other_is_stopped(monkeypatch, capsys, tmp_path):
   stand_in(monkeypatch, """
       import json, os, sys, time
       if json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 1:
@@ -114,15 +131,15 @@ def test_a_failed_worker_is_named_with_its_last_line_and_the_other_is_stopped(mo
       time.sleep(60)""")
   started = time.monotonic()
   with pytest.raises(ConfigError, match=r"^--check=workers: worker 1 failed \(exit code 3\): ValueError: something"):
-    worker_check.alongside_workers([], lambda directory: None, timeout_seconds=60)
+    worker_check.alongside_workers(str(tmp_path), [], lambda directory: None, timeout_seconds=60)
   assert time.monotonic() - started < 20
   assert "[worker:1] ValueError: something in the task" in capsys.readouterr().err
 
 
-def test_workers_past_the_timeout_are_stopped_with_one_line(monkeypatch):
+def test_workers_past_the_timeout_are_stopped_with_one_line(monkeypatch, tmp_path):
   stand_in(monkeypatch, "import time; time.sleep(60)")
   with pytest.raises(ConfigError, match=r"^--check=workers: the 2 workers did not end within 1 s \(stopped\)"):
-    worker_check.alongside_workers([], lambda directory: None, timeout_seconds=1)
+    worker_check.alongside_workers(str(tmp_path), [], lambda directory: None, timeout_seconds=1)
 
 
 def test_a_taken_port_starts_the_workers_once_more(monkeypatch, tmp_path):
@@ -134,18 +151,18 @@ def test_a_taken_port_starts_the_workers_once_more(monkeypatch, tmp_path):
         if not os.path.exists(os.path.join({str(tmp_path)!r}, "failed")):
           open(os.path.join({str(tmp_path)!r}, "failed"), "w").close()
           sys.exit("error: port 1 of worker 0 (127.0.0.1:1) is in use by another process")""")
-  assert worker_check.alongside_workers([], lambda directory: "done") == ("done", [])
+  assert worker_check.alongside_workers(str(tmp_path), [], lambda directory: "done") == "done"
   assert open(tmp_path / "starts").read() == "xx"  # worker 0 started twice
 
 
 @pytest.mark.e2e
 def test_sigterm_of_the_checking_process_stops_its_workers(tmp_path):
   script = textwrap.dedent(f"""
-      import os, sys, time
+      import os, sys, tempfile, time
       from loops import worker_check
       code = "import os, sys, time; open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w'); time.sleep(120)"
       worker_check.worker_command = lambda directory, pid: [sys.executable, "-c", code]
-      worker_check.alongside_workers([], lambda directory: time.sleep(120))""")
+      worker_check.alongside_workers(tempfile.mkdtemp(), [], lambda directory: time.sleep(120))""")
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
   proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + 60
