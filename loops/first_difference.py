@@ -89,8 +89,9 @@ class Recorder:
     for n, tensor in enumerate(t for t in tf.nest.flatten(outputs) if isinstance(t, tf.Tensor)):
       if not (tensor.dtype.is_floating or tensor.dtype.is_integer):
         continue
-      rows = (ctx._rows_as_one_device_reads(tf.shape(tensor)[0]) if tensor.shape.rank  # pylint: disable=protected-access
-              else tf.cast(ctx.replica_id, tf.int32)[None])
+      rows = tf.cast(ctx.replica_id, tf.int32)[None]  # a scalar: the replica's share
+      if tensor.shape.rank:
+        rows = ctx._rows_as_one_device_reads(tf.shape(tensor)[0])  # pylint: disable=protected-access
       tf.py_function(self._store(name, n), [tensor, rows, ctx.replica_id], [])
 
   def _store(self, name, n):

@@ -369,6 +369,8 @@ def non_finite_cause(sides, kind="replicas", shown=3):
 
 REDUCTION = ("the step reduces over the replica's own batch somewhere (see loops/task/context.py: ctx.average, "
              "ctx.all_gather, ctx.sum_over_replicas, ctx.normal)")
+
+
 def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float64"), precision=None, shown=8):
   """(passed, lines): the largest differences over what rounding explains, the verdict last (a FAIL with its
   first step and cause). kind: "replicas" (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker
@@ -508,7 +510,8 @@ def named_cause(finding, where, suspects, agree_without):
   kind = finding.kind
   if kind in ("batchnorm", "random") and getattr(suspects, kind):
     if agree_without(kind):
-      return f"cause: {_described(kind, suspects)} (confirmed: {TURNED_OFF[kind]}, the two agree); fix: {FIXES[kind]}; {where}"
+      return (f"cause: {_described(kind, suspects)} (confirmed: {TURNED_OFF[kind]}, the two agree); fix: "
+              f"{FIXES[kind]}; {where}")
     return (f"cause: {where} ({_described(kind, suspects)} {TURNED_OFF[kind]}: the sides still differ beyond "
             f"rounding, so not the only cause)")
   if kind == "gradients" and suspects.clipping:
