@@ -23,6 +23,7 @@ from loops import private_apis
 from loops import rounding
 from loops.modeling import random_layers
 
+INPUTS = " inputs"
 LOSS = "the per-example loss"
 STEP_LOSS = "the loss the step returns"
 RANDOM_OPS = ("Random", "Multinomial", "TruncatedNormal", "ParameterizedTruncatedNormal")
@@ -31,7 +32,7 @@ RANDOM_OPS = ("Random", "Multinomial", "TruncatedNormal", "ParameterizedTruncate
 @dataclasses.dataclass(frozen=True)
 class Finding:
   """What differs first: a layer (path, class, what it is), the loss, or nothing before the gradients."""
-  kind: str  # "batchnorm", "random", "layer", "loss", "gradients"
+  kind: str  # "inputs", "batchnorm", "random", "layer", "loss", "gradients"
   where: str  # the layer's path in the build that recorded it, or what else differs
   place: str = ""  # the layer's place in the models (first_difference.places)
   difference: float = 0.0
@@ -57,6 +58,9 @@ class Recorder:
       ctx = random_layers.active_context()
       if ctx is None or not tf.inside_function():
         return original(layer, *args, **kwargs)
+      place = recorder._places.get(id(layer), "")
+      if place.endswith(":0") and args:  # a model of the task: what it is given, before its layers
+        recorder.add(recorder.named(place + INPUTS, f"the inputs of {layer.path or layer.name}"), args[0], ctx)
       graph = tf.compat.v1.get_default_graph()
       before = len(graph.get_operations())
       outputs = original(layer, *args, **kwargs)
@@ -71,10 +75,11 @@ class Recorder:
   def __exit__(self, *exc):
     keras.layers.Layer.__call__ = self._original
 
-  def named(self, thing):
-    """The layer's path, '#n' on its n-th call in this trace of this replica."""
-    shown = thing if isinstance(thing, str) else (getattr(thing, "path", None) or thing.name)
-    place = shown if isinstance(thing, str) else self._places.get(id(thing), shown)
+  def named(self, thing, shown=None):
+    """The layer's place (or a name), '#n' on its n-th call in this trace of this replica; shown: what a finding
+    says (default: the layer's path)."""
+    shown = shown or (thing if isinstance(thing, str) else (getattr(thing, "path", None) or thing.name))
+    place = thing if isinstance(thing, str) else self._places.get(id(thing), shown)
     key = (threading.get_ident(), place)
     self._calls[key] = self._calls.get(key, 0) + 1
     name = place if self._calls[key] == 1 else f"{place}#{self._calls[key]}"
@@ -178,7 +183,9 @@ def _judged(name, one, two, floor, minimum, margin, kind=None):
     return None
   layer = one.layers.get(name)
   if kind is None:
-    if isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized:
+    if name.split("#")[0].endswith(INPUTS):
+      kind = "inputs"
+    elif isinstance(layer, keras.layers.BatchNormalization) and not layer.synchronized:
       kind = "batchnorm"
     elif one.random.get(name):
       kind = "random"
@@ -220,6 +227,10 @@ def described(finding, task, config, step):
   at = f"at step {step}"
   if finding.kind in LAYER_KINDS:
     return f"the sides part first at {finding.where} {at}: {LAYER_KINDS[finding.kind]}"
+  if finding.kind == "inputs":
+    return (f"{finding.where} differ {at}, before any of its layers: the step changes the batch before the model "
+            f"for the replica's rows (noise or augmentation not keyed per example: draw with ctx.normal or "
+            f"ctx.keyed_draws)")
   if finding.kind == "loss":
     return (f"every layer's output agrees {at}; {finding.where} differs: {loss_source(task, config)} reduces over "
             f"the replica's own rows (see loops/task/context.py: ctx.average, ctx.all_gather, ctx.sum_over_replicas)")

@@ -492,10 +492,13 @@ def locate(config, steps, comparison):
   nudge = 0.0 if float64 else rounding.NUDGE[config.mixed_precision]
   floor, _ = first_difference.recorded(floor_of, step, start, nudge)
   finding = first_difference.first(one, two, floor, rounding.MINIMUM[config.mixed_precision])
-  where = comparison.built.layers.get(finding.place.split("#")[0])
-  if where:  # the path as the check's own build numbered it (Keras numbers paths per process)
+  place = finding.place.split("#")[0]
+  inputs = place.endswith(first_difference.INPUTS)
+  path = comparison.built.layers.get(place[:-len(first_difference.INPUTS)] if inputs else place)
+  if path:  # the path as the check's own build numbered it (Keras numbers paths per process)
     call = finding.where.rsplit(" (call ", 1)
-    finding = dataclasses.replace(finding, where=where + (f" (call {call[1]}" if len(call) > 1 else ""))
+    where = ("the inputs of " if inputs else "") + path + (f" (call {call[1]}" if len(call) > 1 else "")
+    finding = dataclasses.replace(finding, where=where)
   return finding, task
 
 

@@ -102,6 +102,9 @@ def test_the_replica_check_fails_noise_on_a_stream_that_is_not_keyed_per_example
   lines = []
   assert not replica_check.run(config, out=lines.append), "\n".join(lines)
   assert lines[-1].startswith("replicas: FAIL: ")
+  # located: the model's inputs differ before any of its layers (Keras numbers paths per process: _N)
+  assert re.search(r": cause: the inputs of digits_cnn(_\d+)? differ at step 1, before any of its layers: the step "
+                   r"changes the batch before the model", lines[-1]), lines[-1]
 
 
 @pytest.mark.e2e
