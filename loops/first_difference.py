@@ -1,13 +1,15 @@
-"""Where the two sides of a replica check part: at the first step that differs, the first layer whose output differs
-beyond rounding, else the per-example loss (or a step's returned loss), else the gradients.
+"""Where the two sides of a replica check part: at the first step that differs, the inputs of a model or the first
+layer whose output differs beyond rounding, else the per-example loss (or a step's returned loss), else the
+gradients.
 
-Each side is built again and takes the steps up to that one from the same starts as in the check, with every Keras
-layer call recording its outputs (a `tf.py_function` beside each output, traced into the step; the rows put back in
-the order one device reads them) and the task's loss recording its value. A third build, its weights moved by one
-rounding (loops/rounding.py), is the floor each layer is judged against. The first layer in the order one device
-finishes them that differs is named with what it is: a BatchNormalization with per-replica statistics, a layer
-drawing random values (random ops traced inside it) that are not keyed per example, or a layer reducing over the
-replica's rows.
+Each side is built again, takes the steps before that one on its own (to reach its batch) and that one from the
+check's start, with every Keras layer call recording its outputs (a `tf.py_function` beside each output, traced into
+the step; the rows put back in the order one device reads them), every model of the task its inputs, and the task's
+loss its value. A third build, the check's floor run (in float64, or its weights moved by one rounding), is what each
+is judged against (loops/rounding.py). The first that differs, in the order one device computes them, is named with
+what it is: a model's inputs (the step changed the batch before the model), a BatchNormalization with per-replica
+statistics, a layer drawing random values (random ops traced inside it) that are not keyed per example, or a layer
+reducing over the replica's rows.
 """
 
 import dataclasses
