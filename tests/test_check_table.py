@@ -12,8 +12,7 @@ import pytest
 
 from configs import tasks as tasks_config
 from loops import replica_check
-from loops import worker_check
-from tests.conftest import load_config, set_keys
+from tests.conftest import load_config, run_main, set_keys
 
 FIXTURES = "tests.fixtures.split_sensitive_tasks:"
 BN = {"model.sync_batchnorm": True}
@@ -95,44 +94,49 @@ def test_a_replica_scaled_learning_rate_and_a_per_replica_batch_are_the_same_on_
   assert replica_check.settings_line(load_config("digits_cnn")) == "both sides: global batch 64, learning rate 0.05"
 
 
+def check_command(kind, row, steps=None, timeout=2400):
+  """`python main.py --config=... --check=KIND` of a row, as a user types it (a process of its own: the large rows
+  hold several GB, which one pytest process would keep)."""
+  name, arg, overrides = row
+  flags = [f"--config=configs/{name}.py" + (f":{arg}" if arg else ""), f"--check={kind}"]
+  flags += [f"--config.{key}={value}" for key, value in overrides.items()]
+  flags += [f"--config.check.steps={steps}"] if steps else []
+  result = run_main(*flags, timeout=timeout)
+  return result.returncode, result.stdout.strip().splitlines() or [""], result.stderr
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("steps", [1, 3, 100])
 @pytest.mark.parametrize("name", list(SHIPPED))
 def test_every_shipped_config_passes_on_two_replicas(name, steps):
-  passed, lines = passes(config_of(SHIPPED[name], steps))
-  assert passed, "\n".join(lines)
+  code, lines, errors = check_command("replicas", SHIPPED[name], steps)
+  assert code == 0 and lines[-1].startswith("replicas: PASS: "), "\n".join(lines[-12:]) + errors[-2000:]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(LARGE))
 def test_the_seeds_resnets_pass_on_two_replicas(name):
-  passed, lines = passes(config_of(LARGE[name]))
-  assert passed, "\n".join(lines)
+  code, lines, errors = check_command("replicas", LARGE[name])
+  assert code == 0 and lines[-1].startswith("replicas: PASS: "), "\n".join(lines[-12:]) + errors[-2000:]
 
 
 @pytest.mark.slow
 def test_the_missions_command_passes_with_synchronized_batchnorm_and_without_it_names_batchnorm():
-  config = config_of(("resnet50_mirrored", "synthetic", {"train.global_batch_size": 8}))
-  passed, lines = passes(config)
-  assert not passed and ": cause: BatchNormalization with each replica's own batch statistics (" in lines[-1], (
-      lines[-1])
+  code, lines, errors = check_command("replicas", ("resnet50_mirrored", "synthetic", {"train.global_batch_size": 8}))
+  assert code == 1 and ": cause: BatchNormalization with each replica's own batch statistics (" in lines[-1], (
+      "\n".join(lines[-12:]) + errors[-2000:])
   assert "learning rate" not in lines[-1] and replica_check.REDUCTION not in lines[-1], lines[-1]
-  assert lines[0].startswith("both sides: global batch 8, learning rate 0.02 (optimizer.lr_scaling="), lines[0]
+  assert any(line.startswith("both sides: global batch 8, learning rate 0.02 (optimizer.lr_scaling=linear_replicas")
+             for line in lines), lines
 
 
 WORKER_ROWS = [(name, steps) for name in SHIPPED for steps in (1, 3, 100)] + [(name, None) for name in LARGE]
 
 
-@pytest.fixture(scope="module")
-def on_two_workers():
-  """{(name, steps): (passed, lines)} of every shipped row through one pair of worker processes."""
-  configs = [config_of({**SHIPPED, **LARGE}[name], steps) for name, steps in WORKER_ROWS]
-  return dict(zip(WORKER_ROWS, worker_check.compare(configs, timeout_seconds=900)))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("row", WORKER_ROWS, ids=[f"{name}-{steps}" for name, steps in WORKER_ROWS])
-def test_every_shipped_config_passes_on_two_workers(row, on_two_workers):
-  passed, lines = on_two_workers[row]
-  assert passed, "\n".join(lines)
-  assert lines[-1].startswith("workers: PASS: 1 device and 2 workers agree on all "), lines[-1]
+def test_every_shipped_config_passes_on_two_workers(row):
+  name, steps = row
+  code, lines, errors = check_command("workers", {**SHIPPED, **LARGE}[name], steps)
+  assert code == 0 and lines[-1].startswith("workers: PASS: 1 device and 2 workers agree on all "), (
+      "\n".join(lines[-12:]) + errors[-2000:])
