@@ -19,6 +19,7 @@ import threading
 
 import keras
 import numpy as np
+import scipy.optimize
 import tensorflow as tf
 
 from loops import private_apis
@@ -48,7 +49,7 @@ class Recorder:
   models: {name: keras model} of the build."""
 
   def __init__(self, models=None):
-    self.values, self.order, self.layers, self.random, self.shown = {}, [], {}, {}, {}
+    self.values, self.order, self.layers, self.random, self.shown, self.unordered = {}, [], {}, {}, {}, set()
     self._places = {id(layer): place for place, layer in places(models or {}).items()}
     self._calls, self._lock, self._original = {}, threading.Lock(), None
 
@@ -97,7 +98,9 @@ class Recorder:
       if not (tensor.dtype.is_floating or tensor.dtype.is_integer):
         continue
       rows = tf.cast(ctx.replica_id, tf.int32)[None]  # a scalar: the replica's share
-      if tensor.shape.rank:
+      if tensor.shape.rank and tensor.shape[0] not in (None, *ctx._batch_rows()):  # pylint: disable=protected-access
+        self.unordered.add(f"{name}:{n}")  # not one batch's rows (views concatenated): matched row by row
+      elif tensor.shape.rank:
         rows = ctx._rows_as_one_device_reads(tf.shape(tensor)[0])  # pylint: disable=protected-access
       tf.py_function(self._store(name, n), [tensor, rows, ctx.replica_id], [])
 
@@ -108,26 +111,54 @@ class Recorder:
         self.values[(name, n, int(replica.numpy()))] = (rows.numpy(), value.astype(np.float32, copy=False))
     return store
 
-  def assembled(self, name):
+  def assembled(self, name, like=None):
     """The values recorded under `name`: every replica's rows in one device's order (a layer's outputs one after
-    the other, flat), or None."""
+    the other, flat), or None. like: the other side's Recorder, whose rows those of an output that is not one
+    batch's (self.unordered: views concatenated) are matched to, one to one (None when too many to match)."""
+    arrays = self._arrays(name)
+    theirs = like._arrays(name) if like is not None else {}
+    for n, array in arrays.items():
+      if f"{name}:{n}" in self.unordered and n in theirs:
+        arrays[n] = matched(array, theirs[n])
+    if any(array is None for array in arrays.values()):
+      return None
+    return np.concatenate([arrays[n].ravel() for n in sorted(arrays)]).astype(np.float64) if arrays else None
+
+  def _arrays(self, name):
+    """{output index: its values, rows first where they have rows}."""
     parts = {}
     for (recorded, n, replica), (rows, value) in self.values.items():
       if recorded == name:
         parts.setdefault(n, []).append((replica, rows, value))
-    arrays = []
+    arrays = {}
     for n in sorted(parts):
       pieces = [(rows, value) for _, rows, value in sorted(parts[n], key=lambda piece: piece[0])]
       if all(value.ndim == 0 for _, value in pieces):  # a replica's share of a scalar: their sum is one device's
-        array = np.array([sum(float(value) for _, value in pieces)])
+        arrays[n] = np.array([sum(float(value) for _, value in pieces)])
       elif any(value.ndim == 0 or len(rows) != value.shape[0] for rows, value in pieces):
-        array = np.concatenate([np.ravel(value) for _, value in pieces])
+        arrays[n] = np.concatenate([value.reshape((-1,) + value.shape[1:]) for _, value in pieces])
       else:
-        array = np.zeros((sum(len(rows) for rows, _ in pieces),) + pieces[0][1].shape[1:], pieces[0][1].dtype)
+        arrays[n] = np.zeros((sum(len(rows) for rows, _ in pieces),) + pieces[0][1].shape[1:], pieces[0][1].dtype)
         for rows, value in pieces:
-          array[rows] = value
-      arrays.append(array.ravel())
-    return np.concatenate(arrays).astype(np.float64) if arrays else None
+          arrays[n][rows] = value
+    return arrays
+
+
+MATCHED = 4e8  # rows x rows x features at most compared to match rows (a few seconds)
+
+
+def matched(array, target):
+  """array's rows put in the order that matches target's best, one to one (least squared distance), or None when
+  there are too many to match; array itself when the shapes differ."""
+  if array.shape != target.shape or array.ndim < 1:
+    return array
+  rows = len(array)
+  mine, theirs = array.reshape(rows, -1).astype(np.float64), target.reshape(rows, -1).astype(np.float64)
+  if rows * rows * mine.shape[1] > MATCHED:
+    return None
+  cost = (np.square(theirs).sum(1)[:, None] + np.square(mine).sum(1)[None]) - 2 * theirs @ mine.T
+  _, order = scipy.optimize.linear_sum_assignment(cost)
+  return array[order]
 
 
 def places(models):
@@ -174,7 +205,7 @@ def first(one, two, floor, minimum, margin=rounding.MARGIN):
 
 
 def _judged(name, one, two, floor, minimum, margin, kind=None):
-  a, b, c = (recorder.assembled(name) for recorder in (one, two, floor))
+  a, b, c = one.assembled(name), two.assembled(name, like=one), floor.assembled(name)
   if a is None or b is None or a.shape != b.shape:
     return None
   scale = np.sqrt(np.mean(np.square(a))) or 1.0

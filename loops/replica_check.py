@@ -30,6 +30,7 @@ from loops import build as build_lib
 from loops import check as check_lib
 from loops import first_difference
 from loops import rounding
+from loops import ties
 from loops.distribute import cluster
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
@@ -138,7 +139,8 @@ class Side:
   def built(self):
     """What a judgement needs of this build once its steps are taken: Built."""
     return Built(self.paths, self.suspects(),
-                 {place: layer.path for place, layer in first_difference.places(self.parts.models).items()})
+                 {place: layer.path for place, layer in first_difference.places(self.parts.models).items()},
+                 tuple(layer.path for layer in ties.max_pools(self.parts.models)))
 
   def suspects(self):
     return Suspects(batchnorm=tuple(l.path for l in _unsynchronized_batchnorm(self.parts)),
@@ -149,10 +151,12 @@ class Side:
 
 @dataclasses.dataclass(frozen=True)
 class Built:
-  """Of the one-device side's build: variable paths by key, its Suspects, its layers' paths by place."""
+  """Of the one-device side's build: variable paths by key, its Suspects, its layers' paths by place, its max
+  pools' paths (loops/ties.py)."""
   paths: dict
   suspects: Suspects
   layers: dict
+  pools: tuple = ()
 
 
 def trained_values(config, steps, role=None, strategy=None):
@@ -273,14 +277,32 @@ class FloorRun:
     return self.side.step(start, self.nudge)
 
 
+class TieRun:
+  """The step again on one device with its max pools' near ties flipped (loops/ties.py), built when a step first
+  exceeds its floor and the models hold max pooling; without XLA (the flip's ops do not compile)."""
+
+  def __init__(self, config, turn_off=()):
+    self.config, self.turn_off, self.side, self.taken = _probed(config.copy_and_resolve_references()), turn_off, None, 0
+
+  def step(self, k, start):
+    """(start, final) of step k (0-based) from `start`, ties flipped."""
+    if self.side is None:
+      self.side = Side(self.config, self.turn_off)
+      ties.flip_ties(self.side.parts.models, rounding.MINIMUM[self.config.mixed_precision])
+    self.side.advance(k - self.taken)
+    self.taken = k + 1
+    return self.side.step(start)
+
+
 @dataclasses.dataclass(frozen=True)
 class Comparison:
-  """The verdict of every step, the build it judged, how rounding was measured, and the first step that differs
-  (1-based; its start and both sides' finals), else None."""
+  """The verdict of every step, the build it judged, how rounding was measured, the first step that differs
+  (1-based; its start and both sides' finals), else None, and the steps only max-pool ties explain."""
   verdict: rounding.Verdict
   built: Built
   how: Floor
   first: tuple = None
+  tied: tuple = ()
 
 
 def step_rows(step, start, final_one, final_two, floor, paths, precision=None):
@@ -304,27 +326,32 @@ class Judge:
   differs, not the states: against the least difference judged, then, where a variable exceeds it, against the
   floor run from the same start."""
 
-  def __init__(self, floor_config, paths, turn_off=()):
+  def __init__(self, floor_config, paths, turn_off=(), pools=()):
     self.floor, self.paths, self.precision = FloorRun(floor_config, turn_off), paths, floor_config.mixed_precision
-    self.rows, self.first = [], None
+    self.ties = TieRun(floor_config, turn_off) if pools else None
+    self.rows, self.first, self.tied = [], None, []
 
   def step(self, k, start, final_one, final_two):
     rows = step_rows(k + 1, start, final_one, final_two, (start, final_one), self.paths, self.precision)
     if any(row.differs for row in rows):
       rows = step_rows(k + 1, start, final_one, final_two, self.floor.step(k, start), self.paths, self.precision)
+    if self.ties and any(row.differs for row in rows):
+      rows = rounding.widest(rows, step_rows(k + 1, start, final_one, final_two, self.ties.step(k, start),
+                                             self.paths, self.precision))
+      self.tied += [k + 1] if not any(row.differs for row in rows) else []
     self.rows += rows
     if self.first is None and any(row.differs for row in rows):
       self.first = (k + 1, start, final_one, final_two)
 
   def comparison(self, built):
-    return Comparison(rounding.Verdict(tuple(self.rows)), built, self.floor.how, self.first)
+    return Comparison(rounding.Verdict(tuple(self.rows)), built, self.floor.how, self.first, tuple(self.tied))
 
 
 def compare(config, steps, turn_off=()):
   """The Comparison of 1 vs 2 replicas of this process, both sides taking each step from the one side's start."""
   one_config = variant(config, 1, steps)
   one, two = Side(one_config, turn_off), Side(variant(config, 2, steps), turn_off)
-  judge = Judge(one_config, one.paths, turn_off)
+  judge = Judge(one_config, one.paths, turn_off, ties.max_pools(one.parts.models))
   for k in range(steps):
     start, final = one.step()
     judge.step(k, start, final, two.step(start)[1])
@@ -371,16 +398,22 @@ REDUCTION = ("the step reduces over the replica's own batch somewhere (see loops
              "ctx.all_gather, ctx.sum_over_replicas, ctx.normal)")
 
 
-def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float64"), precision=None, shown=8):
+def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float64"), precision=None, shown=8,
+           tied=()):
   """(passed, lines): the largest differences over what rounding explains, the verdict last (a FAIL with its
   first step and cause). kind: "replicas" (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker
-  processes); floor: how rounding was measured."""
+  processes); floor: how rounding was measured; tied: the steps only flipped max-pool ties explain."""
   one, two = SIDES[kind]
   measured = floor.described("one-device" if kind == "workers" else "one-replica", precision)
   lines = [f"each of {steps} steps from the same weights; the one-step updates' RMS difference per variable, "
            f"against what rounding explains ({measured}; x{rounding.MARGIN:g}):"]
   lines += [f"  step {row.step:<3d} {row.difference:9.2e} of {row.explained:9.2e}  {row.path}"
             for row in verdict.worst(shown)]
+  if tied:
+    listed = ", ".join(str(step) for step in tied[:5]) + (f" and {len(tied) - 5} more" if len(tied) > 5 else "")
+    lines.append(f"  step{'s' if len(tied) > 1 else ''} {listed}: beyond the floor, but within what flipping the "
+                 f"max pools' near ties explains (windows whose two largest are within "
+                 f"{rounding.MINIMUM[precision]:g} of each other: rounding picks which takes the gradient)")
   worst, = verdict.worst(1) or [None]
   if worst is None:
     return True, lines + [f"{kind}: PASS: there are no variables to compare"]
@@ -461,7 +494,7 @@ def run(config, steps=None, out=print):
     comparison = compare(config, steps)
     cause = REDUCTION if comparison.verdict.passed else cause_of(config, steps, comparison)
   passed, lines = report(comparison.verdict, steps, cause=cause, floor=comparison.how,
-                         precision=config.mixed_precision)
+                         precision=config.mixed_precision, tied=comparison.tied)
   for line in lines:
     out(line)
   return passed

@@ -83,6 +83,11 @@ def step_rows(step, one, two, floor, paths, minimum=MINIMUM[None], margin=MARGIN
   return rows
 
 
+def widest(rows, others):
+  """The rows of one step, each explaining the larger of its own and the other measure's (same order)."""
+  return [dataclasses.replace(row, explained=max(row.explained, other.explained)) for row, other in zip(rows, others)]
+
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
   """Every step's rows; the first step where a variable differs, and the worst rows."""

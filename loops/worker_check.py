@@ -119,7 +119,7 @@ def train_each(configs, counts, indices, directory):
 
 def judged(directory, i, one_config, steps, built):
   """The replica_check.Comparison of the i-th config of `directory`, read one step at a time."""
-  judge = replica_check.Judge(one_config, built.paths)
+  judge = replica_check.Judge(one_config, built.paths, pools=built.pools)
   start = load_state(starts_path(directory, i, 0))
   for k in range(steps):
     final = load_state(starts_path(directory, i, k + 1))
@@ -148,7 +148,7 @@ def _report(comparison, config, steps):
     sides = replica_check.non_finite_at(comparison)
     cause = replica_check.non_finite_cause(sides, kind="workers") or located(comparison, config, steps)
   return replica_check.report(comparison.verdict, steps, kind="workers", cause=cause, floor=comparison.how,
-                              precision=config.mixed_precision)
+                              precision=config.mixed_precision, tied=comparison.tied)
 
 
 def located(comparison, config, steps):

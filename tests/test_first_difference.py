@@ -58,3 +58,21 @@ def test_what_a_fail_says_for_each_finding():
       "the sides part first at m/sampling at step 1: it draws random values that are not keyed per example")
   assert first_difference.described(Finding("gradients", ""), None, None, 2).startswith(
       "every layer's output and the loss agree at step 2; the gradients differ: ")
+
+
+def test_rows_of_concatenated_views_are_matched_one_to_one_to_the_other_sides():
+  """A model called on views of two streams concatenated (FixMatch): its rows are no one batch's, so 2 replicas'
+  rows are matched to one device's, and a difference in any row still shows."""
+  rng = np.random.default_rng(0)
+  rows = rng.normal(size=(6, 3)).astype(np.float32)
+  one, two = first_difference.Recorder(), first_difference.Recorder()
+  one.values[("m:1", 0, 0)] = (np.array([0]), rows)
+  two.values[("m:1", 0, 0)] = (np.array([0]), rows[[4, 0, 2]])
+  two.values[("m:1", 0, 1)] = (np.array([1]), rows[[5, 1, 3]])
+  for r in (one, two):
+    r.unordered.add("m:1:0")
+  assert np.array_equal(two.assembled("m:1", like=one), rows.ravel())
+  two.values[("m:1", 0, 1)] = (np.array([1]), rows[[5, 1, 3]] + np.float32(1e-3) * np.eye(3, dtype=np.float32)[1])
+  assert np.abs(two.assembled("m:1", like=one) - rows.ravel()).max() > 9e-4
+  too_many = np.zeros((int(np.sqrt(first_difference.MATCHED)) + 1, 1), np.float32)
+  assert first_difference.matched(too_many, too_many) is None  # not judged rather than judged out of order

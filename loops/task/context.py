@@ -161,6 +161,12 @@ class StepContext:
     draws = draw(tf.concat([[every_row], shape[1:]], 0), seed=seed)
     return tf.gather(draws, self._rows_as_one_device_reads(rows))
 
+  def _batch_rows(self):
+    """The rows this replica's batch of the run and of each of Task.streams holds (of this micro-batch): the
+    tensors whose rows _rows_as_one_device_reads places."""
+    shares = self.num_replicas * self.micro_batch[1]
+    return {self.global_batch_size * k // shares for k in [1, *self._streams.values()]}
+
   @tf.autograph.experimental.do_not_convert
   def _rows_as_one_device_reads(self, rows):
     """Where this replica's rows sit in the global batch of one device. Several workers read strided shards of

@@ -1,0 +1,76 @@
+"""Max-pooling ties (loops/ties.py): a near tie flipped sends the gradient to the other position and leaves the
+forward values within ~1e-6; a clear maximum is never moved. The check's use of it (replica_check.Judge) is tested
+with stand-in runs; the FixMatch row of tests/test_check_table.py proves it on real worker processes."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from loops import replica_check
+from loops import rounding
+from loops import ties
+
+
+def routed(pool_input, pool):
+  """(the gradient of sum(pool(x)) at x, pool(x)) with pool's near ties flipped."""
+  x = tf.constant(pool_input)
+  with tf.GradientTape() as tape:
+    tape.watch(x)
+    out = pool(x)
+  return tape.gradient(out, x).numpy(), out.numpy()
+
+
+def test_a_near_tie_sends_the_gradient_to_the_other_position_and_a_clear_maximum_stays():
+  x = np.array([[1.0, 1.0 - 1e-7, 3.0, 2.0], [0.5, 0.2, 0.5, 0.6]], np.float32).reshape(1, 2, 4, 1)
+  pool = lambda v: tf.nn.max_pool2d(ties.flipped(v, (2, 2), (2, 2), "valid", 1e-5), 2, 2, "VALID")
+  gradient, out = routed(x, pool)
+  assert gradient.reshape(2, 4).tolist() == [[0, 1, 1, 0], [0, 0, 0, 0]]
+  np.testing.assert_allclose(out.ravel(), [1.0, 3.0], rtol=2e-6)
+  unflipped, _ = routed(x, lambda v: tf.nn.max_pool2d(v, 2, 2, "VALID"))
+  assert unflipped.reshape(2, 4).tolist() == [[1, 0, 1, 0], [0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("layer, shape", [(keras.layers.MaxPooling1D(2), (1, 4, 1)),
+                                          (keras.layers.MaxPooling2D((1, 2), data_format="channels_first"),
+                                           (1, 1, 1, 4))])
+def test_flip_ties_turns_every_max_pool_of_the_models_whatever_its_layout(layer, shape):
+  model = keras.Sequential([keras.Input(shape[1:]), layer])
+  assert ties.flip_ties({"model": model, "other": keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])},
+                        1e-5) == 1
+  gradient, _ = routed(np.array([2.0, 2.0 - 1e-6, 1.0, 0.0], np.float32).reshape(shape), model)
+  assert gradient.ravel().tolist() == [0, 1, 1, 0]
+
+
+class Run:
+  """A stand-in floor or tie run: each step's final is `final` (the one-device update moved by `moved`)."""
+
+  def __init__(self, moved):
+    self.moved, self.how = moved, replica_check.Floor("float64")
+
+  def step(self, k, start):
+    return start, {key: start[key] + 1.0 + self.moved for key in start}
+
+
+def judged(tie_moved, pools):
+  paths = {("model m", 0): "model m: kernel"}
+  judge = replica_check.Judge.__new__(replica_check.Judge)
+  judge.paths, judge.precision, judge.rows, judge.first, judge.tied = paths, None, [], None, []
+  judge.floor, judge.ties = Run(1e-7), Run(tie_moved) if pools else None
+  start = {("model m", 0): np.zeros(4)}
+  for k in range(2):
+    one = {key: value + 1.0 for key, value in start.items()}
+    two = {key: value + (1.0 + 1e-3 if k == 1 else 1.0) for key, value in start.items()}  # step 2: 1e-3 apart
+    judge.step(k, start, one, two)
+  return judge.comparison(None)
+
+
+def test_a_step_beyond_its_floor_is_rounding_only_where_flipping_the_ties_moves_it_as_far():
+  passed = judged(tie_moved=5e-4, pools=("m/pool",))
+  assert passed.verdict.passed and passed.tied == (2,)
+  assert judged(tie_moved=1e-6, pools=("m/pool",)).verdict.first_step == 2  # ties too small to explain it
+  assert judged(tie_moved=5e-4, pools=()).verdict.first_step == 2  # no max pool: no ties to flip
+  _, lines = replica_check.report(passed.verdict, 2, tied=passed.tied)
+  assert lines[-2].startswith("  step 2: beyond the floor, but within what flipping the max pools' near ties")
+  assert lines[-1].startswith("replicas: PASS: 1 and 2 replicas agree on all 1 variables at each of 2 steps")
+  assert rounding.MARGIN * 5e-4 == pytest.approx(max(row.explained for row in passed.verdict.rows))
