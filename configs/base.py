@@ -334,7 +334,7 @@ def _tracking(c):
   sidecar evaluator (mode=evaluate, launch.local --evaluator) tracks its eval/ curve in a run of its own, named
   '<workdir name>-evaluator' (MLflow: a child of the training's run; W&B: grouped with it)."""
   c.tracking = ml_collections.ConfigDict()
-  c.tracking.mlflow = ""  # "" = off; a store (file:/abs/dir, sqlite:///abs/mlflow.db) or a server (http://host:port)
+  c.tracking.mlflow = ""  # "" = off; a store (sqlite:///abs/mlflow.db; file:/abs/dir only with MLFLOW_ALLOW_FILE_STORE=true) or a server (http://host:port)
   c.tracking.wandb = ""  # "" = off; a W&B project (WANDB_MODE=offline: kept in workdir/wandb for `wandb sync`)
   c.tracking.experiment = ""  # MLflow experiment; "" = the name of the folder holding the workdir (runs/r50 -> runs)
   c.tracking.log_export = False  # also send workdir/export (model.keras, saved_model) as artifacts

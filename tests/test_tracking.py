@@ -351,8 +351,12 @@ def test_a_slow_tracker_never_holds_up_the_caller_and_the_end_waits_only_so_long
 
 
 @pytest.mark.parametrize("key,value,message", [
-    ("mlflow", "mlruns", "tracking.mlflow 'mlruns' is not an MLflow tracking URI; valid: file:/abs/dir, "
+    ("mlflow", "mlruns", "tracking.mlflow 'mlruns' is not an MLflow tracking URI; valid: "
                          "sqlite:///abs/mlflow.db, http(s)://host:port, databricks, or '' (off)"),
+    ("mlflow", "file:/abs/dir", "tracking.mlflow 'file:/abs/dir': MLflow refuses to write a file store (its "
+                                "filesystem backend is in maintenance mode), so every value would be lost; use "
+                                "sqlite:///abs/mlflow.db (`mlflow migrate-filestore` moves an existing store), or "
+                                "set MLFLOW_ALLOW_FILE_STORE=true to write the file store anyway"),
     ("wandb", "team/project", "tracking.wandb must be a W&B project name (no '/', at most 128 characters), got "
                               "'team/project'"),
     ("close_timeout_seconds", -1.0, "tracking.close_timeout_seconds must be >= 0, got -1.0"),
@@ -364,6 +368,21 @@ def test_tracker_settings_are_refused_in_one_line(key, value, message):
   with pytest.raises(ConfigError) as raised:
     tracking.check_settings(config.tracking)
   assert str(raised.value) == message
+
+
+def test_a_file_store_is_taken_when_mlflow_is_told_to_write_it(monkeypatch, tmp_path):
+  """MLflow's own opt-in: with it, the file store is written (read back through MLflow)."""
+  monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+  from configs import base
+  config = base.get_config()
+  config.tracking.mlflow = f"file:{tmp_path}/mlruns"
+  tracking.check_settings(config.tracking)
+  import mlflow
+  mlflow.set_tracking_uri(config.tracking.mlflow)
+  with mlflow.start_run() as run:
+    mlflow.log_metric("train/loss", 0.5, step=3)
+  assert [(m.step, m.value) for m in mlflow.MlflowClient().get_metric_history(run.info.run_id, "train/loss")] == [
+      (3, 0.5)]
 
 
 def test_a_sweep_reads_its_trackers_from_the_dry_run_report():
@@ -380,3 +399,33 @@ def test_the_tracker_process_imports_no_tensorflow_and_a_run_imports_no_tracker(
           "print([m for m in ('mlflow', 'wandb') if m in sys.modules])")
   done = subprocess.run([PY, "-c", code], cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
   assert done.stdout.strip() == "[]", done.stderr[-2000:]
+
+
+STARTING_TOGETHER = """
+import os, sys, time
+import mlflow.tracking  # imported before the moment both start
+from loops.persist.mlflow_tracker import MlflowTracker
+go, uri, name = sys.argv[1:]
+while not os.path.exists(go):
+  time.sleep(0.005)
+tracker = MlflowTracker(uri, "side-by-side", name)
+tracker.open(None)
+tracker.metrics([(1, {"train/loss": float(len(name))}, int(time.time() * 1000))])
+tracker.finish("FINISHED")
+"""
+
+
+def test_two_runs_starting_together_on_one_new_sqlite_store_are_both_recorded(tmp_path):
+  """Two real processes make the same new database at once (a sweep and a run side by side): both runs are
+  recorded, each with its values."""
+  uri, go = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "go"
+  processes = [subprocess.Popen([PY, "-c", STARTING_TOGETHER, str(go), uri, name], cwd=REPO, env=env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+               for name in ("a", "bb")]
+  time.sleep(3)  # both have imported MLflow and wait for the same moment
+  go.touch()
+  outputs = [process.communicate(timeout=120)[0] for process in processes]
+  assert [process.returncode for process in processes] == [0, 0], outputs
+  client = mlflow_client(uri)
+  runs = client.search_runs([client.get_experiment_by_name("side-by-side").experiment_id])
+  assert sorted((run.info.run_name, run.data.metrics["train/loss"]) for run in runs) == [("a", 1.0), ("bb", 2.0)]

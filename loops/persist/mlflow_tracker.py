@@ -1,6 +1,8 @@
 """MlflowTracker: one MLflow run per workdir through MLflow's own client (a file:/sqlite: store or an http://
 tracking server). Its methods run in the tracking thread (loops/persist/tracking.py), never in a train call."""
 
+import contextlib
+import fcntl
 import logging as python_logging
 import os
 import time
@@ -27,7 +29,9 @@ class MlflowTracker:
 
   def open(self, run_id):
     """Continues run_id when the store still holds it, else starts a run; returns its id."""
-    self.client = client(self.uri)
+    with store_created(self.uri):
+      self.client = client(self.uri)
+      self.client.search_experiments(max_results=1)  # makes the store (a new database's tables) now
     if run_id and _exists(self.client, run_id):
       self.run_id = run_id
       self.client.update_run(run_id, status="RUNNING")
@@ -89,6 +93,22 @@ def client(uri):
   for name, level in NOISY_LOGGERS.items():  # after the import: MLflow sets its own logger's level when imported
     python_logging.getLogger(name).setLevel(level)
   return MlflowClient(tracking_uri=uri)
+
+
+@contextlib.contextmanager
+def store_created(uri):
+  """Inside: no other process making the same sqlite store (MLflow creates a new database's tables without a lock:
+  a second run starting beside the first failed with 'duplicate column name' and recorded nothing)."""
+  if not uri.startswith("sqlite:///"):
+    yield
+    return
+  database = os.path.abspath(uri[len("sqlite:///"):])
+  with open(database + ".lock", "a", encoding="utf-8") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    try:
+      yield
+    finally:
+      fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def experiment_id(mlflow_client, name, uri):

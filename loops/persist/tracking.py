@@ -37,6 +37,7 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__f
 
 
 MLFLOW_SCHEMES = ("file:", "sqlite:///", "http://", "https://", "databricks")
+FILE_STORE_ALLOWED = "MLFLOW_ALLOW_FILE_STORE"  # MLflow's own opt-in to its filesystem backend (maintenance mode)
 
 
 def check_settings(tracking):
@@ -46,7 +47,12 @@ def check_settings(tracking):
       raise ConfigError(f"tracking.{kind} must be a string ('' = off), got {tracking[kind]!r}")
   if tracking.mlflow and not tracking.mlflow.startswith(MLFLOW_SCHEMES):
     raise ConfigError(f"tracking.mlflow '{tracking.mlflow}' is not an MLflow tracking URI; valid: "
-                      "file:/abs/dir, sqlite:///abs/mlflow.db, http(s)://host:port, databricks, or '' (off)")
+                      "sqlite:///abs/mlflow.db, http(s)://host:port, databricks, or '' (off)")
+  if tracking.mlflow.startswith("file:") and os.environ.get(FILE_STORE_ALLOWED, "").lower() != "true":
+    raise ConfigError(f"tracking.mlflow '{tracking.mlflow}': MLflow refuses to write a file store (its filesystem "
+                      "backend is in maintenance mode), so every value would be lost; use sqlite:///abs/mlflow.db "
+                      f"(`mlflow migrate-filestore` moves an existing store), or set {FILE_STORE_ALLOWED}=true to "
+                      "write the file store anyway")
   if tracking.wandb and ("/" in tracking.wandb or len(tracking.wandb) > 128):
     raise ConfigError(f"tracking.wandb must be a W&B project name (no '/', at most 128 characters), got "
                       f"'{tracking.wandb}'")
