@@ -67,8 +67,12 @@ def eval_images(source, data_config):
 
 
 def raw_image_spec(source):
-  """tf.TensorSpec of a batch of the source's images before preprocessing: [None, H, W, C], their dtype."""
-  dtype = tf.uint8 if source.decode is not None else source.eval.element_spec[0].dtype
+  """tf.TensorSpec of a batch of the source's images before preprocessing: [None, H, W, C], their dtype (a user's
+  arrays or input function: its features as they come)."""
+  features = source.eval.element_spec[0]
+  if source.image_shape is None:
+    return tf.TensorSpec((None,) + tuple(features.shape), features.dtype)
+  dtype = tf.uint8 if source.decode is not None else features.dtype
   return tf.TensorSpec((None,) + tuple(source.image_shape), dtype)
 
 

@@ -130,6 +130,8 @@ def build(config, role, kept=None, strategy=None):
   log("config:\n%s", config)
   logging.info("plan: %s; data '%s': %d train / %d eval examples, input %s, %d classes",
                plan, source.name, source.train_size, source.eval_size, input_shape, source.num_classes)
+  if classification:  # its metrics and model need the classes: said before either is made
+    _known(source.num_classes, config)
   with execution.metrics_scope(strategy):
     made = metrics_lib.build(tuple(config.eval.metrics), source.num_classes) if classification else []
   check.check_metrics(made, tuple(config.eval.metrics))

@@ -112,3 +112,32 @@ def test_an_epoch_shorter_than_the_first_stops_the_stream_with_one_line_not_a_ha
                         "every epoch must yield as many whole batches as the first, whose length the plan read at "
                         "load")
   assert user_stream.short_epoch(tf.errors.FailedPreconditionError(None, None, "other"), config.name, 0, 1) is None
+
+
+@pytest.mark.e2e
+def test_the_built_in_classifier_trains_on_the_shipped_input_function_and_serves_its_features(tmp_path):
+  """What a user types: the digits classifier fed by examples.tasks.digits:batches. The number of classes is asked
+  for in one line before anything is written; given, it trains, evaluates and exports a SavedModel that serves the
+  function's features as they come (float32 pixels 0..16)."""
+  import json
+  import sys
+
+  from tests.conftest import run_command
+
+  command = [sys.executable, "main.py", "--config=configs/digits_cnn.py",
+             "--config.data.name=examples.tasks.digits:batches", "--config.train.steps=60",
+             "--config.summary.progress_bar=off", f"--workdir={tmp_path}/run"]
+  refused = run_command(command)
+  assert refused.returncode == 1 and refused.stderr.strip().splitlines()[-1] == (
+      "error: the model model.name='digits_cnn' needs the number of classes, which "
+      "data.name='examples.tasks.digits:batches' does not say (its targets are not integer class ids [examples], or "
+      "it is an input function): set --config.data.num_classes=N"), refused.stderr[-2000:]
+  assert not (tmp_path / "run").exists()
+  trained = run_command(command + ["--config.data.num_classes=10"])
+  assert trained.returncode == 0, trained.stderr[-3000:]
+  summary = json.load(open(tmp_path / "run" / "summary.json"))
+  assert summary["eval/accuracy"] > 0.8, summary
+  images, _ = sources.load(data_config("examples.tasks.digits:batches")).eval.batch(16).take(1).get_single_element()
+  served = tf.saved_model.load(summary["export"]["saved_model"]).signatures["serving_default"](images=images)
+  assert served["probabilities"].shape == (16, 10)
+  np.testing.assert_allclose(np.sum(served["probabilities"], 1), 1.0, rtol=1e-5)
