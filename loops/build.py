@@ -230,7 +230,6 @@ def _build_trainables(config, strategy, plan, task, element_spec, num_classes, l
     for name, model in models.items():
       _ensure_built(model, element_spec)
       keras_fit.warn_unused_overrides(name, model)
-      keras_fit.warn_unused_compile(name, model, config, loss_taken=config.task.name == task_lib.BUILT_IN)
       model_lib.configure_batchnorm(model, config.model)  # every model of the task, not only the config's
       _key_random_layers(name, model, config.seed)
     if config.train.freeze:
@@ -238,6 +237,9 @@ def _build_trainables(config, strategy, plan, task, element_spec, num_classes, l
     optimizers_by_model = dict(task.build_optimizers(context, models))
     for name, optimizer in optimizers_by_model.items():
       learning_rates[name] = made_rates.get(id(optimizer), plan.learning_rate)
+    for name, model in models.items():
+      keras_fit.warn_unused_compile(name, model, config, loss_taken=config.task.name == task_lib.BUILT_IN,
+                                    trained_by=optimizers_by_model.get(name))
     check.check_optimizers(task, models, optimizers_by_model, config.mixed_precision == "float16")
     for name, optimizer in optimizers_by_model.items():
       clipping = optimizers.take_over_the_sum(optimizer, name)

@@ -61,6 +61,31 @@ def test_the_compiled_loss_and_metrics_are_what_the_run_trains_and_reports(caplo
                           "batch, reports eval/loss, ") for m in messages), messages
 
 
+def test_every_compiled_setting_the_run_does_not_use_is_named_with_what_it_uses(caplog):
+  """compile(optimizer=SGD()) trained silently at the config's learning rate 0.05 and momentum 0.9."""
+  built(digits("compiled_settings", **{"loss.name": ""}))
+  warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model 'model' was compile()d;")]
+  assert warnings == [
+      "model 'model' was compile()d; not used: the compiled SGD's learning_rate 0.01 (the run's: 0.05), momentum 0 "
+      "(the run's: 0.9) (optimizer.* set what trains: set them there to train these); run_eagerly=True (the step "
+      "always runs as a tf.function: a Python error in it names its line with --debug); jit_compile=True "
+      "(--config.jit_compile=True sets it); steps_per_execution=4 (train.steps_per_loop=50 is what a call runs)"]
+  caplog.clear()
+  built(digits("compiled_settings", **{"loss.name": "", "optimizer.learning_rate": 0.01, "optimizer.momentum": 0.0,
+                                       "jit_compile": True, "train.steps_per_loop": 4}))
+  assert [r.getMessage() for r in caplog.records if "not used" in r.getMessage()] == [
+      "model 'model' was compile()d; not used: run_eagerly=True (the step always runs as a tf.function: a Python "
+      "error in it names its line with --debug)"]
+
+
+def test_a_compiled_metric_named_like_another_of_eval_metrics_is_refused_not_dropped():
+  with pytest.raises(ConfigError) as raised:
+    built(digits("compiled_clashing_metric", **{"loss.name": ""}))
+  assert str(raised.value) == (
+      "model 'clashing' was compiled with metric 'top5_accuracy' (SparseTopKCategoricalAccuracy(k=2)); eval.metrics "
+      "has another 'top5_accuracy' (SparseTopKCategoricalAccuracy(k=5)): rename one")
+
+
 def summary_of(tmp_path, strategy):
   config = digits("compiled", **{"train.epochs": None, "train.steps": 30, "train.steps_per_loop": 10,
                                  "eval.every_steps": 30, "checkpoint.every_steps": 30, "deterministic": True,

@@ -77,17 +77,27 @@ def loss_for_run(config, model, labels, outputs):
 
 def added_metrics(made, model, labels, outputs):
   """[(identifier, metric)] of the compiled metrics not already in `made` (eval.metrics' [(entry, metric)]): a
-  name both give is eval.metrics' when it is the same class, else refused. Call inside the metrics' scope."""
+  name both give is eval.metrics' when it is the same metric (class and settings), else refused. Call inside the
+  metrics' scope."""
   taken = {metric.name: metric for _, metric in made}
   added = []
   for identifier, metric in metrics(model, labels, outputs):
     same = taken.get(metric.name)
     if same is None:
       added.append((identifier, metric))
-    elif type(same) is not type(metric):
-      raise ConfigError(f"model '{model.name}' was compiled with metric '{metric.name}' ({type(metric).__name__}); "
-                        f"eval.metrics has another '{metric.name}' ({type(same).__name__}): rename one")
+    elif type(same) is not type(metric) or _settings(same) != _settings(metric):
+      raise ConfigError(f"model '{model.name}' was compiled with metric '{metric.name}' ({_described(metric)}); "
+                        f"eval.metrics has another '{metric.name}' ({_described(same)}): rename one")
   return added
+
+
+def _settings(metric):
+  return {k: v for k, v in metric.get_config().items() if k not in ("name", "dtype")}
+
+
+def _described(metric):
+  settings = ", ".join(f"{k}={v!r}" for k, v in _settings(metric).items())
+  return f"{type(metric).__name__}({settings})"
 
 
 def per_example_loss(model, labels, outputs):
@@ -152,10 +162,12 @@ def warn_unused_overrides(name, model):
   return overridden
 
 
-def warn_unused_compile(name, model, config, loss_taken):
-  """One warning line for what compile() set that this run does not use: the optimizer when it is not
-  optimizer.name's class, the loss and metrics of a task model (a Task trains its own loss); loss_taken: the
-  built-in classification takes the compiled loss and metrics of the model named "model"."""
+def warn_unused_compile(name, model, config, loss_taken, trained_by=None):
+  """One warning line for every setting compile() gave that this run does not use, with what the run uses: the
+  optimizer (another class, or its settings that differ from the run's optimizer `trained_by`), run_eagerly,
+  jit_compile and steps_per_execution (the config's keys govern them), the loss and metrics of a task model (a Task
+  trains its own loss); loss_taken: the built-in classification takes the compiled loss and metrics of the model
+  named "model"."""
   if not getattr(model, "compiled", False):
     return None
   unused = []
@@ -163,10 +175,51 @@ def warn_unused_compile(name, model, config, loss_taken):
   if optimizer is not None and type(optimizer).__name__.lower() != config.optimizer.name:
     unused.append(f"optimizer {type(optimizer).__name__} (optimizer.name={config.optimizer.name!r}, learning_rate "
                   f"{config.optimizer.learning_rate:g} trains it)")
+  elif optimizer is not None and trained_by is not None:
+    unused += optimizer_settings(optimizer, getattr(trained_by, "inner_optimizer", trained_by))
+  unused += _step_settings(model, private_apis.compile_arguments(model), config)
   if not loss_taken and (compiled_loss(model) is not None or compiled_metrics(model)):
     unused.append("loss and metrics (the task's per_example_loss/train_step and eval_step are used)")
   if unused:
     logging.warning("model '%s' was compile()d; not used: %s", name, "; ".join(unused))
+  return unused
+
+
+def optimizer_settings(compiled, trained_by):
+  """["the compiled optimizer's <key> <value> (the run's: <value>)"] for each of its settings the run's optimizer
+  of the same class does not share (the learning rate as a number the run's schedule starts from)."""
+  theirs, ours = compiled.get_config(), trained_by.get_config()
+  differing = []
+  for key, value in theirs.items():
+    run_value = ours.get(key)
+    if key == "name" or run_value == value:
+      continue
+    if isinstance(value, float) and isinstance(run_value, float) and abs(value - run_value) <= 1e-6 * abs(value):
+      continue
+    differing.append(f"{key} {_shown(value)} (the run's: {_shown(run_value)})")
+  return [f"the compiled {type(compiled).__name__}'s " + ", ".join(differing) +
+          " (optimizer.* set what trains: set them there to train these)"] if differing else []
+
+
+def _shown(value):
+  if isinstance(value, dict) and "class_name" in value:  # a learning-rate schedule
+    return f"a {value['class_name']} schedule"
+  return f"{value:.6g}" if isinstance(value, float) else repr(value)
+
+
+def _step_settings(model, arguments, config):
+  """compile()'s run_eagerly (or the model's), jit_compile and steps_per_execution when given, with the config key
+  that rules."""
+  unused = []
+  if arguments.get("run_eagerly") or getattr(model, "run_eagerly", False) is True:
+    unused.append("run_eagerly=True (the step always runs as a tf.function: a Python error in it names its line "
+                  "with --debug)")
+  if arguments.get("jit_compile") not in (None, "auto", bool(config.jit_compile)):
+    unused.append(f"jit_compile={arguments['jit_compile']} (--config.jit_compile={bool(arguments['jit_compile'])} "
+                  "sets it)")
+  if arguments.get("steps_per_execution", 1) not in (1, config.train.steps_per_loop):
+    unused.append(f"steps_per_execution={arguments['steps_per_execution']} (train.steps_per_loop="
+                  f"{config.train.steps_per_loop} is what a call runs)")
   return unused
 
 
