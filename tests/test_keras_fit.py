@@ -86,6 +86,30 @@ def test_a_compiled_metric_named_like_another_of_eval_metrics_is_refused_not_dro
       "has another 'top5_accuracy' (SparseTopKCategoricalAccuracy(k=5)): rename one")
 
 
+@pytest.mark.parametrize("name", ["compiled_tempered", "compiled_tempered_with_config"])
+def test_a_users_compiled_loss_trains_with_its_own_arguments(name):
+  """A Loss with a temperature, with or without get_config: copied through Keras serialization, the first came
+  back at temperature 1 and the second failed on `reduction`."""
+  from tests.fixtures import keras_fit_models
+
+  parts = built(digits(name, **{"loss.name": ""}))
+  logits = tf.random.stateless_normal([4, 10], seed=(1, 2))
+  labels = tf.constant([0, 1, 2, 3], tf.int64)
+  expected = keras.losses.sparse_categorical_crossentropy(labels, logits / 0.05, from_logits=True)
+  np.testing.assert_allclose(parts.task.loss_fn(labels, logits).numpy(), expected.numpy(), rtol=1e-5)
+  users = parts.main_model.loss
+  assert isinstance(users, keras_fit_models.Tempered) and users.reduction == "sum_over_batch_size"  # left as it was
+
+
+def test_a_compiled_metric_whose_get_config_leaves_out_an_argument_is_refused_not_reset():
+  with pytest.raises(ConfigError) as raised:
+    built(digits("compiled_metric_without_its_argument", **{"loss.name": ""}))
+  assert str(raised.value) == (
+      "model 'tempered' was compiled with metric AboveThreshold, whose get_config() leaves out its constructor "
+      "argument 'threshold': the run makes its own copy of every compiled metric from get_config(), which would reset "
+      "it; return 'threshold' from get_config()")
+
+
 def summary_of(tmp_path, strategy):
   config = digits("compiled", **{"train.epochs": None, "train.steps": 30, "train.steps_per_loop": 10,
                                  "eval.every_steps": 30, "checkpoint.every_steps": 30, "deterministic": True,

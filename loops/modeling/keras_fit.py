@@ -9,7 +9,6 @@ and metrics say is taken: a loss per output is refused (write a Task); the compi
 """
 
 import contextlib
-import copy
 import inspect
 
 from absl import logging
@@ -109,7 +108,7 @@ def per_example_loss(model, labels, outputs):
     raise ConfigError(f"model '{model.name}' was compiled with a loss per output; the built-in classification "
                       f"trains one output: {PORT}")
   weight = _loss_weight(model)
-  loss = copy.copy(private_apis.resolve_loss(identifier, labels, outputs))  # "crossentropy"/"ce" as Keras reads them
+  loss = _shallow_copy(private_apis.resolve_loss(identifier, labels, outputs))  # "crossentropy" as Keras reads it
   loss.reduction = None
   name = f"compiled {describe(identifier)}"
 
@@ -130,6 +129,14 @@ def per_example_loss(model, labels, outputs):
   return fn
 
 
+def _shallow_copy(loss):
+  """A copy of the loss object sharing its attributes (copy.copy goes through Keras serialization, which resets a
+  custom Loss's constructor arguments that get_config leaves out, and fails on a class not registered)."""
+  copied = object.__new__(type(loss))
+  copied.__dict__.update(loss.__dict__)
+  return copied
+
+
 def _loss_weight(model):
   weights = model.get_compile_config().get("loss_weights")
   if weights is None:
@@ -147,10 +154,25 @@ def metrics(model, labels, outputs):
   made = []
   for identifier in compiled_metrics(model):
     if isinstance(identifier, keras.metrics.Metric):
-      made.append((identifier, type(identifier).from_config(identifier.get_config())))
+      made.append((identifier, _fresh(model, identifier)))
     else:
       made.append((identifier, private_apis.resolve_metric(identifier, labels, outputs)))
   return made
+
+
+def _fresh(model, metric):
+  """A new metric of the same class and settings (from its get_config); ConfigError when a constructor argument
+  the metric keeps comes back otherwise (get_config leaves it out: the copy would reset it silently)."""
+  config = metric.get_config()
+  fresh = type(metric).from_config(config)
+  kept = [name for name in inspect.signature(type(metric).__init__).parameters
+          if name not in ("self", "name", "dtype", "args", "kwargs") and name not in config and hasattr(metric, name)
+          and getattr(fresh, name, None) != getattr(metric, name)]
+  if kept:
+    raise ConfigError(f"model '{model.name}' was compiled with metric {type(metric).__name__}, whose get_config() "
+                      f"leaves out its constructor argument {kept[0]!r}: the run makes its own copy of every compiled "
+                      f"metric from get_config(), which would reset it; return {kept[0]!r} from get_config()")
+  return fresh
 
 
 def warn_unused_overrides(name, model):
