@@ -196,17 +196,35 @@ def input_failure(error, name, step):
   return InputPipelineError(f"data.name='{name}': reading the train batch of step {step + 1} failed: {what}{at}")
 
 
+# The graph-level seed of an epoch's trace when the run's is 0: TensorFlow's get_seed compares an op's seed with 0 in
+# Python when the global seed is 0, so ds.shuffle(n, seed=seed + epoch) (a tensor) cannot be traced under it.
+TENSOR_SEEDS_GRAPH_SEED = 2**31
+
+
 def _call(name, fn, split, *, batch_size, context, seed=0, epoch=0, stream=None):
   seed, epoch = (tf.cast(v, tf.int64) for v in (seed, epoch))
   named = {} if stream is None else {"stream": stream}
-  ds = tf.autograph.experimental.do_not_convert(fn)(split, batch_size=batch_size, context=context, seed=seed,
-                                                    epoch=epoch, **named)  # the user's Python runs as Python
+  call = lambda: tf.autograph.experimental.do_not_convert(fn)(split, batch_size=batch_size, context=context,
+                                                               seed=seed, epoch=epoch, **named)  # Python as Python
+  try:
+    ds = call()
+  except tf.errors.OperatorNotAllowedInGraphError:
+    graph_seed = tf.compat.v1.get_default_graph().seed
+    if tf.executing_eagerly() or graph_seed is None or graph_seed % (2**31 - 1) != 0:
+      raise
+    tf.random.set_seed(TENSOR_SEEDS_GRAPH_SEED)  # this epoch's trace only: a seed tf.data takes beside a tensor
+    ds = call()
   if not isinstance(ds, tf.data.Dataset):
     raise ConfigError(f"data.name='{name}': {name.split(':')[1]}('{split}', ...) must return a tf.data.Dataset "
                       f"of (features, targets) batches, got {type(ds).__name__}")
   if not (isinstance(ds.element_spec, tuple) and len(ds.element_spec) == 2):
     raise ConfigError(f"data.name='{name}': the '{split}' dataset's elements must be (features, targets), got "
                       f"{ds.element_spec}")
+  if any(isinstance(spec, (tf.RaggedTensorSpec, tf.SparseTensorSpec)) for spec in tf.nest.flatten(
+      ds.element_spec, expand_composites=False)):
+    raise ConfigError(f"data.name='{name}': the '{split}' batches hold ragged or sparse tensors (ds.ragged_batch, "
+                      "tf.sparse): a step takes dense tensors; batch sequences with ds.padded_batch(batch_size, "
+                      "drop_remainder=True) (each padded to its batch's longest) or densify them in a map")
   return ds
 
 
