@@ -4,6 +4,7 @@ same "did you mean" and first-line helpers.
 """
 
 import difflib
+import re
 
 
 class ConfigError(ValueError):
@@ -34,9 +35,21 @@ def at_least(key, value, low, what="an integer"):
     raise ConfigError(f"{key} must be {what} >= {low}, got {value!r}")
 
 
+_RAISED = re.compile(r"^(\w+(?:Error|Exception)): (.+)$")
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
 def first_line(error):
-  """The first non-empty line of an error's message, or its type name."""
+  """The first non-empty line of an error's message, or its type name. A traced function's error ("in user code:"
+  and frames) gives its cause: the error raised inside, with the last frame outside installed packages."""
   lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
+  if lines and lines[0] == "in user code:":
+    raised = [found for found in map(_RAISED.match, lines) if found]
+    if raised:
+      kind, message = raised[-1].groups()
+      frames = [frame for frame in _FRAME.findall(str(error)) if "site-packages" not in frame[0]]
+      where = f" (in {frames[-1][0]}:{frames[-1][1]})" if frames else ""
+      return (message if kind == type(error).__name__ else f"{kind}: {message}") + where
   return lines[0] if lines else type(error).__name__
 
 

@@ -162,6 +162,7 @@ def build(config, role, kept=None, strategy=None):
 def _take_compiled(config, strategy, task, model, element_spec, made):
   """The built-in classification on a compile()d model (loops/modeling/keras_fit.py): its loss when loss.name is
   "", its metrics after eval.metrics'. Returns every eval metric made."""
+  keras_fit.check_one_loss(model)  # before its outputs are asked for 'logits'
   labels = tf.zeros([2, *element_spec[1].shape], element_spec[1].dtype)
   outputs, _ = classification_lib.forward(model, tf.zeros([2, *element_spec[0].shape], element_spec[0].dtype), False)
   loss_fn = keras_fit.loss_for_run(config, model, labels, outputs)

@@ -133,6 +133,10 @@ def config_with(**keys):
     ({"task__name": "regression"}, "task.name 'regression' is neither 'classification' nor 'package.module:Name'"),
     ({"task__name": "tests.fixtures.contract_tasks:NotATask"}, "is type .*not a subclass of loops.task.Task"),
     ({"task__name": "tests.fixtures.contract_tasks:Empty"}, "defines neither per_example_loss .* nor train_step"),
+    ({"task__name": "tests.fixtures.contract_tasks:StepWithoutEval"},
+     r"^tests.fixtures.contract_tasks:StepWithoutEval writes its own train_step but no eval_step, and the default "
+     r"eval_step reports per_example_loss, which it does not define: write eval_step\(self, batch, models, ctx\) "
+     r"returning \{name: per-example values\} \(reported as eval/<name>\)$"),
     ({"task__name": "tests.fixtures.contract_tasks:Stepper", "train__grad_accum_steps": 2},
      "train.grad_accum_steps=2 needs a loss-level task"),
     ({"task__name": "tests.fixtures.contract_tasks:Takes", "task__kwargs": {"depth": 2}},
@@ -383,3 +387,28 @@ def test_the_main_model_and_optimizer_are_the_ones_named_model_else_the_first(na
                              "optimizers": {name: f"{name} opt" for name in names if name != "critic"}})
   assert parts.main_model == (f"{main} net" if main else None)
   assert parts.main_optimizer == (f"{main} opt" if main else None)
+
+
+def test_an_optimizer_the_task_makes_on_self_is_refused_naming_the_optimizers_argument(tmp_path):
+  """Keras-style `self.optimizer = Adam()` was a ~270-line traceback ("Mixing different tf.distribute.Strategy")."""
+  from loops import run
+  config = config_with(task__name="tests.fixtures.contract_tasks:OwnOptimizer")
+  with pytest.raises(ConfigError) as raised:
+    run.train_and_evaluate(config, str(tmp_path / "w"))
+  assert str(raised.value) == (
+      "OwnOptimizer.model_optimizer is an optimizer the task made itself (outside the run's strategy, checkpoints and "
+      "learning-rate schedule): make it in build_optimizers (return {model name: ctx.optimizer(...)}) and apply the "
+      "one train_step gets in its `optimizers` argument")
+  assert not (tmp_path / "w" / "checkpoints").exists()
+
+
+def test_a_loss_per_output_is_refused_before_the_outputs_are_asked_for_logits():
+  from tests.conftest import set_keys
+  config = set_keys(load_config("digits_cnn"), {"model.name": "tests.fixtures.keras_fit_models:compiled_two_outputs"})
+  check.check(config)
+  from loops import build as build_lib
+  from loops.distribute import cluster
+  with pytest.raises(ConfigError) as raised:
+    build_lib.build(config, cluster.ClusterRole())
+  assert str(raised.value).startswith("model 'two_outputs' was compiled with a loss per output; the built-in "
+                                      "classification trains one output: port it to a Task")

@@ -74,6 +74,13 @@ def loss_for_run(config, model, labels, outputs):
   return per_example_loss(model, labels, outputs)
 
 
+def check_one_loss(model):
+  """ConfigError for a model compiled with a loss per output (said before its outputs are looked at)."""
+  if isinstance(compiled_loss(model), (dict, list, tuple)):
+    raise ConfigError(f"model '{model.name}' was compiled with a loss per output; the built-in classification "
+                      f"trains one output: {PORT}")
+
+
 def added_metrics(made, model, labels, outputs):
   """[(identifier, metric)] of the compiled metrics not already in `made` (eval.metrics' [(entry, metric)]): a
   name both give is eval.metrics' when it is the same metric (class and settings), else refused. Call inside the
@@ -104,9 +111,7 @@ def per_example_loss(model, labels, outputs):
   none (a copy: the user's object is left as it is), times a scalar loss_weights. labels, outputs: a zero example
   batch, to resolve "crossentropy" as Keras does and to probe the loss once (one line when it cannot run)."""
   identifier = compiled_loss(model)
-  if isinstance(identifier, (dict, list, tuple)):
-    raise ConfigError(f"model '{model.name}' was compiled with a loss per output; the built-in classification "
-                      f"trains one output: {PORT}")
+  check_one_loss(model)
   weight = _loss_weight(model)
   loss = _shallow_copy(private_apis.resolve_loss(identifier, labels, outputs))  # "crossentropy" as Keras reads it
   loss.reduction = None

@@ -37,6 +37,10 @@ def check_task_settings(config):
     if cls.transform_gradients is not Task.transform_gradients:
       raise ConfigError(f"{name} writes its own train_step, so transform_gradients is never called: sum its "
                         "gradients with ctx.sum_over_replicas there, or drop train_step (loss level)")
+    if cls.eval_step is Task.eval_step and cls.per_example_loss is Task.per_example_loss:
+      raise ConfigError(f"{name} writes its own train_step but no eval_step, and the default eval_step reports "
+                        "per_example_loss, which it does not define: write eval_step(self, batch, models, ctx) "
+                        "returning {name: per-example values} (reported as eval/<name>)")
   elif cls.per_example_loss is Task.per_example_loss:
     raise ConfigError(f"task '{name}' defines neither per_example_loss (loss level) nor train_step (step level)")
 
@@ -85,6 +89,13 @@ def check_optimizers(task, models, optimizers, float16=False):
   """build_optimizers returned {model name: optimizer} for trainable models; a loss-level task has at least one;
   under float16 each scales its loss (ctx.optimizer makes them so), one only for a loss-level task."""
   where = f"{type(task).__name__}.build_optimizers"
+  own = [attribute for attribute, value in vars(task).items() if isinstance(value, keras.optimizers.Optimizer)
+         and all(value is not o and value is not getattr(o, "inner_optimizer", None) for o in optimizers.values())]
+  if own:
+    raise ConfigError(f"{type(task).__name__}.{own[0]} is an optimizer the task made itself (outside the run's "
+                      "strategy, checkpoints and learning-rate schedule): make it in build_optimizers (return "
+                      "{model name: ctx.optimizer(...)}) and apply the one train_step gets in its `optimizers` "
+                      "argument")
   for name, optimizer in optimizers.items():
     if name not in models:
       raise ConfigError(f"{where}: '{name}' is not a model of the task (models: {sorted(models)})")
