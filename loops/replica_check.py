@@ -25,7 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from errors import first_line
+from errors import ConfigError, first_line
 from loops import build as build_lib
 from loops import check as check_lib
 from loops import first_difference
@@ -70,6 +70,15 @@ def like_with_like(config, others=OTHERS):
     c.optimizer.learning_rate = optimizers_lib.scaled_learning_rate(c.optimizer, c.train.global_batch_size, others)
     c.optimizer.lr_scaling = "none"
   return c
+
+
+def check_split(config, kind="replicas"):
+  """ConfigError when the global batch both sides run does not split over the other side's replicas or workers
+  (said before either side is built)."""
+  batch = like_with_like(config).train.global_batch_size
+  if batch is not None and batch % OTHERS:
+    raise ConfigError(f"global batch size {batch} is not divisible by the check's {OTHERS} {kind}; use a multiple of "
+                      f"{OTHERS}")
 
 
 def settings_line(config, kind="replicas", others=OTHERS):
@@ -489,6 +498,7 @@ def run(config, steps=None, out=print):
         f"this process{OTHER_STRATEGIES.get(config.strategy, '')}")
   strategy_lib.configure_devices(variant(config, 2, steps))  # both logical CPUs before TensorFlow starts
   check_lib.check(variant(config, 2, steps))  # a setting the two-replica side refuses: one line, before training
+  check_split(config)
   out(settings_line(config))
   with build_lib.determinism_restored():
     comparison = compare(config, steps)

@@ -88,6 +88,7 @@ def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
   for config in ones + twos:
     check_lib.check(config)  # a setting it refuses: one line, before any worker starts
   for config in twos:
+    replica_check.check_split(config, "workers")
     distribute_checks.check_micro_batches_across_workers(config, WORKERS)
   reports = [None] * len(configs)
   for pair in sharing_a_pair(twos):

@@ -130,6 +130,17 @@ def test_the_missions_command_passes_with_synchronized_batchnorm_and_without_it_
              for line in lines), lines
 
 
+@pytest.mark.parametrize("module, kind", [("replica_check", "replicas"), ("worker_check", "workers")])
+def test_a_global_batch_the_other_side_cannot_split_is_refused_before_either_side_is_built(module, kind, monkeypatch):
+  from errors import ConfigError
+  from loops import worker_check
+  monkeypatch.setattr(replica_check, "Side", lambda *a, **k: pytest.fail("a side was built"))
+  config = set_keys(load_config("digits_cnn"), {"train.global_batch_size": 33})
+  with pytest.raises(ConfigError) as raised:
+    {"replica_check": replica_check, "worker_check": worker_check}[module].run(config, out=lambda line: None)
+  assert str(raised.value) == f"global batch size 33 is not divisible by the check's 2 {kind}; use a multiple of 2"
+
+
 WORKER_ROWS = [(name, steps) for name in SHIPPED for steps in (1, 3, 100)] + [(name, None) for name in LARGE]
 
 
