@@ -8,11 +8,11 @@ resume, eval padded with zero rows of weight 0 — so resume is exact and any re
 global batches. No image preprocessing is applied (data.image_size, mean/std, flips and mixing are refused).
 """
 
-import importlib
 
 import numpy as np
 import tensorflow as tf
 
+from data import user_code
 from data import user_stream
 from data.loaded_source import Source
 from errors import ConfigError
@@ -23,16 +23,11 @@ def is_user_function(name):
 
 
 def resolve(name):
-  """The loader for data.name='package.module:function' (ConfigError when it cannot be imported)."""
-  module_name, _, attr = name.partition(":")
-  try:
-    module = importlib.import_module(module_name)
-  except ImportError as e:
-    raise ConfigError(f"cannot import module '{module_name}' for data.name='{name}': {e} "
-                      f"(is its folder on PYTHONPATH?)") from None
-  fn = getattr(module, attr, None)
+  """The loader for data.name='package.module:function' or 'path/to/file.py:function' (ConfigError when it cannot
+  be imported)."""
+  fn = user_code.named(name, "data.name")
   if not callable(fn):
-    raise ConfigError(f"module '{module_name}' has no function '{attr}' (data.name='{name}')")
+    raise ConfigError(f"data.name='{name}' names {type(fn).__name__}, not a function")
   if user_stream.is_input_function(fn):
     return lambda data_config: user_stream.load(name, fn)
   return lambda data_config: load(name, fn)
@@ -46,8 +41,7 @@ def load_streams(name, streams, eval_stream):
                       f"'package.module:function' taking (split, *, stream, batch_size, context, seed, epoch), got "
                       f"'{name}'")
   resolve(name)  # the one-line import errors
-  module_name, _, attr = name.partition(":")
-  fn = getattr(importlib.import_module(module_name), attr)
+  fn = user_code.named(name, "data.name")
   if not user_stream.is_input_function(fn):
     raise ConfigError(f"data.name='{name}': the task reads the streams {list(streams)}, so {attr} must be an input "
                       f"function (split, *, stream, batch_size, context, seed, epoch), not arrays of one split")

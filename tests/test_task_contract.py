@@ -130,7 +130,7 @@ def config_with(**keys):
 
 
 @pytest.mark.parametrize("keys, message", [
-    ({"task__name": "regression"}, "task.name 'regression' is neither 'classification' nor 'package.module:Name'"),
+    ({"task__name": "regression"}, "task.name 'regression' is neither 'classification' nor 'package.module:Name' or 'path/to/file.py:Name'"),
     ({"task__name": "tests.fixtures.contract_tasks:NotATask"}, "is type .*not a subclass of loops.task.Task"),
     ({"task__name": "tests.fixtures.contract_tasks:Empty"}, "defines neither per_example_loss .* nor train_step"),
     ({"task__name": "tests.fixtures.contract_tasks:StepWithoutEval"},
@@ -219,7 +219,7 @@ def test_the_built_in_classifier_on_a_users_data_takes_its_class_count_from_the_
     ("not_a_pair", r"not_a_pair\('train'\) must return \(features, targets\), got ndarray"),
     ("ragged", "needs the examples on its first axis, with the same count; got first axes"),
     ("other_eval", "the eval split's arrays .* differ from the train split's"),
-    ("missing", "module 'tests.fixtures.contract_tasks' has no function 'missing'"),
+    ("missing", "module 'tests.fixtures.contract_tasks' has no 'missing' \\(data.name="),
 ])
 def test_a_bad_data_function_is_one_line(function, message):
   config = config_with(data__name=f"tests.fixtures.contract_tasks:{function}")

@@ -1,8 +1,9 @@
-"""User code named in the config as "package.module:name" (models, losses, metrics, callbacks): one importer, one error style."""
+"""User code named in the config as "package.module:name" or "path/to/file.py:name" (models, losses, metrics,
+callbacks, tasks): one importer (data/user_code.py), one error style."""
 
-import importlib
 import inspect
 
+from data import user_code
 from errors import ConfigError
 
 
@@ -11,18 +12,9 @@ def is_import_path(name):
 
 
 def load(path, setting):
-  """The object `name` of `package.module`; ConfigError naming `setting` and `path` when it cannot be had."""
-  module_name, _, attr = path.partition(":")
-  if not module_name or not attr:
-    raise ConfigError(f"{setting}='{path}' must be 'package.module:name'")
-  try:
-    module = importlib.import_module(module_name)
-  except ImportError as e:
-    raise ConfigError(f"cannot import module '{module_name}' for {setting}='{path}': {e} "
-                      f"(is its folder on PYTHONPATH?)") from None
-  if not hasattr(module, attr):
-    raise ConfigError(f"module '{module_name}' has no '{attr}' ({setting}='{path}')")
-  return getattr(module, attr)
+  """The object `name` of `package.module` or of `path/to/file.py`; ConfigError naming `setting` and `path` when it
+  cannot be had."""
+  return user_code.named(path, setting)
 
 
 def load_callable(path, setting, num_args, keywords=()):

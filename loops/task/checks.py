@@ -19,8 +19,8 @@ def check_task_settings(config):
                         f"'{BUILT_IN}' takes its settings from model.*, loss.* and eval.metrics")
     return
   if not plugins.is_import_path(name):
-    raise ConfigError(f"task.name '{name}' is neither '{BUILT_IN}' nor 'package.module:Name' (a subclass of "
-                      f"loops.task.Task)")
+    raise ConfigError(f"task.name '{name}' is neither '{BUILT_IN}' nor 'package.module:Name' or "
+                      f"'path/to/file.py:Name' (a subclass of loops.task.Task)")
   from loops.task.interface import Task  # pylint: disable=import-outside-toplevel
   cls = plugins.load(name, "task.name")
   if not (isinstance(cls, type) and issubclass(cls, Task)):
