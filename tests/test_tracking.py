@@ -334,7 +334,8 @@ def test_a_tracker_that_fails_is_one_warning_its_values_are_counted_and_it_is_tr
   assert reported == ["new-run"]
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("fake:")]
   assert lines[1:] == ["fake: reachable again (1 values not sent while it was down)",
-                       "fake: 1 values not sent (not reachable (ConnectionError))"]
+                       "fake: 1 values not sent while it was down (not reachable (ConnectionError)); it took every "
+                       "value since it came back"]
 
 
 def test_a_slow_tracker_never_holds_up_the_caller_and_the_end_waits_only_so_long(caplog):
@@ -429,3 +430,14 @@ def test_two_runs_starting_together_on_one_new_sqlite_store_are_both_recorded(tm
   client = mlflow_client(uri)
   runs = client.search_runs([client.get_experiment_by_name("side-by-side").experiment_id])
   assert sorted((run.info.run_name, run.data.metrics["train/loss"]) for run in runs) == [("a", 1.0), ("bb", 2.0)]
+
+
+def test_a_sqlite_store_that_cannot_be_opened_is_one_line_at_once(tmp_path, caplog):
+  """A directory where the database should be: MLflow retried for ~50 s, logging seven SQLAlchemy blocks."""
+  from loops.persist.mlflow_tracker import MlflowTracker
+  (tmp_path / "store").mkdir()
+  started = time.monotonic()
+  with pytest.raises(OSError) as raised:
+    MlflowTracker(f"sqlite:///{tmp_path}/store", "e", "r").open(None)
+  assert str(raised.value) == f"sqlite cannot open {tmp_path}/store: unable to open database file"
+  assert time.monotonic() - started < 20 and not [r for r in caplog.records if "SQLAlchemy" in r.getMessage()]

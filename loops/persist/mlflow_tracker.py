@@ -5,6 +5,7 @@ import contextlib
 import fcntl
 import logging as python_logging
 import os
+import sqlite3
 import time
 
 # A server that is down or slow answers within seconds, not after MLflow's default of 7 retries over minutes
@@ -16,6 +17,7 @@ BATCH = 100  # params or tags per log_batch (MLflow takes at most 100 params)
 MAX_METRICS = 1000  # metrics per log_batch (MLflow's limit)
 # MLflow's start-up chatter (database migrations) and urllib3's retry warnings: the tracker's one warning says it.
 NOISY_LOGGERS = {"alembic": python_logging.WARNING, "mlflow": python_logging.WARNING,
+                 "mlflow.store.db.utils": python_logging.ERROR,  # a retry's multi-line block: the tracker's line says it
                  "urllib3.connectionpool": python_logging.ERROR}
 
 
@@ -106,9 +108,18 @@ def store_created(uri):
   with open(database + ".lock", "a", encoding="utf-8") as lock:
     fcntl.flock(lock, fcntl.LOCK_EX)
     try:
+      _openable(database)
       yield
     finally:
       fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _openable(database):
+  """OSError in one line when sqlite cannot open `database` (MLflow would retry for ~50 s, logging each try)."""
+  try:
+    sqlite3.connect(database).execute("PRAGMA user_version").fetchall()
+  except sqlite3.Error as e:
+    raise OSError(f"sqlite cannot open {database}: {e}") from None
 
 
 def experiment_id(mlflow_client, name, uri):

@@ -145,6 +145,9 @@ class Sender:
       self.not_sent += self.in_flight + sum(count for _, _, count in _drained(self.calls))
       logging.warning("%s: still sending after %.0f s (tracking.close_timeout_seconds): %d values not sent",
                       self.kind, timeout, self.not_sent)
+    elif self.not_sent and self.down_since is None:  # it came back: the outage is what lost them, not the end
+      logging.warning("%s: %d values not sent while it was down (%s); it took every value since it came back",
+                      self.kind, self.not_sent, self.first_error)
     elif self.not_sent:
       logging.warning("%s: %d values not sent (%s)", self.kind, self.not_sent, self.first_error)
 
