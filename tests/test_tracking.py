@@ -432,12 +432,13 @@ def test_two_runs_starting_together_on_one_new_sqlite_store_are_both_recorded(tm
   assert sorted((run.info.run_name, run.data.metrics["train/loss"]) for run in runs) == [("a", 1.0), ("bb", 2.0)]
 
 
-def test_a_sqlite_store_that_cannot_be_opened_is_one_line_at_once(tmp_path, caplog):
+def test_a_sqlite_store_that_cannot_be_opened_is_one_line_at_once(tmp_path, caplog, monkeypatch):
   """A directory where the database should be: MLflow retried for ~50 s, logging seven SQLAlchemy blocks."""
+  from loops.persist import mlflow_tracker
   from loops.persist.mlflow_tracker import MlflowTracker
+  monkeypatch.setattr(mlflow_tracker, "client", lambda uri: pytest.fail("MLflow's client (and its retries) reached"))
   (tmp_path / "store").mkdir()
-  started = time.monotonic()
   with pytest.raises(OSError) as raised:
     MlflowTracker(f"sqlite:///{tmp_path}/store", "e", "r").open(None)
   assert str(raised.value) == f"sqlite cannot open {tmp_path}/store: unable to open database file"
-  assert time.monotonic() - started < 20 and not [r for r in caplog.records if "SQLAlchemy" in r.getMessage()]
+  assert not [r for r in caplog.records if "SQLAlchemy" in r.getMessage()]
