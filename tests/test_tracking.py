@@ -22,7 +22,7 @@ from errors import ConfigError
 from launch import sweep_tracking
 from loops.persist import tracker_process
 from loops.persist import tracking
-from tests.conftest import REPO, run_command
+from tests.conftest import REPO, pythonpath, run_command
 from tests.test_reliability import env, start_and_sigterm
 from tests.test_sidecar import event_scalars
 
@@ -442,3 +442,27 @@ def test_a_sqlite_store_that_cannot_be_opened_is_one_line_at_once(tmp_path, capl
     MlflowTracker(f"sqlite:///{tmp_path}/store", "e", "r").open(None)
   assert str(raised.value) == f"sqlite cannot open {tmp_path}/store: unable to open database file"
   assert not [r for r in caplog.records if "SQLAlchemy" in r.getMessage()]
+
+
+def test_a_run_killed_after_its_last_checkpoint_and_resumed_logs_each_step_once(tmp_path):
+  """kill -9 at step 70 (checkpoint at 50; MLflow has steps up to 70): the resumed attempt trains 51-70 again and
+  sent them a second time, with other values. Now each step holds one point, and a tag says which are the killed
+  attempt's."""
+  store, workdir = f"sqlite:///{tmp_path}/mlflow.db", tmp_path / "runs" / "digits"
+  command = [PY, "main.py", *RUN, f"--workdir={workdir}", "--config.train.steps=90",
+             "--config.checkpoint.every_steps=50", f"--config.tracking.mlflow={store}"]
+  killing = {**env(), "PYTHONPATH": pythonpath(os.path.join(REPO, "tests", "fixtures", "plugins")),
+             "KILL_AT_STEP": "70"}
+  killed = subprocess.run(command + ["--config.callbacks=('my_callbacks:killed_at_step',)"], cwd=REPO, env=killing,
+                          capture_output=True, text=True, timeout=300)
+  assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+  client = mlflow_client(store)
+  run_id = only_run(client).info.run_id
+  assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [10, 20, 30, 40, 50, 60, 70]
+  resumed = subprocess.run(command, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
+  assert resumed.returncode == 0, resumed.stderr[-3000:]
+  run = only_run(client)
+  for key, steps in (("train/loss", [10, 20, 30, 40, 50, 60, 70, 80, 90]), ("eval/accuracy", [30, 60, 90])):
+    assert sorted(m.step for m in client.get_metric_history(run_id, key)) == steps, key
+  assert run.info.status == "FINISHED" and run.data.tags["replayed_steps"].startswith(
+      "60-70: logged by an attempt that ended before a checkpoint held them")

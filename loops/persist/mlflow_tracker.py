@@ -28,6 +28,8 @@ class MlflowTracker:
     self.uri, self.experiment, self.run_name, self.parent_run = uri, experiment, run_name, parent_run
     self.client = self.run_id = None
     self.known_params = {}
+    self.logged = {}  # {metric key: the last step an earlier attempt of this run logged}
+    self.replayed = None  # the first step this attempt did not send again, once one is met
 
   def open(self, run_id):
     """Continues run_id when the store still holds it, else starts a run; returns its id."""
@@ -37,7 +39,9 @@ class MlflowTracker:
     if run_id and _exists(self.client, run_id):
       self.run_id = run_id
       self.client.update_run(run_id, status="RUNNING")
-      self.known_params = dict(self.client.get_run(run_id).data.params)
+      data = self.client.get_run(run_id).data
+      self.known_params = dict(data.params)
+      self.logged = {key: max(m.step for m in self.client.get_metric_history(run_id, key)) for key in data.metrics}
       return run_id
     tags = {"mlflow.runName": self.run_name}
     if self.parent_run:
@@ -63,11 +67,20 @@ class MlflowTracker:
       self.client.log_batch(self.run_id, tags=[RunTag(k, v) for k, v in changed.items()])
 
   def metrics(self, points):
-    """points: [(step, {tag: value}, timestamp in ms)], sent in requests of at most 1000 values."""
-    from mlflow.entities import Metric  # pylint: disable=import-outside-toplevel
+    """points: [(step, {tag: value}, timestamp in ms)], sent in requests of at most 1000 values. A step an earlier
+    attempt of the run already logged (it crashed after them, before a checkpoint held them: this attempt trains
+    them again) is not sent twice; the tag 'replayed_steps' says which steps hold the crashed attempt's values."""
+    from mlflow.entities import Metric, RunTag  # pylint: disable=import-outside-toplevel
 
     metrics = [Metric(key, value, timestamp, step) for step, values, timestamp in points
-               for key, value in values.items()]
+               for key, value in values.items() if step > self.logged.get(key, -1)]
+    skipped = [step for step, values, _ in points if any(step <= self.logged.get(key, -1) for key in values)]
+    if skipped and self.replayed is None:
+      self.replayed = min(skipped)
+      last = max(self.logged.values())
+      self.client.log_batch(self.run_id, tags=[RunTag("replayed_steps", (
+          f"{self.replayed}-{last}: logged by an attempt that ended before a checkpoint held them (kill -9, a "
+          f"crash); the run resumed from its last checkpoint and trained them again, not sent twice"))])
     for start in range(0, len(metrics), MAX_METRICS):
       self.client.log_batch(self.run_id, metrics=metrics[start:start + MAX_METRICS])
 

@@ -15,7 +15,7 @@ class WandbTracker:
   def __init__(self, project, run_name, group, workdir):
     self.project, self.run_name, self.group = project, run_name, group
     self.directory = workdir if "://" not in workdir else tempfile.mkdtemp(prefix="wandb-")
-    self.run = None
+    self.run, self.logged = None, -1
 
   def open(self, run_id):
     """Continues run_id (resume='allow'), or starts a run under a new id; returns the id."""
@@ -27,15 +27,18 @@ class WandbTracker:
                           group=self.group or None, dir=self.directory, settings=settings)
     self.run.define_metric(STEP)
     self.run.define_metric("*", step_metric=STEP)
+    self.logged = self.run.summary.get(STEP, -1) if self.run.resumed else -1  # offline: W&B does not know it
     return run_id
 
   def params(self, values):
     self.run.config.update(dict(values), allow_val_change=True)
 
   def metrics(self, points):
-    """points: [(step, {tag: value}, timestamp in ms)]."""
+    """points: [(step, {tag: value}, timestamp in ms)]; a step an earlier attempt logged (online: the run's
+    summary says which) is not sent again (see MlflowTracker.metrics)."""
     for step, values, _ in points:
-      self.run.log({**values, STEP: step})
+      if step > self.logged:
+        self.run.log({**values, STEP: step})
 
   def tags(self, values):
     self.run.tags = tuple(sorted({*self.run.tags, *(f"{key}:{value}"[:64] for key, value in values.items())}))
