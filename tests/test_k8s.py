@@ -358,9 +358,21 @@ def test_auto_takes_tf_config_mpi_and_srun_first_and_k8s_only_with_the_completio
   assert cluster.from_environment(indexed_pod(1), source="local") == cluster.ClusterRole()
 
 
-def test_a_single_pod_job_trains_locally():
-  assert cluster.from_environment(indexed_pod(0, completions=1)) == cluster.ClusterRole()
-  assert cluster.from_environment(jobset_pod(0, 0, replicas=1, completions=1), source="k8s") == cluster.ClusterRole()
+def test_a_single_pod_job_trains_locally_and_multi_worker_mirrored_names_what_it_found():
+  from loops.distribute import checks as distribute_checks
+  alone = cluster.from_environment(indexed_pod(0, completions=1))
+  assert alone == cluster.ClusterRole(alone="a Kubernetes Indexed Job of 1 pod (K8S_JOB_COMPLETIONS=1)")
+  assert (alone.type, alone.is_distributed, alone.is_chief) == ("local", False, True)
+  assert cluster.from_environment(jobset_pod(0, 0, replicas=1, completions=1), source="k8s").alone.startswith(
+      "a Kubernetes JobSet of 1 pod")
+  config = load_config("digits_cnn")
+  config.strategy = "multi_worker_mirrored"
+  with pytest.raises(ConfigError) as raised:
+    distribute_checks.check_role(config, alone)
+  assert str(raised.value) == (
+      "strategy 'multi_worker_mirrored' needs 2 or more workers, and this process found a Kubernetes Indexed Job of "
+      "1 pod (K8S_JOB_COMPLETIONS=1): start 2 or more (completions and parallelism of the Job, -np of the launcher), "
+      "or train on one machine with strategy=mirrored")
 
 
 @pytest.mark.parametrize("env, message", [
@@ -375,6 +387,9 @@ def test_a_single_pod_job_trains_locally():
     (indexed_pod(1, completions="two"), "K8S_JOB_COMPLETIONS is not a number: 'two'"),
     ({**indexed_pod(1), "HOSTNAME": "node-7"}, "HOSTNAME 'node-7' is not <job name>-1 (JOB_COMPLETION_INDEX)"),
     (jobset_pod(2, 0), "JobSet environment is inconsistent: JOB_INDEX=2, REPLICATED_JOB_REPLICAS=2"),
+    ({**jobset_pod(1, 0), "HOSTNAME": "js-workers-0-0"},
+     "JobSet environment is inconsistent: HOSTNAME 'js-workers-0-0' is not <jobset>-<replicated job>-<JOB_INDEX>-"
+     "<JOB_COMPLETION_INDEX> = 'js-workers-1-0'; set it from the pod's label jobset.sigs.k8s.io/job-index"),
     ({k: v for k, v in jobset_pod(1, 0).items() if k != "JOB_INDEX"},
      "JOB_INDEX is not set (set it from the pod's label jobset.sigs.k8s.io/job-index"),
     (indexed_pod(1, K8S_CLUSTER_DOMAIN="cluster.local"), "K8S_CLUSTER_DOMAIN is set but K8S_NAMESPACE is not"),

@@ -90,7 +90,8 @@ def test_bad_launcher_environment_is_one_line(env, message):
 
 
 def test_one_rank_is_a_local_run_and_writes_nothing(tmp_path):
-  assert cluster.from_environment(open_mpi(0, size=1), workdir=str(tmp_path)) == cluster.ClusterRole()
+  assert cluster.from_environment(open_mpi(0, size=1), workdir=str(tmp_path)) == cluster.ClusterRole(
+      alone="Open MPI mpirun started 1 rank")
   assert os.listdir(tmp_path) == []
 
 

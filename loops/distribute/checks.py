@@ -46,6 +46,10 @@ def check_role(config, role):
   name = config.strategy
   if role.is_evaluator:
     pass  # an evaluator evaluates on its own devices, whatever the training cluster runs
+  elif name in strategy_lib.MULTI_WORKER and not role.is_distributed and role.alone:
+    raise ConfigError(f"strategy 'multi_worker_mirrored' needs 2 or more workers, and this process found {role.alone}: "
+                      "start 2 or more (completions and parallelism of the Job, -np of the launcher), or train on one "
+                      "machine with strategy=mirrored")
   elif name in strategy_lib.MULTI_WORKER and not role.is_distributed:
     raise ConfigError("strategy 'multi_worker_mirrored' needs a cluster: set TF_CONFIG, run under srun, or start "
                       "it with `python -m launch.local --workers N -- python main.py ...`")

@@ -23,6 +23,7 @@ class ClusterRole:
   index: int = 0
   cluster: dict = dataclasses.field(default_factory=dict)  # the training cluster: never an "evaluator" job
   rendezvous_file: str = ""  # MPI: this rank's address file, removed once its peers answer (rendezvous.py)
+  alone: str = ""  # local because the launcher found one process: what it found ("a Kubernetes Job of 1 pod")
 
   @property
   def is_chief(self):
@@ -89,7 +90,7 @@ def from_mpi(environ, workdir, timeout_seconds):
   no cluster (a local run)."""
   launch = mpi.from_environment(environ)
   if launch.size == 1:
-    return ClusterRole()
+    return ClusterRole(alone=f"{mpi.NAMES[launch.launcher]} started 1 rank")
   if not workdir:
     raise ConfigError(f"{mpi.NAMES[launch.launcher]} started {launch.size} ranks but no workdir was given: the "
                       "ranks exchange their addresses through it")
@@ -110,7 +111,8 @@ def from_k8s(environ, port=k8s.DEFAULT_PORT):
   pod is no cluster (a local run)."""
   pods = k8s.from_environment(environ)
   if len(pods.hosts) == 1:
-    return ClusterRole()
+    return ClusterRole(alone=f"a Kubernetes {'JobSet' if environ.get(k8s.JOBSET, '').strip() else 'Indexed Job'} "
+                             f"of 1 pod ({k8s.COMPLETIONS}=1)")
   addresses = [f"{host}:{port}" for host in pods.hosts]
   logging.info("Kubernetes pod %d of %d: cluster %s", pods.index, len(addresses), addresses)
   return ClusterRole(type="worker", index=pods.index, cluster={"worker": addresses})

@@ -18,6 +18,7 @@ NAMESPACE = "K8S_NAMESPACE"  # optional (downward API metadata.namespace): <host
 CLUSTER_DOMAIN = "K8S_CLUSTER_DOMAIN"  # optional, with K8S_NAMESPACE: appended to it (e.g. cluster.local)
 JOBSET = "JOBSET_NAME"  # set: a JobSet's pod; the manifest sets these from the pod's jobset.sigs.k8s.io/ labels
 REPLICATED_JOB, JOB_INDEX, REPLICAS = "REPLICATED_JOB_NAME", "JOB_INDEX", "REPLICATED_JOB_REPLICAS"
+MAX_HOSTNAME = 63  # a longer pod hostname is cut by Kubernetes: not compared
 DEFAULT_PORT = 2222  # cluster.k8s_port: every pod has its own network namespace, so one port serves all
 
 HOW = {
@@ -71,6 +72,12 @@ def _jobset(environ, pod_index, completions):
   if replicas < 1 or not 0 <= job_index < replicas:
     raise ConfigError(f"JobSet environment is inconsistent: {JOB_INDEX}={job_index}, {REPLICAS}={replicas}; "
                       f"{HOW[REPLICAS]}")
+  own = f"{jobset}-{replicated}-{job_index}-{pod_index}"
+  hostname = environ.get("HOSTNAME", "").strip()
+  if hostname and len(own) <= MAX_HOSTNAME and hostname != own:
+    raise ConfigError(f"JobSet environment is inconsistent: HOSTNAME {hostname!r} is not <jobset>-<replicated job>-"
+                      f"<{JOB_INDEX}>-<{INDEX}> = {own!r}; {HOW[JOB_INDEX]} and {HOW[REPLICATED_JOB][0].lower()}"
+                      f"{HOW[REPLICATED_JOB][1:]}")
   service = environ.get(SERVICE, "").strip() or jobset
   hosts = tuple(_qualified(f"{jobset}-{replicated}-{j}-{p}.{service}", environ)
                 for j in range(replicas) for p in range(completions))
