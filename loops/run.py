@@ -90,6 +90,12 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   check_lib.check_role(config, role)
   if role.is_distributed and not dry_run:
     startup.check_port_free(role)
+  if role.is_distributed and dry_run:  # the plan needs the strategy, which starts with every peer
+    logging.warning("dry run of worker %d of %d: the multi-worker strategy starts only with every peer (%s), so this "
+                    "waits for them (at most cluster.startup_timeout_seconds=%g s); start the others too, or dry-run "
+                    "one machine's share with --config.cluster.source=local --config.strategy=mirrored",
+                    role.worker_index, role.num_workers,
+                    ", ".join(role.cluster.get("worker", [])), config.cluster.startup_timeout_seconds)
   if execution_lib.serve_if_server(config, role):
     return None
   with contextlib.ExitStack() as cleanup:

@@ -314,3 +314,26 @@ def test_mwms_starts_from_a_master_tf_config_with_an_evaluator():
   assert done.returncode == 0, done.stderr[-2000:]
   spec, task_type, task_id, is_chief, replicas = json.loads(done.stdout.strip().splitlines()[-1])
   assert spec == {"chief": [f"127.0.0.1:{port}"]} and (task_type, task_id, is_chief, replicas) == ("chief", 0, True, 1)
+
+
+@pytest.mark.e2e
+def test_a_dry_run_of_one_worker_says_it_waits_for_its_peers_and_ends_naming_the_missing_one(tmp_path):
+  """A pod's --dry_run waited silently up to the startup timeout: it says why it waits and for whom."""
+  import sys
+  from tests.conftest import run_command
+  from tests.test_monitoring import free_port
+
+  workers = [f"localhost:{free_port()}", f"localhost:{free_port()}"]
+  environment = {**os.environ, "TF_CONFIG": json.dumps({"cluster": {"worker": workers},
+                                                        "task": {"type": "worker", "index": 1}})}
+  done = run_command([sys.executable, "main.py", "--config=configs/digits_cnn.py",
+                      "--config.strategy=multi_worker_mirrored", "--config.cluster.startup_timeout_seconds=3",
+                      "--dry_run", f"--workdir={tmp_path}/w"], env=environment, merge_output=True)
+  lines = done.stdout.strip().splitlines()
+  assert done.returncode != 0 and lines[-1] == (
+      f"error: the cluster did not start within cluster.startup_timeout_seconds=3: nothing listens for worker 0 "
+      f"({workers[0]}): did it start? (see its log)"), done.stdout[-3000:]
+  assert any(line.endswith(f"] dry run of worker 1 of 2: the multi-worker strategy starts only with every peer "
+                           f"({workers[0]}, {workers[1]}), so this waits for them (at most "
+                           f"cluster.startup_timeout_seconds=3 s); start the others too, or dry-run one machine's "
+                           f"share with --config.cluster.source=local --config.strategy=mirrored") for line in lines)
