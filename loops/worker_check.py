@@ -249,16 +249,17 @@ class Workers:
       self.start()
 
   def failure(self, name, code, timeout_seconds):
-    """ConfigError naming the worker and its last line; its last lines (every worker's past the timeout) go to
-    stderr first."""
-    for shown in (self.procs if code is None else [name]):
+    """ConfigError naming the worker and its last line; its last lines (every worker's past the timeout, or a
+    failed one's that did not end with its one error line) go to stderr first."""
+    lines = [line for line in self.output.of(name) if line.strip()]
+    said = code is not None and lines and lines[-1].startswith("error: ")
+    for shown in (self.procs if code is None else [] if said else [name]):
       for line in [line for line in self.output.of(shown) if line.strip()][-SHOWN_LINES:]:
         print(f"[{shown}] {line}", file=sys.stderr)
-    lines = [line for line in self.output.of(name) if line.strip()]
     if code is None:
       return ConfigError(f"--check=workers: the {self.count} workers did not end within {timeout_seconds:g} s "
                          "(stopped); their last lines are above")
-    last = lines[-1].strip() if lines else "no output"
+    last = lines[-1].strip().removeprefix("error: ") if lines else "no output"
     return ConfigError(f"--check=workers: {name.replace(':', ' ')} failed (exit code {code}): {last}")
 
   def stop(self):
@@ -400,7 +401,9 @@ if __name__ == "__main__":
     worker_main(sys.argv)
   except ConfigError as e:
     sys.exit(f"error: {first_line(e)}")
-  except BaseException:  # pylint: disable=broad-except
-    traceback.print_exc()
+  except BaseException as error:  # pylint: disable=broad-except
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if "site-packages" not in frame.filename]
+    where = f" (in {frames[-1].filename}:{frames[-1].lineno})" if frames and "(in " not in first_line(error) else ""
+    print(f"error: {type(error).__name__}: {first_line(error)}{where}", file=sys.stderr)
     sys.stderr.flush()
     os._exit(1)  # TensorFlow's collective threads can hang an ordinary exit after a failed collective

@@ -2,6 +2,7 @@
 processes. The command-line runs and one shared worker pair train for real; the rest uses stand-in workers."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -31,6 +32,17 @@ def test_check_workers_from_the_command_line_fails_a_replica_local_statistic():
                     "--config.task.name=tests.fixtures.wrong_tasks:LocallyCentred")
   assert result.returncode == 1, (result.stdout + result.stderr)[-3000:]
   assert result.stdout.strip().splitlines()[-1].startswith("workers: FAIL: "), result.stdout[-2000:]
+
+
+@pytest.mark.e2e
+def test_a_task_raising_on_worker_1_is_one_line_naming_its_file_without_the_workers_traceback():
+  result = run_main("--config=configs/tasks.py:regression", "--check=workers",
+                    "--config.task.name=tests.fixtures.contract_tasks:RaisesOnWorker1")
+  assert result.returncode == 1, (result.stdout + result.stderr)[-3000:]
+  last = result.stderr.strip().splitlines()[-1]
+  assert re.fullmatch(r"error: --check=workers: worker 1 failed \(exit code 1\): RuntimeError: worker 1 cannot read "
+                      r"its shard \(in .*tests/fixtures/contract_tasks.py:\d+\)", last), result.stderr[-3000:]
+  assert "Traceback" not in result.stderr and "[worker:1]" not in result.stderr, result.stderr[-3000:]
 
 
 def test_parameter_server_is_refused_in_one_line():
