@@ -11,6 +11,7 @@ import importlib.util
 import os
 import re
 import sys
+import traceback
 
 from errors import ConfigError
 
@@ -27,10 +28,25 @@ def named(path, setting):
   where, _, attr = path.rpartition(":")
   if not where or not attr:
     raise ConfigError(f"{setting}='{path}' must be 'package.module:name' or 'path/to/file.py:name'")
-  module = _from_file(where, path, setting) if is_file(where) else _imported(where, path, setting)
+  try:
+    module = _from_file(where, path, setting) if is_file(where) else _imported(where, path, setting)
+  except ConfigError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  # the user's module fails as it is imported
+    raise ConfigError(f"{setting}='{path}': importing {where} failed: {type(e).__name__}: {_said(e)}") from e
   if not hasattr(module, attr):
     raise ConfigError(f"{'file' if is_file(where) else 'module'} '{where}' has no '{attr}' ({setting}='{path}')")
   return getattr(module, attr)
+
+
+def _said(error):
+  """The error's first line and where in the user's code it was raised (a SyntaxError: its file and line)."""
+  text = (str(error).strip().splitlines() or [""])[0]
+  if isinstance(error, SyntaxError) and error.filename:
+    return f"{error.msg} (in {error.filename}:{error.lineno})"
+  frames = [frame for frame in traceback.extract_tb(error.__traceback__) if not frame.filename.startswith("<")
+            and "site-packages" not in frame.filename and not frame.filename.startswith(FRAMEWORK + os.sep + "data")]
+  return text + (f" (in {frames[-1].filename}:{frames[-1].lineno})" if frames else "")
 
 
 def _imported(module_name, path, setting):

@@ -63,3 +63,21 @@ def test_a_users_package_named_models_is_said_in_one_line_and_its_file_trains(us
   summary = json.load(open(users_repository / "runs" / "mine" / "summary.json"))
   assert summary["eval/accuracy"] > 0.3 and json.load(open(users_repository / "runs" / "mine" / "config.json"))[
       "model"]["name"] == "models/mynet.py:make"
+
+
+@pytest.mark.parametrize("source, said", [
+    ("def make(input_shape, num_classes)\n  return None\n", "SyntaxError: expected ':' (in {file}:1)"),
+    ("import os\nraise RuntimeError('my module fails')\n", "RuntimeError: my module fails (in {file}:2)"),
+])
+def test_a_users_file_or_module_failing_as_it_is_imported_is_one_line_naming_its_line(tmp_path, monkeypatch, source,
+                                                                                    said):
+  (tmp_path / "mine.py").write_text(source)
+  monkeypatch.chdir(tmp_path)
+  monkeypatch.syspath_prepend(str(tmp_path))
+  for path in ("mine.py:make", "mine:make"):
+    with pytest.raises(ConfigError) as raised:
+      user_code.named(path, "model.name")
+    where = path.split(":")[0]
+    assert str(raised.value) == (f"model.name='{path}': importing {where} failed: "
+                                 + said.format(file=tmp_path / "mine.py")), path
+    sys.modules.pop("mine", None)
