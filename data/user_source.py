@@ -43,8 +43,9 @@ def load_streams(name, streams, eval_stream):
   resolve(name)  # the one-line import errors
   fn = user_code.named(name, "data.name")
   if not user_stream.is_input_function(fn):
-    raise ConfigError(f"data.name='{name}': the task reads the streams {list(streams)}, so {attr} must be an input "
-                      f"function (split, *, stream, batch_size, context, seed, epoch), not arrays of one split")
+    raise ConfigError(f"data.name='{name}': the task reads the streams {list(streams)}, so "
+                      f"{name.rpartition(':')[2]} must be an input function (split, *, stream, batch_size, context, "
+                      "seed, epoch), not arrays of one split")
   return user_stream.load(name, fn, streams, eval_stream)
 
 
