@@ -251,6 +251,9 @@ def _eval_and_checkpoints(c):
   c.eval.metrics = ("accuracy", "top5_accuracy")
   c.eval.sidecar_poll_seconds = 10.0  # mode=evaluate: how often to look for a new checkpoint
   c.eval.sidecar_timeout_seconds = 3600.0  # mode=evaluate: give up after this long without a new checkpoint
+  # mode=evaluate: "" = watch the training's checkpoints (the sidecar); latest, best, a step or a checkpoint path =
+  # evaluate that one once into workdir/eval/checkpoint-<step>.json and TensorBoard's eval_checkpoint/<name>.
+  c.eval.checkpoint = ""
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 1000  # 0 = only at the end (any number of steps, as eval.every_steps).

@@ -101,6 +101,12 @@ def check_derived(config, plan, source):
 def _check_run(config):
   """mode, the sidecar's waits, resume and preemption settings."""
   one_of("mode", config.mode, MODES_OF_RUN)
+  if not isinstance(config.eval.checkpoint, str):
+    raise ConfigError(f"eval.checkpoint must be '' (the sidecar), 'latest', 'best', a step or a checkpoint path, "
+                      f"got {config.eval.checkpoint!r}")
+  if config.eval.checkpoint and config.mode != "evaluate":
+    raise ConfigError(f"eval.checkpoint={config.eval.checkpoint!r} is read by mode=evaluate (a chosen checkpoint "
+                      f"evaluated once); this run's mode is '{config.mode}': add --config.mode=evaluate")
   for key in ("eval.sidecar_poll_seconds", "eval.sidecar_timeout_seconds"):
     if not config.eval[key.split(".")[1]] > 0:
       raise ConfigError(f"{key} must be > 0, got {config.eval[key.split('.')[1]]}")

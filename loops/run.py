@@ -25,6 +25,7 @@ from loops import build as build_lib
 from loops import callbacks as callbacks_lib
 from loops import check as check_lib
 from loops import dry_run as dry_run_lib
+from loops import evaluate_once
 from loops import resume as resume_lib
 from loops import sidecar
 from loops.core import loop as loop_lib
@@ -88,6 +89,7 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   if config.mode == "evaluate" and not role.is_evaluator:
     role = cluster.ClusterRole(type="evaluator", cluster=role.cluster)
   check_lib.check_role(config, role)
+  chosen = evaluate_once.chosen(workdir, config.eval.checkpoint) if role.is_evaluator and config.eval.checkpoint else None
   if role.is_distributed and not dry_run:
     startup.check_port_free(role)
   if role.is_distributed and dry_run:  # the plan needs the strategy, which starts with every peer
@@ -109,6 +111,8 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
     user_callbacks = [callback for _, callback in named_callbacks]
     if dry_run:
       return dry_run_lib.report(config, workdir, parts, user_callbacks)
+    if chosen:
+      return evaluate_once.run(config, workdir, parts, chosen)
     if role.is_evaluator:
       return sidecar.Sidecar(config, workdir, parts).run()
     return _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume)

@@ -1,0 +1,71 @@
+"""A chosen checkpoint evaluated once (loops/evaluate_once.py, mode=evaluate with eval.checkpoint): latest, best, a
+step or a path gives the same numbers the training's eval gave at that step, in a JSON and under its own
+TensorBoard tag; a checkpoint that is not there is one line before anything is written."""
+
+import json
+import os
+
+import pytest
+
+from errors import ConfigError
+from loops import check
+from loops import run
+from tests.test_sidecar import event_scalars
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+  """A digits run of 20 steps: eval and checkpoints at 10 and 20, the best kept; (workdir, its eval curve)."""
+  from tests.conftest import load_config
+  config = load_config("digits_cnn")
+  config.train.epochs, config.train.steps, config.train.steps_per_loop = None, 20, 5
+  config.eval.every_steps = config.checkpoint.every_steps = 10
+  config.export = False
+  workdir = str(tmp_path_factory.mktemp("trained") / "w")
+  run.train_and_evaluate(config, workdir)
+  return config, workdir, event_scalars(workdir, "eval/accuracy")
+
+
+def evaluated(trained, selector):
+  config, workdir, _ = trained
+  chosen = config.copy_and_resolve_references()
+  chosen.mode, chosen.eval.checkpoint = "evaluate", selector
+  return run.train_and_evaluate(chosen, workdir)
+
+
+@pytest.mark.e2e
+def test_a_step_latest_best_and_a_path_evaluate_that_checkpoint_as_the_training_did(trained):
+  _, workdir, curve = trained
+  best = json.load(open(f"{workdir}/best/best.json"))
+  for selector, step in (("10", 10), ("latest", 20), ("best", best["step"]),
+                         (f"{workdir}/checkpoints/ckpt-10", 10)):
+    record = evaluated(trained, selector)
+    assert record["step"] == step and record["eval/accuracy"] == pytest.approx(curve[step], abs=1e-6), selector
+    assert json.load(open(f"{workdir}/eval/checkpoint-{step}.json")) == pytest.approx(record), selector
+    assert {"eval/loss", "eval/top5_accuracy"} <= set(record) and record["split"] == "test"
+  assert event_scalars(f"{workdir}/eval", "eval_checkpoint/accuracy") == pytest.approx(
+      {10: curve[10], 20: curve[20]}, abs=1e-6)
+  assert not os.path.exists(f"{workdir}/eval/evaluated.json")  # the sidecar's progress is left alone
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("selector, message", [
+    ("15", r"^eval.checkpoint=15: no checkpoint of step 15 in .*/w/checkpoints \(steps: 10, 20\)$"),
+    ("/nowhere/ckpt-3", r"^eval.checkpoint='/nowhere/ckpt-3' is neither 'latest', 'best', a step nor a checkpoint "
+                        r"\(no /nowhere/ckpt-3.index\)$"),
+])
+def test_a_checkpoint_that_is_not_there_is_one_line_and_nothing_is_written(trained, selector, message):
+  _, workdir, _ = trained
+  before = sorted(os.listdir(f"{workdir}/eval")) if os.path.exists(f"{workdir}/eval") else []
+  with pytest.raises(ConfigError, match=message):
+    evaluated(trained, selector)
+  assert (sorted(os.listdir(f"{workdir}/eval")) if os.path.exists(f"{workdir}/eval") else []) == before
+
+
+def test_a_chosen_checkpoint_outside_mode_evaluate_is_refused():
+  from tests.conftest import load_config
+  config = load_config("digits_cnn")
+  config.eval.checkpoint = "best"
+  with pytest.raises(ConfigError, match=r"^eval.checkpoint='best' is read by mode=evaluate .*add --config.mode="
+                                        r"evaluate$"):
+    check.check(config)
