@@ -63,7 +63,8 @@ def test_the_compiled_loss_and_metrics_are_what_the_run_trains_and_reports(caplo
 
 def test_every_compiled_setting_the_run_does_not_use_is_named_with_what_it_uses(caplog):
   """compile(optimizer=SGD()) trained silently at the config's learning rate 0.05 and momentum 0.9."""
-  built(digits("compiled_settings", **{"loss.name": ""}))
+  parts = built(digits("compiled_settings", **{"loss.name": ""}))
+  assert parts.plan.learning_rate == 0.05 and float(parts.optimizers["model"].momentum) == 0.9  # what the line says
   warnings = [r.getMessage() for r in caplog.records if r.getMessage().startswith("model 'model' was compile()d;")]
   assert warnings == [
       "model 'model' was compile()d; not used: the compiled SGD's learning_rate 0.01 (the run's: 0.05), momentum 0 "
