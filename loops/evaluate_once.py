@@ -25,14 +25,14 @@ TAG = "eval_checkpoint"
 def chosen(workdir, selector):
   """(step, path) of the checkpoint `selector` names in `workdir`; ConfigError naming what there is otherwise."""
   directory = posixpath.join(workdir, "checkpoints")
-  steps = _steps(directory)
+  steps = checkpoints_lib.steps_of(directory)
   if selector == "latest":
     if not steps:
       raise ConfigError(f"eval.checkpoint=latest: {directory} holds no checkpoint")
     return steps[-1]
   if selector == "best":
     for folder in (posixpath.join(workdir, "best"), posixpath.join(workdir, "eval", "best")):
-      best = _steps(folder)
+      best = checkpoints_lib.steps_of(folder)
       if best:
         return best[-1]
     raise ConfigError(f"eval.checkpoint=best: no best checkpoint in {workdir}/best or {workdir}/eval/best (the run "
@@ -47,14 +47,10 @@ def chosen(workdir, selector):
   return _path(str(selector))
 
 
-def _steps(directory):
-  return sorted((int(path.rsplit("-", 1)[1]), path) for path in checkpoints_lib.index_paths(directory))
-
-
 def _path(path):
   """(step, path) of a checkpoint prefix (…/ckpt-300) or of a directory's latest checkpoint."""
   if tf.io.gfile.isdir(path):
-    steps = _steps(path)
+    steps = checkpoints_lib.steps_of(path)
     if not steps:
       raise ConfigError(f"eval.checkpoint='{path}': the directory holds no checkpoint index")
     return steps[-1]

@@ -26,12 +26,6 @@ PROGRESS = "evaluated.json"
 WAITING_LOG_SECONDS = 60.0  # while no new checkpoint comes, say what the evaluator waits for this often
 
 
-def checkpoint_steps(directory):
-  """[(step, path)] of the checkpoints the training's index lists, oldest first (CheckpointManager numbers them by
-  step)."""
-  return sorted((int(path.rsplit("-", 1)[1]), path) for path in checkpoints_lib.index_paths(directory))
-
-
 def is_final(workdir, step):
   """Whether `step` is where the training ends: plan.json's total, or the step an early-stopped run ended at."""
   plan = read_json(posixpath.join(workdir, "plan.json")) or {}
@@ -71,7 +65,7 @@ class Sidecar:
     poll, timeout = self.config.eval.sidecar_poll_seconds, self.config.eval.sidecar_timeout_seconds
     waited_since, said_at = time.monotonic(), None
     while not self.final:
-      pending = [(s, p) for s, p in checkpoint_steps(self.checkpoint_dir) if s > self.last_step]
+      pending = [(s, p) for s, p in checkpoints_lib.steps_of(self.checkpoint_dir) if s > self.last_step]
       for step, path in pending:
         self._evaluate(step, path)
       now = time.monotonic()

@@ -320,6 +320,12 @@ def index_paths(directory):
   return list(dict.fromkeys([state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]))
 
 
+def steps_of(directory):
+  """[(step, path)] of the checkpoints the directory's index lists, oldest first (CheckpointManager numbers them by
+  step)."""
+  return sorted((int(path.rsplit("-", 1)[1]), path) for path in index_paths(directory))
+
+
 def unreadable(path):
   """Why the checkpoint at `path` cannot be read back (missing file, size or checksum error), or None.
 
