@@ -87,6 +87,14 @@ class Task:
     sample_weight=ctx.weights). Default: the loss."""
     return {"loss": self.per_example_loss(batch, models, ctx)}
 
+  def predict_step(self, batch, models, ctx):
+    """{name: per-example outputs [replica batch, ...]}: what mode=predict writes for each example (the
+    task-model export serves the same names). Default: the model named "model" on the features in inference
+    mode: its dict of outputs, or {"outputs": output}."""
+    features = next(iter(batch.values()))[0] if isinstance(batch, dict) else batch[0]  # streams: the eval stream's
+    outputs = models["model"](features, training=False)
+    return dict(outputs) if isinstance(outputs, dict) else {"outputs": outputs}
+
   def reduce_eval(self, collected):
     """{name: float} for the names in eval_reduced, from {name: numpy array [eval examples, ...]} of the
     eval_collect values (e.g. kNN accuracy on embeddings, an AUC over the set). Runs on the host once per eval,
