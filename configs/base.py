@@ -37,6 +37,7 @@ def _runtime(c):
   # train | evaluate: a sidecar evaluator that trains nothing; it evaluates each new checkpoint of the workdir once
   # (summaries in workdir/eval, best checkpoint by checkpoint.best_metric in workdir/eval/best) and exits after the
   # final one. A TF_CONFIG task of type "evaluator" (Kubeflow TFJob, Vertex AI) runs in this mode.
+  # predict: a checkpoint's outputs for every example (predict.*), written once each in input order.
   c.mode = "train"
   # one_device | mirrored (multi_worker_mirrored, parameter_server, central_storage, tpu: see docs/clusters.md).
   c.strategy = "one_device"
@@ -254,6 +255,15 @@ def _eval_and_checkpoints(c):
   # mode=evaluate: "" = watch the training's checkpoints (the sidecar); latest, best, a step or a checkpoint path =
   # evaluate that one once into workdir/eval/checkpoint-<step>.json and TensorBoard's eval_checkpoint/<name>.
   c.eval.checkpoint = ""
+
+  # mode=predict (docs/after_training.md): the task's predict_step outputs (the classifier: probabilities, class,
+  # label) of every example, on any strategy, into workdir/predictions/<input>-<step>/part-*.npz + manifest.json.
+  c.predict = ml_collections.ConfigDict()
+  c.predict.checkpoint = "latest"  # latest | best | a step | a checkpoint path
+  # "" = the data's eval split (data.eval_split: set it to predict another split); a directory (searched
+  # recursively) or a glob of image files = those images in sorted path order, resized to the trained shape.
+  c.predict.input = ""
+  c.predict.rows_per_file = 10_000  # rows per .npz part: a killed prediction resumes from its last whole part
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 1000  # 0 = only at the end (any number of steps, as eval.every_steps).

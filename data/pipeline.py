@@ -195,27 +195,32 @@ def _streamed_batches(source, data_config, batch_size, seed, start_step, num_sha
   return ds.unbatch().batch(batch_size, drop_remainder=True) if local_replicas > 1 else ds
 
 
-def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0, local_replicas=1):
+def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0, local_replicas=1, start=0,
+                 indexed=False):
   """One pass over the eval split as (images, labels, weights) batches of `batch_size`.
 
   The split is padded with weight-0 examples to a whole number of global batches (batch_size x num_shards x
   local_replicas), so every replica gets full, equally many batches and metrics weighted by `weights` count
-  each real example exactly once.
+  each real example exactly once. start: the examples before it left out (a resumed prediction); indexed: each
+  batch also holds each example's place in the split (int64, padding rows past the end), (images, labels,
+  weights, index).
   """
   preprocess = eval_images(source, data_config)  # the serving export's too
   global_batch = batch_size * num_shards * local_replicas
-  padded_size = math.ceil(source.eval_size / global_batch) * global_batch
+  size = source.eval_size - start
+  padded_size = math.ceil(size / global_batch) * global_batch
   variable = user_stream.has_unknown_dims(source.eval.element_spec, batched=False)
-  ds = source.eval.map(lambda image, label: (image, label, 1.0))
-  ds = ds.concatenate(_padding(source, variable).repeat(padded_size - source.eval_size))
+  ds = (source.eval.skip(start) if start else source.eval).map(lambda image, label: (image, label, 1.0))
+  ds = ds.concatenate(_padding(source, variable).repeat(padded_size - size))
+  if indexed:
+    ds = ds.enumerate(start).map(lambda index, example: (*example, index))
   ds = ds.shard(num_shards, shard_index)
   if source.decode is not None:  # each shard decodes its own records; padding records become zero images
-    ds = ds.map(lambda record, label, weight: (_decode_real(source, record, weight), label, weight),
+    ds = ds.map(lambda record, label, weight, *index: (_decode_real(source, record, weight), label, weight, *index),
                 num_parallel_calls=tf.data.AUTOTUNE)
   # Sequences of different lengths: each replica's batch padded with zeros to its longest (never a plain batch()).
   ds = ds.padded_batch(batch_size, drop_remainder=True) if variable else ds.batch(batch_size, drop_remainder=True)
-  ds = ds.map(lambda images, labels, weights: (preprocess(images), labels, weights),
-              num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(lambda images, *rest: (preprocess(images), *rest), num_parallel_calls=tf.data.AUTOTUNE)
   return _finish(ds, data_config)
 
 

@@ -32,7 +32,21 @@ def digits(data_config):
   labels = labels.astype(np.int64)
   x_train, x_test, y_train, y_test = model_selection.train_test_split(
       images, labels, test_size=0.2, stratify=labels, random_state=0)
-  return from_arrays("digits", (x_train, y_train), (x_test, y_test), num_classes=10, max_value=16.0)
+  train, evaluation = _named_splits("digits", {"train": (x_train, y_train), "test": (x_test, y_test)}, data_config)
+  return from_arrays("digits", train, evaluation, num_classes=10, max_value=16.0)
+
+
+def _named_splits(name, splits, data_config, strict=True):
+  """(train, eval) arrays of a source with the fixed splits {"train": ..., "test": ...}, by data.train_split and
+  data.eval_split; not strict (synthetic stands in for any dataset's splits): another name is the split in its
+  place."""
+  chosen = []
+  for key, place in (("train_split", "train"), ("eval_split", "test")):
+    split = data_config[key]
+    if split not in splits and strict:
+      raise ConfigError(f"data.{key}='{split}': dataset '{name}' has the splits {', '.join(splits)}")
+    chosen.append(splits.get(split, splits[place]))
+  return chosen
 
 
 def synthetic(data_config):
@@ -46,8 +60,9 @@ def synthetic(data_config):
     labels = rng.integers(0, cfg.num_classes, size=(n,), dtype=np.int64)
     return images, labels
 
-  return from_arrays("synthetic", make(cfg.train_examples), make(cfg.eval_examples),
-                     num_classes=cfg.num_classes, max_value=255.0)
+  train, evaluation = _named_splits("synthetic", {"train": make(cfg.train_examples), "test": make(cfg.eval_examples)},
+                                    data_config, strict=False)
+  return from_arrays("synthetic", train, evaluation, num_classes=cfg.num_classes, max_value=255.0)
 
 
 NPZ_KEYS = "x_train, y_train, x_test, y_test"
@@ -296,6 +311,36 @@ def _decode_file(path, channels, size, shape=None):
   if size:
     image = tf.cast(tf.round(tf.image.resize(image, (size, size))), tf.uint8)
   return image if shape is None else tf.ensure_shape(image, shape)
+
+
+def image_files(source, where):
+  """(source whose eval split is the images under `where` (a directory, searched recursively, or a glob), each
+  decoded to the source's stored image shape, labels -1; their paths in that order, sorted), for mode=predict on
+  new, unlabeled images."""
+  if source.image_shape is None or source.eval.element_spec[0].dtype != tf.uint8:
+    raise ConfigError(f"predict.input='{where}': image files need a model trained on images (uint8 [H, W, C]); "
+                      f"this run's data '{source.name}' has features {source.eval.element_spec[0]}")
+  paths = _files_under(where)
+  if not paths:
+    raise ConfigError(f"predict.input='{where}': no image files ({', '.join(IMAGE_SUFFIXES)}) there")
+  shape = tuple(int(d) for d in source.image_shape)
+
+  def decode(path):
+    image = _decode_file(path, shape[-1], None)
+    return tf.ensure_shape(tf.cast(tf.round(tf.image.resize(image, shape[:2])), tf.uint8), shape)
+
+  label = tf.zeros([], source.eval.element_spec[1].dtype) - 1
+  records = tf.data.Dataset.from_tensor_slices(paths).map(lambda path: (path, label))
+  return dataclasses.replace(source, eval=records, eval_size=len(paths), decode=decode), paths
+
+
+def _files_under(where):
+  """Sorted image files of a directory (recursively) or of a glob pattern."""
+  if tf.io.gfile.isdir(where):
+    found = [os.path.join(root, name) for root, _, names in tf.io.gfile.walk(where) for name in names]
+  else:
+    found = tf.io.gfile.glob(where)
+  return sorted(path for path in found if path.lower().endswith(IMAGE_SUFFIXES))
 
 
 def _unreadable(path, error):

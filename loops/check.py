@@ -27,7 +27,7 @@ from loops.task import checks as task_checks
 PROGRESS_BAR = ("auto", "on", "off")
 MODES = ("min", "max")
 NAN_POLICIES = ("stop", "rollback")
-MODES_OF_RUN = ("train", "evaluate")
+MODES_OF_RUN = ("train", "evaluate", "predict")
 
 # The build-time stages, where their rules live.
 check_role = distribute_checks.check_role
@@ -107,6 +107,12 @@ def _check_run(config):
   if config.eval.checkpoint and config.mode != "evaluate":
     raise ConfigError(f"eval.checkpoint={config.eval.checkpoint!r} is read by mode=evaluate (a chosen checkpoint "
                       f"evaluated once); this run's mode is '{config.mode}': add --config.mode=evaluate")
+  predict = config.predict
+  if not (isinstance(predict.rows_per_file, int) and predict.rows_per_file >= 1):
+    raise ConfigError(f"predict.rows_per_file must be a whole number >= 1, got {predict.rows_per_file!r}")
+  if not isinstance(predict.checkpoint, (str, int)) or predict.checkpoint in ("", True, False):
+    raise ConfigError(f"predict.checkpoint must be 'latest', 'best', a step or a checkpoint path, got "
+                      f"{predict.checkpoint!r}")
   for key in ("eval.sidecar_poll_seconds", "eval.sidecar_timeout_seconds"):
     if not config.eval[key.split(".")[1]] > 0:
       raise ConfigError(f"{key} must be > 0, got {config.eval[key.split('.')[1]]}")

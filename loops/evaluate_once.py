@@ -22,40 +22,41 @@ SELECTORS = ("latest", "best")
 TAG = "eval_checkpoint"
 
 
-def chosen(workdir, selector):
-  """(step, path) of the checkpoint `selector` names in `workdir`; ConfigError naming what there is otherwise."""
+def chosen(workdir, selector, key="eval.checkpoint"):
+  """(step, path) of the checkpoint `selector` (the setting `key`) names in `workdir`; ConfigError naming what
+  there is otherwise."""
   directory = posixpath.join(workdir, "checkpoints")
   steps = checkpoints_lib.steps_of(directory)
   if selector == "latest":
     if not steps:
-      raise ConfigError(f"eval.checkpoint=latest: {directory} holds no checkpoint")
+      raise ConfigError(f"{key}=latest: {directory} holds no checkpoint")
     return steps[-1]
   if selector == "best":
     for folder in (posixpath.join(workdir, "best"), posixpath.join(workdir, "eval", "best")):
       best = checkpoints_lib.steps_of(folder)
       if best:
         return best[-1]
-    raise ConfigError(f"eval.checkpoint=best: no best checkpoint in {workdir}/best or {workdir}/eval/best (the run "
+    raise ConfigError(f"{key}=best: no best checkpoint in {workdir}/best or {workdir}/eval/best (the run "
                       "keeps one when checkpoint.best_metric is set)")
   if isinstance(selector, int) or str(selector).isdigit():
     found = dict(steps).get(int(selector))
     if found is None:
       listed = ", ".join(str(step) for step, _ in steps) or "none"
-      raise ConfigError(f"eval.checkpoint={selector}: no checkpoint of step {selector} in {directory} (steps: "
+      raise ConfigError(f"{key}={selector}: no checkpoint of step {selector} in {directory} (steps: "
                         f"{listed})")
     return int(selector), found
-  return _path(str(selector))
+  return _path(str(selector), key)
 
 
-def _path(path):
+def _path(path, key):
   """(step, path) of a checkpoint prefix (…/ckpt-300) or of a directory's latest checkpoint."""
   if tf.io.gfile.isdir(path):
     steps = checkpoints_lib.steps_of(path)
     if not steps:
-      raise ConfigError(f"eval.checkpoint='{path}': the directory holds no checkpoint index")
+      raise ConfigError(f"{key}='{path}': the directory holds no checkpoint index")
     return steps[-1]
   if not tf.io.gfile.exists(path + ".index"):
-    raise ConfigError(f"eval.checkpoint='{path}' is neither 'latest', 'best', a step nor a checkpoint (no "
+    raise ConfigError(f"{key}='{path}' is neither 'latest', 'best', a step nor a checkpoint (no "
                       f"{path}.index)")
   tail = path.rsplit("-", 1)
   return (int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else -1), path
@@ -64,10 +65,7 @@ def _path(path):
 def run(config, workdir, parts, selection):
   """Evaluates the checkpoint `selection` ((step, path) of chosen) once; returns its results with the step."""
   step, path = selection
-  damage = checkpoints_lib.unreadable(path)
-  if damage:
-    raise ConfigError(f"eval.checkpoint: {path} cannot be read ({damage})")
-  checkpoints_lib.restore(parts.checkpoint, path)
+  restore(parts, path)
   results = execution_lib.make(parts, config).evaluate()
   record = {"checkpoint": path, "step": step, "split": config.data.eval_split, **results}
   eval_dir = posixpath.join(workdir, "eval")
@@ -80,3 +78,11 @@ def run(config, workdir, parts, selection):
   logging.info("evaluated %s (step %d) on the '%s' split: %s; written to %s", path, step, config.data.eval_split,
                format_values(results), posixpath.join(eval_dir, f"checkpoint-{step}.json"))
   return record
+
+
+def restore(parts, path, key="eval.checkpoint"):
+  """The run's checkpoint object restored from `path`; a damaged checkpoint is one line."""
+  damage = checkpoints_lib.unreadable(path)
+  if damage:
+    raise ConfigError(f"{key}: {path} cannot be read ({damage})")
+  checkpoints_lib.restore(parts.checkpoint, path)

@@ -26,6 +26,7 @@ from loops import callbacks as callbacks_lib
 from loops import check as check_lib
 from loops import dry_run as dry_run_lib
 from loops import evaluate_once
+from loops import predict as predict_lib
 from loops import resume as resume_lib
 from loops import sidecar
 from loops.core import loop as loop_lib
@@ -90,6 +91,8 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
     role = cluster.ClusterRole(type="evaluator", cluster=role.cluster)
   check_lib.check_role(config, role)
   chosen = evaluate_once.chosen(workdir, config.eval.checkpoint) if role.is_evaluator and config.eval.checkpoint else None
+  predicting = config.mode == "predict" and not role.is_evaluator
+  chosen = predict_lib.chosen(config, workdir) if predicting else chosen
   if role.is_distributed and not dry_run:
     startup.check_port_free(role)
   if role.is_distributed and dry_run:  # the plan needs the strategy, which starts with every peer
@@ -102,15 +105,17 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
     return None
   with contextlib.ExitStack() as cleanup:
     if not dry_run:  # before anything is built, restored or written: a second run on this workdir stops here
-      locked = posixpath.join(workdir, "eval") if role.is_evaluator else workdir  # one evaluator per workdir
-      cleanup.enter_context(workdir_lock.held(locked, role.is_chief or role.is_evaluator))
-    resume = resume_lib.decide(config, workdir, trains=not role.is_evaluator)
+      locked = posixpath.join(workdir, "eval" if role.is_evaluator else "predictions" if predicting else "")
+      cleanup.enter_context(workdir_lock.held(locked.rstrip("/"), role.is_chief or role.is_evaluator))
+    resume = resume_lib.decide(config, workdir, trains=not (role.is_evaluator or predicting))
     parts = build_lib.build(config, role, kept=resume.kept)
     named_callbacks = callbacks_lib.load_user(config, callback_objects)
     check_lib.check_callbacks(named_callbacks)
     user_callbacks = [callback for _, callback in named_callbacks]
     if dry_run:
       return dry_run_lib.report(config, workdir, parts, user_callbacks)
+    if predicting:
+      return predict_lib.run(config, workdir, parts, chosen)
     if chosen:
       return evaluate_once.run(config, workdir, parts, chosen)
     if role.is_evaluator:

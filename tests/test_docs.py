@@ -21,8 +21,8 @@ from tests.conftest import REPO, run_command
 
 DOCS = ("README.md", "WORKSPACE.md", "launch/k8s/README.md", "benchmarks/README.md",
         *sorted(os.path.relpath(path, REPO) for path in glob.glob(os.path.join(REPO, "docs", "*.md"))))
-PAGES = ("quickstart", "tasks", "data", "clusters", "reliability", "sweeps", "monitoring", "serving", "configuration",
-         "performance")
+PAGES = ("quickstart", "tasks", "data", "clusters", "reliability", "sweeps", "monitoring", "after_training", "serving",
+         "configuration", "performance")
 FOLDERS = ("loops", "data", "models", "configs", "launch", "examples", "tests", "benchmarks", "docs")
 PACKAGES = ("loops", "data", "models", "launch", "configs", "examples", "benchmarks")
 ROOT_FILES = re.compile(r"^\w+\.(py|md|txt|ini)$")
@@ -315,7 +315,8 @@ def needs(line, arguments):
     return "environment"
   if data not in LOCAL_DATA and (":" not in data or data.startswith("tfds:")) or config.data.data_dir:
     return "data"
-  if config.init.checkpoint or config.model.kwargs.get("weights") or config.task.name.endswith(":Distill"):
+  if (config.init.checkpoint or config.model.kwargs.get("weights") or config.task.name.endswith(":Distill")
+      or config.mode == "predict" or config.eval.checkpoint):
     return "a trained run"
   return ""
 

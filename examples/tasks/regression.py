@@ -40,6 +40,10 @@ class DigitValue(Task):
     predicted = tf.squeeze(models["model"](images, training=ctx.training), -1)
     return tf.square(predicted - values)  # one loss per example: the framework averages over the GLOBAL batch
 
+  def predict_step(self, batch, models, ctx):
+    """mode=predict writes each image's value (workdir/predictions/<split>-<step>/part-*.npz, key "value")."""
+    return {"value": tf.squeeze(models["model"](batch[0], training=False), -1)}
+
   def eval_step(self, batch, models, ctx):
     images, values = batch
     error = tf.squeeze(models["model"](images, training=False), -1) - values

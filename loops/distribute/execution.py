@@ -46,7 +46,7 @@ def serve_if_server(config, role):
   return False
 
 
-def _asynchronous(strategy):
+def asynchronous(strategy):
   return isinstance(strategy, tf.distribute.ParameterServerStrategy)
 
 
@@ -66,7 +66,7 @@ def metrics_scope(strategy):
   from several replicas (each replica's assign_add adds the old value again: 2^n - 1 times the sum after n
   updates, measured on TF 2.21), while a plain variable takes every replica's assign_add."""
   single_copy = isinstance(strategy, tf.distribute.experimental.CentralStorageStrategy)
-  return contextlib.nullcontext() if _asynchronous(strategy) or single_copy else strategy.scope()
+  return contextlib.nullcontext() if asynchronous(strategy) or single_copy else strategy.scope()
 
 
 def lost_worker_error(strategy, error, step, checkpoint):
@@ -89,11 +89,17 @@ def worker_lost(error, step, checkpoint):
 
 def residency(parts, config):
   """data/resident.py's decision for this run (logged once by the caller that acts on it)."""
-  return resident_lib.decide(parts.source, config.data, synchronous=not _asynchronous(parts.strategy))
+  return resident_lib.decide(parts.source, config.data, synchronous=not asynchronous(parts.strategy))
+
+
+def averaged_weights(parts):
+  """Context: the model holds the optimizer's moving averages of its weights (optimizer.ema_decay), else as is."""
+  own = parts.optimizers.get("model")  # the averages of the model's own optimizer (none for a frozen one)
+  return optimizers.averaged_weights(parts.main_model, own) if own else contextlib.nullcontext()
 
 
 def make(parts, config):
-  cls = ParameterServerExecution if _asynchronous(parts.strategy) else SyncExecution
+  cls = ParameterServerExecution if asynchronous(parts.strategy) else SyncExecution
   return cls(parts, config)
 
 
@@ -109,9 +115,7 @@ class _Execution:
     return int(self.parts.step_counter.numpy())
 
   def averaged_weights(self):
-    """Context: the model holds the optimizer's moving averages of its weights (optimizer.ema_decay), else as is."""
-    own = self.parts.optimizers.get("model")  # the averages of the model's own optimizer (none for a frozen one)
-    return optimizers.averaged_weights(self.parts.main_model, own) if own else contextlib.nullcontext()
+    return averaged_weights(self.parts)
 
   def _eval_step(self):
     p = self.parts
@@ -268,21 +272,24 @@ class SyncExecution(_Execution):
                              **_preemption_settings(self.config))
 
   def _distribute(self, make_dataset):
-    """make_dataset(batch_size, num_shards, shard_index, local_replicas) -> this pipeline's tf.data.Dataset.
+    return distribute_dataset(self.parts.strategy, self.parts.plan.global_batch_size, make_dataset)
 
-    One worker: one pipeline batched by the global batch, split across replicas by tf.distribute.
-    Several workers: one pipeline per worker (its shard), batched per replica; each local replica takes one batch.
-    """
-    strategy, global_batch = self.parts.strategy, self.parts.plan.global_batch_size
-    if not self._multi_worker:
-      return strategy.experimental_distribute_dataset(make_dataset(global_batch, 1, 0, 1))
 
-    def dataset_fn(context):
-      local = context.num_replicas_in_sync // context.num_input_pipelines
-      return make_dataset(context.get_per_replica_batch_size(global_batch), context.num_input_pipelines,
-                          context.input_pipeline_id, local)
+def distribute_dataset(strategy, global_batch, make_dataset):
+  """make_dataset(batch_size, num_shards, shard_index, local_replicas) -> this pipeline's tf.data.Dataset.
 
-    return strategy.distribute_datasets_from_function(dataset_fn)
+  One worker: one pipeline batched by the global batch, split across replicas by tf.distribute.
+  Several workers: one pipeline per worker (its shard), batched per replica; each local replica takes one batch.
+  """
+  if not strategy_lib.is_multi_worker(strategy):
+    return strategy.experimental_distribute_dataset(make_dataset(global_batch, 1, 0, 1))
+
+  def dataset_fn(context):
+    local = context.num_replicas_in_sync // context.num_input_pipelines
+    return make_dataset(context.get_per_replica_batch_size(global_batch), context.num_input_pipelines,
+                        context.input_pipeline_id, local)
+
+  return strategy.distribute_datasets_from_function(dataset_fn)
 
 
 class ParameterServerExecution(_Execution):

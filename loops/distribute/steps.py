@@ -383,8 +383,15 @@ def make_eval_fn(strategy, step_fn):
 
 def make_collecting_eval_fn(strategy, step_fn):
   """fn(distributed eval dataset) -> {name: numpy [eval examples, ...]}: one full pass like make_eval_fn, each
-  batch's collected values gathered from every replica and worker, padding rows dropped. (The all-gather runs in
-  the replica context: TF 2.21's strategy.gather inside a tf.function returns only the first replica's rows.)"""
+  batch's collected values gathered from every replica and worker, padding rows dropped."""
+  gathered = make_gathered(strategy, step_fn)
+  return lambda dataset: collected_rows(gathered(batch) for batch in dataset)
+
+
+def make_gathered(strategy, step_fn):
+  """tf.function(distributed batch) -> step_fn's outputs of every replica and worker, concatenated along the batch
+  in replica order (on every worker). (The all-gather runs in the replica context: TF 2.21's strategy.gather
+  inside a tf.function returns only the first replica's rows.)"""
 
   def step_and_gather(*batch):  # tf.identity: values passed through from the input have no device to gather to
     values = tf.nest.map_structure(tf.identity, step_fn(*batch))
@@ -394,7 +401,30 @@ def make_collecting_eval_fn(strategy, step_fn):
   def gathered(batch):
     return strategy.experimental_local_results(strategy.run(step_and_gather, args=batch))[0]
 
-  return lambda dataset: collected_rows(gathered(batch) for batch in dataset)
+  return gathered
+
+
+def make_predict_step(task, models, global_batch_size, step_counter, input_pipelines=1, labels=False):
+  """Per-replica step over (features, targets, weights, index): ({name: the task's predict_step outputs, and
+  "label": the targets when `labels`}, weights, index). An output whose first dimension is not the batch's is one
+  line naming it."""
+  method = task_lib.method_name(task, "predict_step")
+
+  def step_fn(features, targets, weights, index):
+    ctx = context_lib.StepContext(global_batch_size, step_counter, training=False, weights=weights,
+                                  input_pipelines=input_pipelines, streams=task.streams)
+    with random_layers.keyed(ctx), keras_fit.fit_steps_refused(models, method):
+      outputs = task.predict_step(task_lib.eval_batch(task, features, targets), models, ctx)
+    if not isinstance(outputs, dict) or not outputs:
+      raise ConfigError(f"{method} must return {{name: per-example outputs}}, got {type(outputs).__name__}")
+    rows = weights.shape[0]
+    for name, value in outputs.items():
+      if value.shape.rank == 0 or value.shape[0] not in (None, rows):
+        raise ConfigError(f"{method}: output '{name}' has shape {value.shape.as_list()}, not one row per example "
+                          f"of the batch of {rows} ([{rows}, ...])")
+    return ({**outputs, "label": targets} if labels else outputs), weights, index
+
+  return step_fn
 
 
 def collected_rows(batches):
