@@ -8,10 +8,14 @@ Keras variables as TensorFlow variables, also a MirroredStrategy's, and calls `t
 model would have to track its variables by hand.
 """
 
+import re
+
 import keras
 import tensorflow as tf
 
+
 SIGNATURE = "serving_default"
+_RAISED = re.compile(r"^\s*(\w+(?:Error|Exception)): ", re.M)  # a traced error's cause, under its frames
 INPUT = "images"
 
 
@@ -128,7 +132,20 @@ def serving_problem(predict, features_spec):
   try:
     outputs = tf.function(predict).get_concrete_function(batched(features_spec)).structured_outputs
   except Exception as e:  # pylint: disable=broad-except  # the task's or model's own words, on one line
-    return f"{type(e).__name__}: {_words(e, 'no message')}"
+    return _traced_words(e)
   if not isinstance(outputs, dict) or not outputs or not all(isinstance(v, tf.Tensor) for v in outputs.values()):
     return f"predict_step returned {type(outputs).__name__}, not {{name: per-example tensor}}"
   return None
+
+
+def _traced_words(error):
+  """A tracing error in one line: under AutoGraph's "in user code:" and its frames, the error raised inside (Keras'
+  "Exception encountered when calling ..." preamble and colour codes dropped)."""
+  text = str(error)
+  raised = list(_RAISED.finditer(text)) if text.lstrip().startswith("in user code:") else []
+  if not raised:
+    return f"{type(error).__name__}: {_words(error, 'no message')}"
+  inner = re.sub(r"\x1b\[\d*m", "", text[raised[-1].end():])
+  paragraphs = [p for p in re.split(r"\n\s*\n", inner)
+                if p.strip() and not p.strip().startswith("Exception encountered when calling")]
+  return f"{raised[-1].group(1)}: {' '.join(paragraphs[0].split())[:300] if paragraphs else 'no message'}"
