@@ -88,6 +88,20 @@ def test_a_refusal_names_every_op_litert_lacks(tmp_path):
   assert not os.path.exists(path)
 
 
+def test_the_file_is_written_through_gfile(tmp_path):
+  """A ram:// (or gs://) workdir gets its model.tflite too: the SavedModel is converted from a local temporary
+  directory, the bytes written with tf.io.gfile."""
+  import keras
+  from ai_edge_litert.interpreter import Interpreter
+  model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+  path = litert.write_tflite([model], lambda x: {"y": model(x)}, [tf.TensorSpec([None, 4], tf.float32, name="x")],
+                             "ram://litert/model.tflite")
+  with tf.io.gfile.GFile(path, "rb") as f:
+    runner = Interpreter(model_content=f.read()).get_signature_runner()
+  x = np.arange(8, dtype=np.float32).reshape(2, 4)
+  np.testing.assert_allclose(runner(x=x)["y"], model(x).numpy(), atol=1e-5, rtol=0)
+
+
 def test_missing_ops_read_the_converters_lists():
   message = ("error: 'tf.Foo' op is neither a custom op nor a flex op\nerror: failed while converting: 'main':\n"
              "TF Select ops: AsString, StringLength\nCustom ops: MyOp\nDetails:\n\ttf.AsString(tensor<?xf32>)")

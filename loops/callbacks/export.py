@@ -114,8 +114,8 @@ class Export(Callback):
       lite = self._write_tflite(state) if self.tflite else {}
     if not model_path:
       return None
-    state.writer.info("exported %s%s%s", model_path, f" and {saved_model}" if saved_model else "",
-                      f" and {lite['tflite']}" if lite.get("tflite") else "")
+    written = [path for path in (model_path, saved_model, lite.get("tflite")) if path]
+    state.writer.info("exported %s", " and ".join([", ".join(written[:-1]), written[-1]] if written[1:] else written))
     if state.writer.trackers:
       state.writer.trackers.export(posixpath.dirname(model_path))
     return {kind: model_path, "saved_model": saved_model, **lite}

@@ -7,9 +7,13 @@ Converted as Keras 3's own LiteRT export does: an ExportArchive SavedModel (in a
 converts, but its weights came out uninitialised (NaN probabilities, TF 2.21).
 """
 
+import contextlib
+import os
 import re
+import sys
 import tempfile
 
+from absl import logging
 import keras
 import tensorflow as tf
 
@@ -30,7 +34,8 @@ def write_tflite(models, fn, input_signature, path):
     archive.add_endpoint(serving.SIGNATURE, fn, input_signature=input_signature)
     archive.write_out(saved_model, verbose=False)
     try:
-      flat = tf.lite.TFLiteConverter.from_saved_model(saved_model).convert()
+      with _stderr_to_debug_log():
+        flat = tf.lite.TFLiteConverter.from_saved_model(saved_model).convert()
     except Exception as e:  # pylint: disable=broad-except  # ConverterError is not exported; its text names the ops
       raise Unconvertible(refusal(str(e))) from e
   with tf.io.gfile.GFile(path, "wb") as f:
@@ -53,3 +58,22 @@ def refusal(message):
     return f"ops LiteRT lacks: {', '.join(ops)}"
   first = next((line.strip() for line in message.splitlines() if line.strip()), "no message")
   return f"the converter failed: {first[:300]}"
+
+
+@contextlib.contextmanager
+def _stderr_to_debug_log():
+  """The process's stderr (fd 2) held while inside, then logged at debug level: the converter's MLIR
+  diagnostics (every refused op with its Python frames) would print dozens of lines around the one warning."""
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      yield
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+      held.seek(0)
+      text = held.read().decode(errors="replace").strip()
+      if text:
+        logging.debug("the LiteRT converter said:\n%s", text)
