@@ -1,6 +1,7 @@
 """The serving export: a SavedModel whose `serving_default` signature takes raw images (the source's dtype and
 shape, before preprocessing), runs the run's eval preprocessing inside and returns `probabilities` (softmax of the
-logits, float32) and `classes` (the top class, int64).
+logits, float32) and `classes` (the top class, int64). A task's (`write_task_saved_model`) takes the task's features
+and returns its predict_step's outputs.
 
 Written with Keras 3's `keras.export.ExportArchive` (its supported SavedModel path for TensorFlow: it tracks the
 Keras variables as TensorFlow variables, also a MirroredStrategy's, and calls `tf.saved_model.save`, which takes
@@ -13,10 +14,9 @@ import re
 import keras
 import tensorflow as tf
 
-
 SIGNATURE = "serving_default"
-_RAISED = re.compile(r"^\s*(\w+(?:Error|Exception)): ", re.M)  # a traced error's cause, under its frames
 INPUT = "images"
+_RAISED = re.compile(r"^\s*(\w+(?:Error|Exception)): ", re.M)  # a traced error's cause, under its frames
 
 
 def write_saved_model(model, preprocess, image_spec, path):
