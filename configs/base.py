@@ -336,8 +336,13 @@ def _monitoring(c):
   c.sweep.trial = -1
 
   # At the end write workdir/export/model.keras (the final model) and workdir/export/saved_model (serving_default:
-  # raw images in, the eval's preprocessing inside, probabilities and classes out; docs/serving.md).
+  # raw images in, the eval's preprocessing inside, probabilities and classes out; a task's: its features in, its
+  # predict_step outputs out; docs/serving.md).
   c.export = True
+  # Also write workdir/export/model.tflite (LiteRT, built-in ops only): the classifier's raw float32 images ->
+  # probabilities and classes, a task's features -> its predict_step outputs; needs export. Ops LiteRT lacks: one
+  # warning line naming them and no .tflite (docs/serving.md).
+  c.export_tflite = False
 
 
 def _tracking(c):

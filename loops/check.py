@@ -182,6 +182,9 @@ def _check_cadence(config):
 
 def _check_outputs(config):
   one_of("checkpoint.best_mode", config.checkpoint.best_mode, MODES)
+  if config.export_tflite and not config.export:
+    raise ConfigError("export_tflite=True writes export/model.tflite beside the export, which export=False turns "
+                      "off; set export=True or export_tflite=False")
   one_of("summary.progress_bar", config.summary.progress_bar, PROGRESS_BAR)
   for key, name in (("checkpoint.best_metric", config.checkpoint.best_metric),
                     ("early_stopping.metric", config.early_stopping.metric)):

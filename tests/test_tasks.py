@@ -199,8 +199,9 @@ def test_a_model_that_cannot_take_the_features_is_said_before_training_and_the_r
   config.train.steps, config.eval.every_steps = 20, 20
   summary = run.train_and_evaluate(config, str(tmp_path))
   messages = [r.getMessage() for r in caplog.records]
-  said = next(i for i, m in enumerate(messages) if "does not take the task's features" in m)
+  said = next(i for i, m in enumerate(messages) if "the task's predict_step cannot serve its features" in m)
   assert said < next(i for i, m in enumerate(messages) if m.startswith("step ")), messages[said]
+  assert "(ValueError: Invalid input shape for input Tensor(" in messages[said], messages[said]  # Keras' words
   assert "Task.serving_spec names what it takes; export=False turns the export off" in messages[said]
   assert set(summary["export"]) == {"keras", "saved_model"} and summary["export"]["saved_model"] is None
   assert os.path.isfile(summary["export"]["keras"])

@@ -49,6 +49,11 @@ class Shapes(Task):
     logits = models["model"](images, training=ctx.training)
     return tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(masks, logits), axis=[1, 2])
 
+  def predict_step(self, batch, models, ctx):
+    """Each pixel's class ("mask") and its class probabilities: what the export serves."""
+    logits = models["model"](batch[0], training=False)
+    return {"mask": tf.argmax(logits, -1, output_type=tf.int32), "probabilities": tf.nn.softmax(logits)}
+
   def build_metrics(self):
     return {"mean_iou": keras.metrics.MeanIoU(num_classes=CLASSES, name="mean_iou")}
 

@@ -1,7 +1,8 @@
-"""Export: at the end (chief), workdir/export/model.keras (the model; the logits of a classifier) and
-workdir/export/saved_model (the serving SavedModel); EMA weights when kept. What can be written is decided before
-training (`plan`): a model Keras cannot serialise (a subclass without get_config) gets its weights
-(export/model.weights.h5) instead of a .keras file, said in one line; a failing export never loses the summary."""
+"""Export: at the end (chief), workdir/export/model.keras (the model; the logits of a classifier),
+workdir/export/saved_model (the serving SavedModel) and, with export_tflite, workdir/export/model.tflite (LiteRT);
+EMA weights when kept. What can be written is decided before training: a model Keras cannot serialise (a subclass
+without get_config) gets its weights (export/model.weights.h5) instead of a .keras file, a task whose predict_step
+cannot be traced on its features no SavedModel, each said in one line; a failing export never loses the summary."""
 
 import posixpath
 
@@ -10,44 +11,80 @@ from absl import logging
 from errors import first_line
 import data
 from loops.core.interfaces import Callback
+from loops.modeling import litert
 from loops.modeling import model as model_lib
 from loops.modeling import serving
 from loops import task as task_lib
 
 
-class Export(Callback):
-  """At the end, when config.export is set: the model file and the serving SavedModel (loops/modeling/serving.py),
-  both with the averaged weights under optimizer.ema_decay (`weights_context`).
-  summary["export"] = {"keras" or "weights": path, "saved_model": path} (None when nothing was written; with
-  "error" when writing failed).
+class ClassifierServing:
+  """The built-in classifier's: raw images through the eval's preprocessing to probabilities and classes."""
 
-  preprocess: fn(raw images) -> the eval's inputs (data.eval_images), None for a task's own features (served as
-  they are); input_spec: the raw inputs' spec (a batch).
+  def __init__(self, model, preprocess, image_spec):
+    self.model, self.preprocess, self.input_spec = model, preprocess, image_spec
+
+  def problem(self):
+    return None
+
+  def write_saved_model(self, path):
+    serving.write_saved_model(self.model, self.preprocess, self.input_spec, path)
+
+  def lite(self):
+    """(models, fn, input signature) of the LiteRT export."""
+    return ([self.model], *serving.lite_classifier(self.model, self.preprocess, self.input_spec))
+
+
+class TaskServing:
+  """A task's: its features (Task.serving_spec) to its predict_step's outputs."""
+
+  def __init__(self, task, models, features_spec):
+    self.models, self.input_spec = list(models.values()), features_spec
+    self.predict = task_lib.serving_predict(task, models)
+
+  def problem(self):
+    return serving.serving_problem(self.predict, self.input_spec)
+
+  def write_saved_model(self, path):
+    serving.write_task_saved_model(self.models, self.predict, self.input_spec, path)
+
+  def lite(self):
+    return self.models, self.predict, [serving.batched(self.input_spec)]
+
+
+class Export(Callback):
+  """At the end, when config.export is set: the model file, the serving SavedModel (loops/modeling/serving.py)
+  and, with export_tflite, export/model.tflite (loops/modeling/litert.py), all with the averaged weights under
+  optimizer.ema_decay (`weights_context`). summary["export"] = {"keras" or "weights": path, "saved_model": path}
+  (None when nothing was written; with "error" when writing failed), with export_tflite also "tflite": path or
+  None and, when the converter refused, "tflite_error": its one line.
+
+  serves: ClassifierServing or TaskServing; logits: model.keras holds the logits model (the built-in classifier).
   """
 
-  def __init__(self, model, enabled, weights_context, preprocess, input_spec):
+  def __init__(self, model, enabled, weights_context, serves, logits=False, tflite=False):
     self.model, self.enabled, self.weights_context = model, enabled, weights_context
-    self.preprocess, self.input_spec = preprocess, input_spec
+    self.serves, self.logits, self.tflite = serves, logits, enabled and tflite
     self.keras_file_problem = serving.keras_file_problem(model) if enabled else None
-    serves = enabled and preprocess is None
-    self.serving_problem = serving.serving_problem(model, input_spec) if serves else None
-
+    self.serving_problem = serves.problem() if enabled else None
 
   @classmethod
   def for_run(cls, run):
     """The built-in classification serves raw images through the eval's preprocessing; a task serves its
-    features as its model takes them."""
-    parts, enabled, weights = run.parts, run.config.export, run.execution.averaged_weights
-    if run.config.task.name == task_lib.BUILT_IN:
-      return cls(parts.main_model, enabled, weights, data.eval_images(parts.source, run.config.data),
-                 data.raw_image_spec(parts.source))
-    return cls(parts.main_model, enabled, weights, None, parts.task.serving_spec(parts.element_spec[0]))
+    predict_step on its features (Task.serving_spec)."""
+    parts, config = run.parts, run.config
+    if config.task.name == task_lib.BUILT_IN:
+      serves = ClassifierServing(parts.main_model, data.eval_images(parts.source, config.data),
+                                 data.raw_image_spec(parts.source))
+    else:
+      serves = TaskServing(parts.task, parts.models, parts.task.serving_spec(parts.element_spec[0]))
+    return cls(parts.main_model, config.export, run.execution.averaged_weights, serves,
+               logits=config.task.name == task_lib.BUILT_IN, tflite=config.export_tflite)
 
   def on_train_begin(self, state):
     if self.serving_problem:
-      state.writer.warning("export: model '%s' does not take the task's features %s (%s); no serving SavedModel "
-                           "(Task.serving_spec names what it takes; export=False turns the export off)",
-                           self.model.name, self.input_spec, self.serving_problem)
+      state.writer.warning("export: the task's predict_step cannot serve its features %s (%s); no serving "
+                           "SavedModel%s (Task.serving_spec names what it takes; export=False turns the export off)",
+                           self.serves.input_spec, self.serving_problem, " or model.tflite" if self.tflite else "")
     if self.keras_file_problem:
       state.writer.warning("export: model '%s' cannot be saved as a .keras file (%s); exporting its weights as "
                            "export/model.weights.h5 and the serving SavedModel instead (export=False turns the "
@@ -70,19 +107,28 @@ class Export(Callback):
       if self.keras_file_problem:
         kind, model_path = "weights", state.writer.save_weights(self.model, "export/model.weights.h5")
       else:
-        exported = model_lib.logits_model(self.model) if self.preprocess is not None else self.model
+        exported = model_lib.logits_model(self.model) if self.logits else self.model
         kind, model_path = "keras", state.writer.save_model(exported, "export/model.keras")
-      saved_model = None if self.serving_problem else state.writer.save_saved_model(self._write_saved_model,
+      saved_model = None if self.serving_problem else state.writer.save_saved_model(self.serves.write_saved_model,
                                                                                    "export/saved_model")
+      lite = self._write_tflite(state) if self.tflite else {}
     if not model_path:
       return None
-    state.writer.info("exported %s%s", model_path, f" and {saved_model}" if saved_model else "")
+    written = [path for path in (model_path, saved_model, lite.get("tflite")) if path]
+    state.writer.info("exported %s", " and ".join([", ".join(written[:-1]), written[-1]] if written[1:] else written))
     if state.writer.trackers:
       state.writer.trackers.export(posixpath.dirname(model_path))
-    return {kind: model_path, "saved_model": saved_model}
+    return {kind: model_path, "saved_model": saved_model, **lite}
 
-  def _write_saved_model(self, path):
-    if self.preprocess is None:
-      serving.write_task_saved_model(self.model, self.input_spec, path)
-    else:
-      serving.write_saved_model(self.model, self.preprocess, self.input_spec, path)
+  def _write_tflite(self, state):
+    """{"tflite": path or None} (and "tflite_error": the converter's refusal, said in one warning line)."""
+    if self.serving_problem:
+      return {"tflite": None}
+    models, fn, signature = self.serves.lite()
+    try:
+      return {"tflite": state.writer.save_saved_model(lambda path: litert.write_tflite(models, fn, signature, path),
+                                                      "export/model.tflite")}
+    except litert.Unconvertible as e:
+      state.writer.warning("export: no model.tflite: %s (the SavedModel and model.keras are written; "
+                           "export_tflite=False skips it)", e)
+      return {"tflite": None, "tflite_error": str(e)}

@@ -1,6 +1,7 @@
 """The serving export: a SavedModel whose `serving_default` signature takes raw images (the source's dtype and
 shape, before preprocessing), runs the run's eval preprocessing inside and returns `probabilities` (softmax of the
-logits, float32) and `classes` (the top class, int64).
+logits, float32) and `classes` (the top class, int64). A task's (`write_task_saved_model`) takes the task's features
+and returns its predict_step's outputs.
 
 Written with Keras 3's `keras.export.ExportArchive` (its supported SavedModel path for TensorFlow: it tracks the
 Keras variables as TensorFlow variables, also a MirroredStrategy's, and calls `tf.saved_model.save`, which takes
@@ -8,11 +9,14 @@ Keras variables as TensorFlow variables, also a MirroredStrategy's, and calls `t
 model would have to track its variables by hand.
 """
 
+import re
+
 import keras
 import tensorflow as tf
 
 SIGNATURE = "serving_default"
 INPUT = "images"
+_RAISED = re.compile(r"^\s*(\w+(?:Error|Exception)): ", re.M)  # a traced error's cause, under its frames
 
 
 def write_saved_model(model, preprocess, image_spec, path):
@@ -59,11 +63,23 @@ def serving_function(model, preprocess, image_spec):
   the eval does."""
 
   def serve(images):
-    outputs = on_one_row_at_least(lambda x: model(preprocess(x), training=False), checked_images(images, image_spec))
-    logits = tf.cast(outputs["logits"] if isinstance(outputs, dict) else outputs, tf.float32)
-    return {"probabilities": tf.nn.softmax(logits), "classes": tf.argmax(logits, axis=-1, output_type=tf.int64)}
+    return on_one_row_at_least(lambda x: classified(model, preprocess(x)), checked_images(images, image_spec))
 
   return serve
+
+
+def classified(model, inputs):
+  """{"probabilities", "classes"} of `model` on its (preprocessed) inputs, in inference mode."""
+  outputs = model(inputs, training=False)
+  logits = tf.cast(outputs["logits"] if isinstance(outputs, dict) else outputs, tf.float32)
+  return {"probabilities": tf.nn.softmax(logits), "classes": tf.argmax(logits, axis=-1, output_type=tf.int64)}
+
+
+def lite_classifier(model, preprocess, image_spec):
+  """(fn, input signature) for LiteRT: float32 raw images [None, H, W, C] -> the eval preprocessing -> classified,
+  without checked_images' in-graph checks (LiteRT has no Assert or string ops)."""
+  spec = tf.TensorSpec([None] + list(image_spec.shape[1:]), tf.float32, name=INPUT)
+  return (lambda images: classified(model, preprocess(tf.cast(images, image_spec.dtype)))), [spec]
 
 
 def on_one_row_at_least(fn, inputs):
@@ -75,18 +91,20 @@ def on_one_row_at_least(fn, inputs):
   return tf.nest.map_structure(lambda y: y[:rows], fn(padded))
 
 
-def write_task_saved_model(model, features_spec, path):
-  """A task's model as it is: serving_default(features) -> the model's outputs in inference mode (a dict as it
-  is; a single output as {"outputs": ...}). features_spec: one example's spec (a tensor or a flat dict)."""
-  batched = tf.nest.map_structure(lambda s: tf.TensorSpec([None] + list(s.shape), s.dtype, name=None), features_spec)
+def batched(features_spec):
+  """The spec of a batch of `features_spec` examples (a tensor's or a flat dict's), its batch of any size."""
+  return tf.nest.map_structure(lambda s: tf.TensorSpec([None] + list(s.shape), s.dtype, name=None), features_spec)
 
-  def serve(features):
-    outputs = on_one_row_at_least(lambda x: model(x, training=False), features)
-    return outputs if isinstance(outputs, dict) else {"outputs": outputs}
 
+def write_task_saved_model(models, predict, features_spec, path):
+  """A task's serving: serving_default(features) -> predict(features), the task's predict_step outputs (a batch
+  of any size, an empty one included). models: every model predict may call (their variables are saved);
+  features_spec: one example's spec (a tensor or a flat dict)."""
   archive = keras.export.ExportArchive()
-  archive.track(model)
-  archive.add_endpoint(SIGNATURE, serve, input_signature=[batched])
+  for model in models:
+    archive.track(model)
+  archive.add_endpoint(SIGNATURE, lambda features: on_one_row_at_least(predict, features),
+                       input_signature=[batched(features_spec)])
   archive.write_out(path, verbose=False)
   return path
 
@@ -108,13 +126,26 @@ def _words(error, fallback):
   return " ".join(paragraph.split())[:300] or fallback
 
 
-def serving_problem(model, features_spec):
-  """Why `model` cannot serve `features_spec` (one example's spec; it is called on a zero batch of 1, a dimension
-  of unknown size, such as a sequence's length, 1 long), or None."""
-  zeros = tf.nest.map_structure(lambda s: tf.zeros([1] + [1 if d is None else d for d in s.shape], s.dtype),
-                                features_spec)
+def serving_problem(predict, features_spec):
+  """Why predict (a task's predict_step for serving) cannot be traced on a batch of `features_spec` examples, or
+  returns no {name: tensor}; None when it serves."""
   try:
-    model(zeros, training=False)
-  except Exception as e:  # pylint: disable=broad-except  # the model's own words, on one line
-    return f"{type(e).__name__}: {_words(e, 'no message')}"
+    outputs = tf.function(predict).get_concrete_function(batched(features_spec)).structured_outputs
+  except Exception as e:  # pylint: disable=broad-except  # the task's or model's own words, on one line
+    return _traced_words(e)
+  if not isinstance(outputs, dict) or not outputs or not all(isinstance(v, tf.Tensor) for v in outputs.values()):
+    return f"predict_step returned {type(outputs).__name__}, not {{name: per-example tensor}}"
   return None
+
+
+def _traced_words(error):
+  """A tracing error in one line: under AutoGraph's "in user code:" and its frames, the error raised inside (Keras'
+  "Exception encountered when calling ..." preamble and colour codes dropped)."""
+  text = str(error)
+  raised = list(_RAISED.finditer(text)) if text.lstrip().startswith("in user code:") else []
+  if not raised:
+    return f"{type(error).__name__}: {_words(error, 'no message')}"
+  inner = re.sub(r"\x1b\[\d*m", "", text[raised[-1].end():])
+  paragraphs = [p for p in re.split(r"\n\s*\n", inner)
+                if p.strip() and not p.strip().startswith("Exception encountered when calling")]
+  return f"{raised[-1].group(1)}: {' '.join(paragraphs[0].split())[:300] if paragraphs else 'no message'}"

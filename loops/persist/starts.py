@@ -30,8 +30,8 @@ FILE = "starts.jsonl"
 # (including keys added later) counts as a change of the optimisation: the safe side.
 ACCEPTED = (
     "train.steps", "train.epochs", "train.steps_per_loop", "eval.", "checkpoint.", "summary.", "early_stopping.",
-    "callbacks", "preemption.", "nan_policy.", "export", "mode", "resume.", "strategy", "cpu_replicas", "num_gpus",
-    "cluster.", "intra_op_threads", "inter_op_threads", "jit_compile", "deterministic", "model.fused_batchnorm",
+    "callbacks", "preemption.", "nan_policy.", "export", "export_tflite", "mode", "resume.", "strategy",
+    "cpu_replicas", "num_gpus", "cluster.", "intra_op_threads", "inter_op_threads", "jit_compile", "deterministic", "model.fused_batchnorm",
     "data.data_dir", "data.download", "data.pipeline_threads", "data.device_resident", "data.service",
     "init.",  # read at a run's first start only: a resume restores its own checkpoint and ignores init.*
     "find.", "check.", "sweep.", "tracking.",

@@ -75,6 +75,19 @@ def eval_batch(task, features, targets):
   return {task.eval_stream or next(iter(task.streams)): (features, targets)}
 
 
+def serving_predict(task, models):
+  """fn(features batch) -> task.predict_step's {name: outputs} for the export: the batch is (features, None) (no
+  targets in serving; {eval stream: (features, None)} for a task with streams), ctx a StepContext in inference mode
+  whose global batch is the served batch's."""
+
+  def predict(features):
+    rows = tf.shape(tf.nest.flatten(features)[0])[0]
+    ctx = StepContext(rows, tf.constant(0, tf.int64), training=False, streams=task.streams)
+    return task.predict_step(eval_batch(task, features, None), models, ctx)
+
+  return predict
+
+
 @tf.autograph.experimental.do_not_convert
 def method_name(task, method):
   """'Class.method (file:line)' of a task's method, for an error that names where to look."""

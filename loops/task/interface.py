@@ -88,9 +88,11 @@ class Task:
     return {"loss": self.per_example_loss(batch, models, ctx)}
 
   def predict_step(self, batch, models, ctx):
-    """{name: per-example outputs [replica batch, ...]}: what mode=predict writes for each example (the
-    task-model export serves the same names). Default: the model named "model" on the features in inference
-    mode: its dict of outputs, or {"outputs": output}."""
+    """{name: per-example outputs [replica batch, ...]}: what mode=predict writes for each example, and what the
+    exported SavedModel (and export/model.tflite) serve under the same names. The batch's targets are None when
+    the input has none (serving: (features, None), the features as Task.serving_spec declares them); ctx is in
+    inference mode (ctx.training False; in serving its global_batch_size is the served batch's). Default: the
+    model named "model" on the features in inference mode: its dict of outputs, or {"outputs": output}."""
     features = next(iter(batch.values()))[0] if isinstance(batch, dict) else batch[0]  # streams: the eval stream's
     outputs = models["model"](features, training=False)
     return dict(outputs) if isinstance(outputs, dict) else {"outputs": outputs}
