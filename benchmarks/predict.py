@@ -89,8 +89,7 @@ def main():
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
   overrides = [f"--config.data.synthetic.eval_examples={args.examples}", f"--config.train.global_batch_size="
-               f"{args.batch}", "--config.eval.metrics=()", "--config.checkpoint.best_metric=", "--config.train.steps=2",
-               "--config.train.epochs=None"]
+               f"{args.batch}", "--config.eval.metrics=()", "--config.checkpoint.best_metric=", "--config.train.steps=2"]
   config = configured(args.config, args.examples, args.batch)
   workdir = tempfile.mkdtemp(prefix="predict-bench-")
   from loops import run

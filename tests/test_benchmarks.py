@@ -66,6 +66,17 @@ def test_throughput_benchmark_smoke(tmp_path):
   assert results["device_resident"] and "train input: device-resident" in result.stdout
 
 
+def test_predict_benchmark_smoke(tmp_path):
+  """One round of mode=predict and Keras' model.predict on 512 examples: both rates and their paired ratio."""
+  out = tmp_path / "predict.json"
+  run_module("benchmarks.predict", "--examples=512", "--batch=64", "--rounds=1", f"--out={out}")
+  results = json.load(open(out))
+  assert set(results["examples_per_sec"]) == {"framework", "keras_predict"}
+  assert all(rate > 0 for rate in results["examples_per_sec"].values())
+  expected = results["every_round"]["framework"][0] / results["every_round"]["keras_predict"][0]
+  assert results["ratio_vs_keras_predict_paired"] == pytest.approx(expected, rel=0.01)
+
+
 def test_throughput_ratios_are_those_whose_two_contenders_ran_paired_by_round():
   from benchmarks import ratios
   seconds = {"framework": [1.0, 2.0, 1.0], "synthetic": [0.9, 1.9, 1.0]}  # per-round ratios 0.9, 0.95, 1.0
