@@ -64,7 +64,12 @@ def run(config, workdir, parts, selection):
   if not chief:
     return None
   return files.finish({"seconds": round(seconds, 3), "examples_per_second": round(rate, 1),
-                       "replicas": parts.strategy.num_replicas_in_sync, "workers": parts.role.num_workers})
+                       "replicas": parts.strategy.num_replicas_in_sync, "workers": _predicting_workers(parts)})
+
+
+def _predicting_workers(parts):
+  """The processes that computed predictions: the coordinator alone under parameter_server."""
+  return 1 if execution_lib.asynchronous(parts.strategy) else max(parts.role.num_workers, 1)
 
 
 def _input(config, parts):

@@ -105,22 +105,26 @@ def main_command(workdir, *overrides):
 
 
 @pytest.mark.e2e
-def test_two_workers_write_the_files_of_one_device(trained, tmp_path):
+@pytest.mark.parametrize("strategy, launched, predicting_workers", [
+    ("multi_worker_mirrored", ["--workers=2"], 2),
+    ("parameter_server", ["--workers=2", "--ps=1"], 1),  # the coordinator predicts alone
+])
+def test_two_workers_write_the_files_of_one_device(trained, tmp_path, strategy, launched, predicting_workers):
   config, workdir = predicting(trained, tmp_path, rows_per_file=100)
   run.train_and_evaluate(config, workdir)
   one, _ = rows(f"{workdir}/predictions/test-20")
   shutil.rmtree(f"{workdir}/predictions")
   result = subprocess.run(
-      [PY, "-m", "launch.local", "--workers=2", "--", *main_command(
-          workdir, "--config.strategy=multi_worker_mirrored", "--config.predict.rows_per_file=100")],
+      [PY, "-m", "launch.local", *launched, "--", *main_command(
+          workdir, f"--config.strategy={strategy}", "--config.predict.rows_per_file=100")],
       cwd=REPO, capture_output=True, text=True, timeout=300,
       env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
   workers, manifest = rows(f"{workdir}/predictions/test-20")
-  assert manifest["workers"] == 2 and manifest["replicas"] == 2
+  assert manifest["workers"] == predicting_workers
   for name in one:
     assert np.array_equal(workers[name], one[name]), name
-  assert result.stdout.count("predicted 360 examples (360 this run)") == 2  # each worker took part
+  assert result.stdout.count("predicted 360 examples (360 this run)") == predicting_workers  # each took part
 
 
 @pytest.mark.e2e
@@ -250,10 +254,11 @@ def test_the_after_training_guide_runs_as_written(tmp_path):
     result = run_command([PY, "main.py", *arguments], timeout=300, merge_output=True)
     assert result.returncode == 0, result.stdout[-2000:]
     done.append(result.stdout)
-  assert len(done) == 4 and "predicted 360 examples (360 this run)" in done[1]
+  assert len(done) == 5 and "predicted 360 examples (360 this run)" in done[1]
   best = json.load(open(f"{runs}/digits/best/best.json"))["step"]
   assert "predicted 3 examples" in done[2] and os.path.exists(f"{runs}/digits/predictions/new_digits-{best}")
   assert os.path.exists(f"{runs}/digits/eval/checkpoint-{best}.json")
+  assert os.path.getsize(f"{runs}/digits_lite/export/model.tflite") > 100_000
   snippet = guide.split("```python\n", 1)[1].split("```", 1)[0].replace("runs/", f"{runs}/")
   printed = subprocess.run([PY, "-c", snippet], capture_output=True, text=True, timeout=120).stdout
   summary = json.load(open(f"{runs}/digits/summary.json"))
