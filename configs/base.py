@@ -257,7 +257,8 @@ def _eval_and_checkpoints(c):
   c.eval.checkpoint = ""
 
   # mode=predict (docs/after_training.md): the task's predict_step outputs (the classifier: probabilities, class,
-  # label) of every example, on any strategy, into workdir/predictions/<input>-<step>/part-*.npz + manifest.json.
+  # label) of every example, on any strategy, into workdir/predictions/<data>_<split>-<step>/ (a folder's name
+  # for predict.input): part-*.npz + manifest.json.
   c.predict = ml_collections.ConfigDict()
   c.predict.checkpoint = "latest"  # latest | best | a step | a checkpoint path
   # "" = the data's eval split (data.eval_split: set it to predict another split); a directory (searched

@@ -77,12 +77,12 @@ def _check_npz_settings(data_config):
                         f"and y_S (train, test, or any other suffix the file has)")
 
 
-def check_against_source(d, plan, source):
-  """What needs the loaded source and the plan: a whole global batch per epoch, streams of record files, image
-  settings only on images, one mean/std value per channel."""
-  if source.train_files is not None:
+def check_against_source(d, plan, source, trains=True):
+  """What needs the loaded source and the plan: a whole global batch per epoch (when the run trains), streams of
+  record files, image settings only on images, one mean/std value per channel."""
+  if source.train_files is not None and trains:
     _check_streams(d, plan, source)
-  if plan.steps_per_epoch < 1:
+  if plan.steps_per_epoch < 1 and trains:
     raise ConfigError(f"dataset '{source.name}' has {source.train_size} train examples: fewer than one global "
                       f"batch of {plan.global_batch_size}")
   for stream in source.streams or ():

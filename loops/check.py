@@ -91,9 +91,10 @@ def check_derived(config, plan, source):
   if plan.per_replica_batch_size % plan.grad_accum_steps:
     raise ConfigError(f"train.grad_accum_steps={plan.grad_accum_steps} must be a positive integer dividing the "
                       f"per-replica batch ({plan.per_replica_batch_size})")
-  data_checks.check_against_source(config.data, plan, source)
+  trains = config.mode == "train"  # an evaluation or a prediction reads no train batch
+  data_checks.check_against_source(config.data, plan, source, trains)
   warmup = optimizers.warmup_steps(config.optimizer, plan.steps_per_epoch)
-  if warmup > 0 and warmup >= plan.total_steps:
+  if trains and warmup > 0 and warmup >= plan.total_steps:
     raise ConfigError(f"optimizer.warmup_epochs={config.optimizer.warmup_epochs} gives {warmup} warmup steps; it "
                       f"must be shorter than the run ({plan.total_steps} steps)")
 

@@ -76,10 +76,17 @@ def _input(config, parts):
   """(source whose eval split is predicted, the image paths or None, the directory's name)."""
   where = config.predict.input
   if not where:
-    return parts.source, None, _safe(config.data.eval_split)
+    return parts.source, None, _safe(f"{_data_name(config.data)}_{config.data.eval_split}")
   source, paths = data.image_files(parts.source, where)
   folder = where.rstrip("/") if tf.io.gfile.isdir(where) else posixpath.dirname(where)
   return source, np.array(paths), _safe(posixpath.basename(folder) or "input")
+
+
+def _data_name(data_config):
+  """What the data is called in a directory name: its file's or folder's name, else the source's."""
+  if data_config.data_dir:
+    return posixpath.splitext(posixpath.basename(data_config.data_dir.rstrip("/")))[0]
+  return data_config.name.split(":")[-1]
 
 
 def _described(config):

@@ -61,7 +61,7 @@ def test_predictions_hold_each_example_once_in_order_and_score_the_eval_accuracy
   from data import sources
   config, workdir = predicting(trained, tmp_path, rows_per_file=100)
   manifest = run.train_and_evaluate(config, workdir)
-  columns, written = rows(f"{workdir}/predictions/test-20")
+  columns, written = rows(f"{workdir}/predictions/digits_test-20")
   assert written == manifest and manifest["examples"] == 360 and manifest["step"] == 20
   assert [(f["file"], f["rows"], f["first"]) for f in manifest["files"]] == [
       ("part-00000.npz", 100, 0), ("part-00001.npz", 100, 100), ("part-00002.npz", 100, 200),
@@ -74,27 +74,27 @@ def test_predictions_hold_each_example_once_in_order_and_score_the_eval_accuracy
   assert np.allclose(columns["probabilities"].sum(axis=1), 1.0, atol=1e-5)
   assert np.array_equal(columns["class"], columns["probabilities"].argmax(axis=1))
   assert manifest["columns"]["probabilities"] == {"dtype": "float32", "shape": [10]}
-  before = {p: os.path.getmtime(p) for p in glob.glob(f"{workdir}/predictions/test-20/*")}
+  before = {p: os.path.getmtime(p) for p in glob.glob(f"{workdir}/predictions/digits_test-20/*")}
   assert run.train_and_evaluate(config, workdir)["files"] == manifest["files"]  # a rerun: complete, untouched
-  assert {p: os.path.getmtime(p) for p in glob.glob(f"{workdir}/predictions/test-20/*")} == before
+  assert {p: os.path.getmtime(p) for p in glob.glob(f"{workdir}/predictions/digits_test-20/*")} == before
 
 
 @pytest.mark.e2e
 def test_two_mirrored_replicas_write_the_same_files_and_a_removed_tail_is_predicted_again(trained, tmp_path):
   config, workdir = predicting(trained, tmp_path, rows_per_file=100, checkpoint="10")
   run.train_and_evaluate(config, workdir)
-  one, _ = rows(f"{workdir}/predictions/test-10")
+  one, _ = rows(f"{workdir}/predictions/digits_test-10")
   for name in ("part-00002.npz", "part-00003.npz", "manifest.json"):  # as a kill after two parts leaves it
-    os.remove(f"{workdir}/predictions/test-10/{name}")
+    os.remove(f"{workdir}/predictions/digits_test-10/{name}")
   config.strategy, config.cpu_replicas = "mirrored", 2
   manifest = run.train_and_evaluate(config, workdir)
-  resumed, _ = rows(f"{workdir}/predictions/test-10")
+  resumed, _ = rows(f"{workdir}/predictions/digits_test-10")
   assert manifest["replicas"] == 2 and [f["rows"] for f in manifest["files"]] == [100, 100, 100, 60]
   for name in one:
     assert np.array_equal(resumed[name], one[name]), name
   shutil.rmtree(f"{workdir}/predictions")
   run.train_and_evaluate(config, workdir)
-  mirrored, _ = rows(f"{workdir}/predictions/test-10")
+  mirrored, _ = rows(f"{workdir}/predictions/digits_test-10")
   for name in one:
     assert np.array_equal(mirrored[name], one[name]), name
 
@@ -112,7 +112,7 @@ def main_command(workdir, *overrides):
 def test_two_workers_write_the_files_of_one_device(trained, tmp_path, strategy, launched, predicting_workers):
   config, workdir = predicting(trained, tmp_path, rows_per_file=100)
   run.train_and_evaluate(config, workdir)
-  one, _ = rows(f"{workdir}/predictions/test-20")
+  one, _ = rows(f"{workdir}/predictions/digits_test-20")
   shutil.rmtree(f"{workdir}/predictions")
   result = subprocess.run(
       [PY, "-m", "launch.local", *launched, "--", *main_command(
@@ -120,7 +120,7 @@ def test_two_workers_write_the_files_of_one_device(trained, tmp_path, strategy, 
       cwd=REPO, capture_output=True, text=True, timeout=300,
       env={k: v for k, v in os.environ.items() if k != "TF_CONFIG"})
   assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-  workers, manifest = rows(f"{workdir}/predictions/test-20")
+  workers, manifest = rows(f"{workdir}/predictions/digits_test-20")
   assert manifest["workers"] == predicting_workers
   for name in one:
     assert np.array_equal(workers[name], one[name]), name
@@ -133,7 +133,7 @@ def test_a_prediction_killed_by_sigterm_resumes_to_the_same_files(trained, tmp_p
   config, workdir = predicting(trained, tmp_path)
   command = main_command(workdir, "--config.data.eval_split=train", "--config.train.global_batch_size=1",
                          "--config.predict.rows_per_file=50")
-  directory = f"{workdir}/predictions/train-20"
+  directory = f"{workdir}/predictions/digits_train-20"
   process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   deadline = time.time() + 120
   while not os.path.exists(f"{directory}/part-00004.npz") and time.time() < deadline and process.poll() is None:
@@ -162,7 +162,7 @@ def test_a_folder_of_images_is_predicted_in_path_order_as_the_split_is(trained, 
   from data import sources
   config, workdir = predicting(trained, tmp_path)
   run.train_and_evaluate(config, workdir)
-  split, _ = rows(f"{workdir}/predictions/test-20")
+  split, _ = rows(f"{workdir}/predictions/digits_test-20")
   images = np.concatenate([x for x, _ in sources.digits(config.data).eval.batch(1000).as_numpy_iterator()])
   folder = tmp_path / "new images"
   for i in range(12):  # nested folders, read in sorted path order
@@ -188,12 +188,38 @@ def test_a_task_predicts_through_its_predict_step(tmp_path):
   summary = run.train_and_evaluate(config, workdir)
   config.mode = "predict"
   run.train_and_evaluate(config, workdir)
-  columns, manifest = rows(f"{workdir}/predictions/test-20")
+  columns, manifest = rows(f"{workdir}/predictions/digit_values_test-20")
   from examples.tasks.regression import digit_values
   values = digit_values("test")[1]
   assert set(columns) == {"index", "value"} and manifest["columns"]["value"] == {"dtype": "float32", "shape": []}
   assert float(np.mean(np.abs(columns["value"] - values))) == pytest.approx(summary["eval/mae"],
                                                                             rel=1e-5)
+
+
+@pytest.mark.e2e
+def test_other_data_is_predicted_into_its_own_directory(tmp_path):
+  """A run trained on an .npz, then data.* pointed at another .npz of 30 new examples (fewer than a global batch):
+  predictions/<file>_<split>-<step>, beside the split's, the same rows for the same images."""
+  from data import sources
+  config = load_config("digits_cnn")
+  digits = sources.digits(config.data)
+  (x_train, y_train), (x_test, y_test) = (
+      next(split.batch(2000).as_numpy_iterator()) for split in (digits.train, digits.eval))
+  np.savez(tmp_path / "digits.npz", x_train=x_train * 15, y_train=y_train, x_test=x_test * 15, y_test=y_test)
+  np.savez(tmp_path / "new.npz", x_train=x_test[:30] * 15, y_train=y_test[:30], x_test=x_test[:30] * 15,
+           y_test=y_test[:30])
+  config.data.name, config.data.data_dir = "npz", str(tmp_path / "digits.npz")
+  config.train.epochs, config.train.steps, config.train.steps_per_loop, config.export = None, 10, 5, False
+  workdir = str(tmp_path / "w")
+  run.train_and_evaluate(config, workdir)
+  config.mode = "predict"
+  run.train_and_evaluate(config, workdir)
+  split, _ = rows(f"{workdir}/predictions/digits_test-10")
+  config.data.data_dir = str(tmp_path / "new.npz")
+  manifest = run.train_and_evaluate(config, workdir)
+  columns, _ = rows(f"{workdir}/predictions/new_test-10")
+  assert manifest["examples"] == 30 and manifest["input"] == "npz:test"
+  assert np.array_equal(columns["class"], split["class"][:30]) and np.array_equal(columns["label"], y_test[:30])
 
 
 class WrongRows(Task):

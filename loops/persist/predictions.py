@@ -3,7 +3,7 @@ order, `rows_per_file` rows each (the last fewer), every part written whole or n
 they are predictions of, DIR/manifest.json (written last) lists the parts. A rerun after a kill resumes after the
 last whole part. Read them with numpy alone:
 
-  parts = sorted(glob.glob("runs/digits/predictions/test-300/part-*.npz"))
+  parts = sorted(glob.glob("runs/digits/predictions/digits_test-300/part-*.npz"))
   probabilities = np.concatenate([np.load(p)["probabilities"] for p in parts])
 """
 
@@ -51,9 +51,8 @@ class Files:
       return 0
     if recorded != self.about:
       differ = sorted(k for k in set(recorded) | set(self.about) if recorded.get(k) != self.about.get(k))
-      raise ConfigError(f"{self.directory} holds predictions of another run ({', '.join(differ)}: "
-                        f"{', '.join(f'{recorded.get(k)!r} there, {self.about.get(k)!r} now' for k in differ)}); "
-                        f"remove it to predict again")
+      changes = "; ".join(f"{k} {recorded.get(k)!r} there, {self.about.get(k)!r} now" for k in differ)
+      raise ConfigError(f"{self.directory} holds other predictions ({changes}); remove it to predict again")
     if self.complete:
       self._written = self._read(MANIFEST)["files"]
       self.next_index = self.about["examples"]
