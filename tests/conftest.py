@@ -220,3 +220,18 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
   for recorder in _file_durations:
     recorder.write()
+
+
+@pytest.fixture(scope="module")
+def trained_digits(tmp_path_factory):
+  """A digits run of 20 steps: eval and checkpoints at 10 and 20, the best kept; (config, workdir, its eval
+  accuracy curve {step: value})."""
+  from loops import run
+  from tests.test_sidecar import event_scalars
+  config = load_config("digits_cnn")
+  config.train.epochs, config.train.steps, config.train.steps_per_loop = None, 20, 5
+  config.eval.every_steps = config.checkpoint.every_steps = 10
+  config.export = False
+  workdir = str(tmp_path_factory.mktemp("trained") / "w")
+  run.train_and_evaluate(config, workdir)
+  return config, workdir, event_scalars(workdir, "eval/accuracy")

@@ -14,16 +14,8 @@ from tests.test_sidecar import event_scalars
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A digits run of 20 steps: eval and checkpoints at 10 and 20, the best kept; (workdir, its eval curve)."""
-  from tests.conftest import load_config
-  config = load_config("digits_cnn")
-  config.train.epochs, config.train.steps, config.train.steps_per_loop = None, 20, 5
-  config.eval.every_steps = config.checkpoint.every_steps = 10
-  config.export = False
-  workdir = str(tmp_path_factory.mktemp("trained") / "w")
-  run.train_and_evaluate(config, workdir)
-  return config, workdir, event_scalars(workdir, "eval/accuracy")
+def trained(trained_digits):
+  return trained_digits
 
 
 def evaluated(trained, selector):

@@ -19,21 +19,13 @@ from errors import ConfigError
 from loops import run
 from loops.task import Task
 from tests.conftest import REPO, load_config
-from tests.test_sidecar import event_scalars
 
 PY = sys.executable
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-  """A digits run of 20 steps (checkpoints at 10 and 20); (config, workdir, its eval accuracy curve)."""
-  config = load_config("digits_cnn")
-  config.train.epochs, config.train.steps, config.train.steps_per_loop = None, 20, 5
-  config.eval.every_steps = config.checkpoint.every_steps = 10
-  config.export = False
-  workdir = str(tmp_path_factory.mktemp("trained") / "w")
-  run.train_and_evaluate(config, workdir)
-  return config, workdir, event_scalars(workdir, "eval/accuracy")
+def trained(trained_digits):
+  return trained_digits
 
 
 def predicting(trained, tmp_path, **settings):
