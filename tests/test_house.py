@@ -92,3 +92,73 @@ def test_workspace_names_every_module_of_the_engine():
     if name == "__init__":
       continue
     assert re.search(rf"\b{name}\b", workspace), f"WORKSPACE.md does not name {path}"
+
+
+LONGEST_FUNCTION = 60  # lines, def to last line: a function a newcomer follows in a minute
+
+
+def test_no_function_of_the_product_is_longer_than_a_newcomer_follows():
+  product = [path for folder in ("loops", "data", "models", "launch") for path in python_files(folder)]
+  long = []
+  for path in product + ["main.py", "errors.py"]:
+    for node in ast.walk(ast.parse(open(os.path.join(REPO, path)).read())):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        if lines > LONGEST_FUNCTION:
+          long.append(f"{path}:{node.lineno} {node.name} ({lines} lines)")
+  assert not long, f"longer than {LONGEST_FUNCTION} lines: {long}"
+  assert len(product) > 100
+
+
+def room_rows(workspace):
+  """(folder, [names]) of each row of WORKSPACE's rooms table: the backticked names outside parentheses."""
+  rows = []
+  for line in workspace.splitlines():
+    match = re.match(r"\| `([\w/]+/)` \| (.*) \|$", line)
+    if match:
+      listed = match.group(2)
+      while re.search(r"\([^()]*\)", listed):
+        listed = re.sub(r"\([^()]*\)", "", listed)
+      rows.append((match.group(1), re.findall(r"`([^`]+)`", listed)))
+  return rows
+
+
+def names_nothing(folder, name):
+  """Why `name` in folder's row is not a module, package, folder or a name the package defines (None if it is)."""
+  base = os.path.join(REPO, folder)
+  if name.startswith(folder):
+    name = name[len(folder):]
+  if os.path.exists(os.path.join(base, name)) or os.path.exists(os.path.join(base, name + ".py")):
+    return None
+  init = os.path.join(base, "__init__.py")
+  if os.path.exists(init) and re.search(rf"^(def |class )?{re.escape(name)}\b", open(init).read(), re.M):
+    return None
+  return f"{folder} has no {name}(.py) and its __init__ defines no {name}"
+
+
+def test_workspace_rooms_table_names_only_what_is_there():
+  rows = room_rows(open(os.path.join(REPO, "WORKSPACE.md")).read())
+  assert len(rows) >= 9 and sum(len(names) for _, names in rows) > 80
+  wrong = [problem for folder, names in rows for problem in (names_nothing(folder, n) for n in names) if problem]
+  assert not wrong, wrong
+
+
+def test_the_room_check_catches_a_module_that_is_not_there():
+  rows = room_rows("| `loops/persist/` | `checkpoints` (`Checkpoints`), `console` (the live bar) |")
+  assert [names_nothing(folder, n) for folder, names in rows for n in names] == [
+      None, "loops/persist/ has no console(.py) and its __init__ defines no console"]
+
+
+def test_workspace_phase_table_lists_the_built_ins_that_implement_each_hook():
+  from loops.callbacks import built_in
+  from loops.core.nan_guard import NanGuard
+  from loops.persist.preemption import PreemptionWatcher
+  ordered = [NanGuard, *built_in.OBSERVERS, "user callbacks", PreemptionWatcher, *built_in.SAVING]
+  workspace = open(os.path.join(REPO, "WORKSPACE.md")).read()
+  for hook in ("on_train_begin", "after_train_call", "after_eval", "on_call_end", "on_train_end"):
+    row = next(line for line in workspace.splitlines() if line.lstrip().startswith("|") and f"`{hook}`" in line)
+    listed = re.findall(r"`([A-Z]\w+)`|(user callbacks)", row.split(f"`{hook}`", 1)[1])
+    expected = [c if isinstance(c, str) else c.__name__ for c in ordered if isinstance(c, str) or hook in vars(c)]
+    if "user callbacks" not in row:
+      expected.remove("user callbacks")
+    assert [a or b for a, b in listed] == expected, hook
