@@ -170,6 +170,10 @@ def test_a_folder_of_images_is_predicted_in_path_order_as_the_split_is(trained, 
       f"batch{i // 5}/{i:03d}.png" for i in range(12)]
   assert np.array_equal(columns["class"], split["class"][:12])
   assert np.allclose(columns["probabilities"], split["probabilities"][:12], atol=1e-6)
+  config.predict.input = str(folder / "batch1" / "*.png")  # a glob: the folder it is in names the directory
+  assert run.train_and_evaluate(config, workdir)["examples"] == 5
+  columns, _ = rows(f"{workdir}/predictions/batch1-20")
+  assert np.array_equal(columns["class"], split["class"][5:10])
 
 
 @pytest.mark.e2e

@@ -35,7 +35,7 @@ class Files:
   def __init__(self, directory, rows_per_file, about):
     self.directory, self.rows_per_file = directory, rows_per_file
     self.about = {**about, "rows_per_file": rows_per_file}
-    self._pending, self._written, self.next_index = [], [], 0
+    self._pending, self._written, self.next_index, self._shapes = [], [], 0, {}
 
   @property
   def complete(self):
@@ -72,10 +72,21 @@ class Files:
     expected = np.arange(self.next_index, self.next_index + len(index))
     if not np.array_equal(index, expected):
       raise RuntimeError(f"prediction rows out of order: got examples {index[:4]}..., expected {expected[:4]}...")
+    self._check_shapes(columns)
     self._pending.append({"index": index, **columns})
     self.next_index += len(index)
     while sum(len(rows["index"]) for rows in self._pending) >= self.rows_per_file:
       self._flush(self.rows_per_file)
+
+  def _check_shapes(self, columns):
+    """Every row of a column has one shape: a part is one array per column."""
+    shapes = {name: value.shape[1:] for name, value in columns.items()}
+    for name, shape in shapes.items():
+      first = self._shapes.setdefault(name, shape)
+      if shape != first:
+        raise ConfigError(f"prediction output '{name}' has per-example shape {list(first)} in one batch and "
+                          f"{list(shape)} in another (sequences padded per batch?): return a fixed shape from "
+                          f"predict_step, e.g. padded to the longest length the data has")
 
   def finish(self, extra):
     """Writes the last part and the manifest ({about, files, columns, **extra}); returns the manifest."""
