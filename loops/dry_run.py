@@ -16,6 +16,7 @@ from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
 from loops.modeling import fused_batchnorm
 from loops.modeling import model as model_lib
+from loops.persist import checkpoints as checkpoints_lib
 from loops.persist import init_checkpoint
 from loops.persist import tracking
 
@@ -63,7 +64,7 @@ def report(config, workdir, parts, user_callbacks):
       "tracking": _tracking_line(config, workdir),
       "workdir": _absolute(workdir),
       "checkpoints": posixpath.join(_absolute(workdir), "checkpoints"),
-      "resumes_from": tf.train.latest_checkpoint(posixpath.join(workdir, "checkpoints")),
+      "resumes_from": (checkpoints_lib.index_paths(posixpath.join(workdir, "checkpoints")) or [None])[0],
   }
   report["trained_parameters"] = build_lib.trained_parameters(parts)
   if parts.task.writes_step or config.task.name != "classification":

@@ -61,3 +61,10 @@ def test_a_chosen_checkpoint_outside_mode_evaluate_is_refused():
   with pytest.raises(ConfigError, match=r"^eval.checkpoint='best' is read by mode=evaluate .*add --config.mode="
                                         r"evaluate$"):
     check.check(config)
+
+
+@pytest.mark.e2e
+def test_a_dry_run_in_a_trained_workdir_names_the_checkpoint_it_would_resume_from(trained):
+  config, workdir, _ = trained
+  report = run.train_and_evaluate(config.copy_and_resolve_references(), workdir, dry_run=True)
+  assert report["resumes_from"] == f"{workdir}/checkpoints/ckpt-20"
