@@ -110,8 +110,12 @@ def _rematerialized_call(layer):
   keras_choice = type(layer).rematerialized_call.__get__(layer)
 
   def rematerialized_call(layer_call, *args, **kwargs):
-    with random_layers.replaying(None):  # "larger_than" traces the call for its output size: no keyed draw
-      chosen = keras_choice(layer_call, *args, **kwargs)
+    # Keras' rule on specs of the arguments: "larger_than" traces the call for its output size, which fails on a
+    # model's graph tensors; no keyed layer draws while it does.
+    specs = tf.nest.map_structure(
+        lambda x: keras.KerasTensor(x.shape, x.dtype.name) if tf.is_tensor(x) else x, (args, kwargs))
+    with random_layers.replaying(None):
+      chosen = keras_choice(layer_call, *specs[0], **specs[1])
     return layer_call if chosen is layer_call else recomputed(layer_call)
 
   rematerialized_call.framework = True
