@@ -178,14 +178,15 @@ class SyncExecution(_Execution):
     self._iterator, self._start_step, self._norms = None, self.step, None
 
   def train(self, num_steps):
-    with service_watch.during_train_call(self.config), self.step_memory.measured():  # a bound on service waits
+    with service_watch.during_train_call(self.config):  # a bound on waits for the tf.data service
       if self._resident_fn is None and self._iterator is None:  # at the first call: a finished run or an evaluator
         self._start_train_input()                                # never places or starts the train input
-      if self._resident_fn is not None:
-        read_out = self._resident_fn(tf.constant(num_steps, tf.int32))
-      else:
-        read_out = self._host_input_call(num_steps)
-      values = read_out.numpy()
+      with self.step_memory.measured():  # the steps, not the placing of a device-resident input
+        if self._resident_fn is not None:
+          read_out = self._resident_fn(tf.constant(num_steps, tf.int32))
+        else:
+          read_out = self._host_input_call(num_steps)
+        values = read_out.numpy()
     return self._train_output(*self._read_out.results(values), self._read_out.worker_seconds(values))
 
   def _host_input_call(self, num_steps):
