@@ -14,7 +14,6 @@ input to the output passes through (a residual block's input and output), only t
 
 import contextlib
 import fnmatch
-import threading
 
 import keras
 import tensorflow as tf
@@ -25,7 +24,6 @@ from loops.modeling import random_layers
 
 KERAS_MODES = ("full", "larger_than", "list_of_layers")
 MODES = ("",) + KERAS_MODES + ("blocks",)
-_STATE = threading.local()  # MirroredStrategy traces each replica in a thread of its own
 
 
 class Patterns:
@@ -54,19 +52,11 @@ def scope(model_config):
                           layer_names=Patterns(model_config.remat_layers))
 
 
-def recomputing():
-  """True while a recomputation runs in this thread (a backward pass recomputing a forward one)."""
-  return getattr(_STATE, "depth", 0) > 0
-
-
 @contextlib.contextmanager
 def _recomputation(draws):
-  _STATE.depth = getattr(_STATE, "depth", 0) + 1
-  try:
-    with keras.StatelessScope(), random_layers.replaying(draws):
-      yield
-  finally:
-    _STATE.depth -= 1
+  """A recomputation: state updates (BatchNorm's moving statistics) go nowhere, keyed layers replay `draws`."""
+  with keras.StatelessScope(), random_layers.replaying(draws):
+    yield
 
 
 def recomputed(fn):
