@@ -169,6 +169,15 @@ def _model_and_loss(c):
   # 1.31-1.49x faster, ResNet50V2 1.22x on a 2-core CPU (benchmarks/README.md). The saved model keeps Keras'
   # layers. False = Keras' own ops.
   c.model.fused_batchnorm = True
+  # Rematerialization: activations recomputed in the backward pass instead of kept (less memory, more compute).
+  # "" = off; Keras' keras.RematScope modes "full" (every layer), "larger_than" (layers whose output is larger than
+  # model.remat_output_size), "list_of_layers" (model.remat_layers); "blocks" = every residual block of a
+  # functional model recomputed as one (the built-in ResNets). Every model the run builds; docs/recipes.md.
+  c.model.remat = ""
+  # "larger_than": a layer is recomputed when its output has more than this many values per example.
+  c.model.remat_output_size = 1024
+  # "list_of_layers": layer names or fnmatch patterns (e.g. ["conv2_block1_*"]) of the layers recomputed.
+  c.model.remat_layers = []
 
   c.loss = ml_collections.ConfigDict()
   # "" = the loss the model was compile()d with (per example, averaged over the global batch; its metrics join

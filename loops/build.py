@@ -31,6 +31,7 @@ from loops.modeling import metrics as metrics_lib
 from loops.modeling import model as model_lib
 from loops.modeling import optimizers
 from loops.modeling import random_layers
+from loops.modeling import remat as remat_lib
 from loops.persist import checkpoints
 from loops import task as task_lib
 from loops.task import classification as classification_lib
@@ -226,13 +227,15 @@ def _build_trainables(config, strategy, plan, task, element_spec, num_classes, l
         config, element_spec, num_classes,
         make_model=lambda: model_lib.build_model(config, tuple(element_spec[0].shape), _known(num_classes, config)),
         make_optimizer=lambda **overrides: _make_optimizer(config, plan, made_rates, overrides))
-    models = dict(task.build_models(context))
+    with remat_lib.scope(config.model):  # Keras marks the layers built inside (model.remat)
+      models = dict(task.build_models(context))
     check.check_models(task, models)
     for name, model in models.items():
       _ensure_built(model, element_spec)
       keras_fit.warn_unused_overrides(name, model)
       model_lib.configure_batchnorm(model, config.model)  # every model of the task, not only the config's
       _key_random_layers(name, model, config.seed)
+      _rematerialize(name, model, config.model)
     if config.train.freeze:
       _freeze(config, list(models.values()))
     optimizers_by_model = dict(task.build_optimizers(context, models))
@@ -267,6 +270,20 @@ def _key_random_layers(name, model, seed):
   if left:
     logging.warning("model '%s': %s draw from Keras' seed state, the same values on every replica: N replicas train "
                     "otherwise than one (--check=replicas names them)", name, ", ".join(l.path for l in left))
+
+
+def _rematerialize(name, model, model_config):
+  """model.remat: the blocks of `model` recomputed as one each, or Keras' marked layers through the framework's
+  recomputation (loops/modeling/remat.py); refused for a model with random layers that are not keyed."""
+  if not model_config.remat:
+    return
+  remat_lib.refuse_unkeyed(model, name)
+  if model_config.remat == "blocks":
+    logging.info("model '%s': %d blocks recomputed in the backward pass", name, remat_lib.recompute_blocks(model))
+  else:
+    remat_lib.install(model)
+    logging.info("model '%s': layers Keras' RematScope(%r) marked are recomputed in the backward pass", name,
+                 model_config.remat)
 
 
 def _make_optimizer(config, plan, made_rates, overrides):

@@ -77,6 +77,21 @@ def test_predict_benchmark_smoke(tmp_path):
   assert results["ratio_vs_keras_predict_paired"] == pytest.approx(expected, rel=0.01)
 
 
+def test_remat_benchmark_smoke(tmp_path):
+  """One round of ResNet-20 (1 block per stage, batch 16) without and with blocks recomputed: each mode's step
+  memory and rate, and the ratios to no remat (blocks keep less)."""
+  out = tmp_path / "remat.json"
+  run_module("benchmarks.remat", "--config=configs/cifar_resnet20.py:synthetic", "--modes=,blocks", "--rounds=1",
+             "--steps=4", "--override=train.global_batch_size=16", "--override=model.kwargs.blocks_per_stage=1",
+             f"--out={out}")
+  results = json.load(open(out))["results"]
+  assert set(results) == {"off", "blocks"}
+  assert results["off"]["memory_mb.step_added_mb_ratio"] == 1.0 and results["blocks"]["examples_per_sec"] > 0
+  assert results["blocks"]["memory_mb.step_added_mb"] == pytest.approx(
+      results["blocks"]["memory_mb.step_added_mb_ratio"] * results["off"]["memory_mb.step_added_mb"], rel=1e-6)
+  assert results["blocks"]["memory_mb.step_added_mb_ratio"] < 1.0
+
+
 def test_throughput_ratios_are_those_whose_two_contenders_ran_paired_by_round():
   from benchmarks import ratios
   seconds = {"framework": [1.0, 2.0, 1.0], "synthetic": [0.9, 1.9, 1.0]}  # per-round ratios 0.9, 0.95, 1.0

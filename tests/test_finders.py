@@ -254,6 +254,7 @@ def test_batch_size_search_on_cpu_under_a_budget(tmp_path):
     assert largest == result["maximum_tried"] == 512
   for t in result["trials"]:
     assert t["fits"] == (t["memory_gb"] <= 0.045) and t["images_per_second"] > 0
+  assert trials[128]["step_mb"] > trials[64]["step_mb"] > 0  # the allocator's step memory grows with the batch
   assert f"--config.train.global_batch_size={largest}" in completed.stdout
   assert re.search(rf"^ +{largest} +{largest} +yes ", completed.stdout, re.M)  # the table of sizes tried
 

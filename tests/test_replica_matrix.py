@@ -65,6 +65,10 @@ MATRIX = {
     "sync BatchNorm": (*RESNET[:2], {**RESNET[2], "model.sync_batchnorm": True}),
     "sync BatchNorm, unfused": (*RESNET[:2], {**RESNET[2], "model.sync_batchnorm": True,
                                               "model.fused_batchnorm": False}),
+    # rematerialization (model.remat): recomputed blocks and layers, BatchNorm synchronized, keyed Dropout
+    "remat blocks, sync BatchNorm": (*RESNET[:2], {**RESNET[2], "model.sync_batchnorm": True, "model.remat": "blocks"}),
+    "task model with BatchNorm and Dropout, sync, remat full": (*TASK, {
+        "task.name": TASKS + "WithDropout", "model.sync_batchnorm": True, "model.remat": "full"}),
     # task models
     "task model with BatchNorm, sync": (*TASK, {"task.name": TASKS + "TwoInputsWithBatchNorm",
                                                 "model.sync_batchnorm": True}),

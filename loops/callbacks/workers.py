@@ -1,4 +1,4 @@
-"""WorkerMonitor: memory after each train call; under multi-worker training, the straggler warning and each
+"""WorkerMonitor: memory after each train call (a train call's peak too: memory/step_peak_mb); under multi-worker training, the straggler warning and each
 worker's mean busy time per call in summary.json (the per-call scalars come with the call's train results)."""
 
 from loops.core import stragglers
@@ -17,7 +17,9 @@ class WorkerMonitor(Callback):
   @classmethod
   def for_run(cls, run):
     summary = run.config.summary
-    return cls(summary.straggler_fraction, summary.straggler_calls, memory.usage_mb)
+    step_memory = getattr(run.execution, "step_memory", None)  # a train call's peak (SyncExecution)
+    usage = (lambda: {**memory.usage_mb(), **step_memory.values()}) if step_memory else memory.usage_mb
+    return cls(summary.straggler_fraction, summary.straggler_calls, usage)
 
   def after_train_call(self, state):
     memory = self.memory_usage()

@@ -23,6 +23,7 @@ from data import user_stream
 from errors import ConfigError, WorkerLostError, first_line
 from loops.core import stragglers
 from loops.core.interfaces import TrainOutput
+from loops.distribute import memory
 from loops.distribute import parameter_server
 from loops.distribute import service_watch
 from loops.distribute import steps
@@ -166,6 +167,7 @@ class SyncExecution(_Execution):
                                             p.plan.global_batch_size, p.step_counter, p.plan.grad_accum_steps,
                                             config.jit_compile, clock, p.plan.input_pipelines)
     self._train_step, self._resident_fn = train_step, None
+    self.step_memory = memory.StepPeak()  # the allocator's peak in train calls (summary.json memory_mb)
     self._read_out = steps.CallReadOut(strategy, self.train_metrics, clock)
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter, self._read_out)
     collects = bool(p.task.eval_collect)
@@ -179,11 +181,12 @@ class SyncExecution(_Execution):
     with service_watch.during_train_call(self.config):  # a bound on waits for the tf.data service
       if self._resident_fn is None and self._iterator is None:  # at the first call: a finished run or an evaluator
         self._start_train_input()                                # never places or starts the train input
-      if self._resident_fn is not None:
-        read_out = self._resident_fn(tf.constant(num_steps, tf.int32))
-      else:
-        read_out = self._host_input_call(num_steps)
-      values = read_out.numpy()
+      with self.step_memory.measured():  # the steps, not the placing of a device-resident input
+        if self._resident_fn is not None:
+          read_out = self._resident_fn(tf.constant(num_steps, tf.int32))
+        else:
+          read_out = self._host_input_call(num_steps)
+        values = read_out.numpy()
     return self._train_output(*self._read_out.results(values), self._read_out.worker_seconds(values))
 
   def _host_input_call(self, num_steps):

@@ -1,6 +1,9 @@
 """Memory in use by this process: host RSS (current and peak) and, with GPUs, TensorFlow's allocator on the
-fullest local GPU (tf.config.experimental.get_memory_info: current and peak)."""
+fullest local GPU (tf.config.experimental.get_memory_info: current and peak); and a train call's peak
+(`StepPeak`): TensorFlow's allocator, reset before the call, on the fullest GPU, else on the CPU (one allocator
+for all logical CPUs: every replica's tensors, the input pipeline's buffers too)."""
 
+import contextlib
 import resource
 import sys
 
@@ -40,3 +43,33 @@ def usage_mb():
   if gpu is not None:
     values.update({"memory/gpu_mb": gpu[0], "memory/gpu_peak_mb": gpu[1]})
   return values
+
+
+class StepPeak:
+  """The peak of TensorFlow's allocator during train calls (`measured()` around each): `values()` gives
+  {memory/step_peak_mb: the largest peak of a call, memory/step_added_mb: that peak less what was in use when
+  its call began (activations, gradients and temporaries of a step)}; {} where the allocator keeps no statistics."""
+
+  def __init__(self):
+    self.devices = [d.name.replace("/device:", "") for d in tf.config.list_logical_devices("GPU")] or ["CPU:0"]
+    self.peak = self.added = None
+
+  @contextlib.contextmanager
+  def measured(self):
+    try:
+      before = [tf.config.experimental.get_memory_info(d)["current"] for d in self.devices]
+      for device in self.devices:
+        tf.config.experimental.reset_memory_stats(device)
+    except (ValueError, tf.errors.OpError):  # an allocator without statistics
+      yield
+      return
+    yield
+    peaks = [tf.config.experimental.get_memory_info(d)["peak"] for d in self.devices]
+    fullest = max(range(len(peaks)), key=peaks.__getitem__)
+    self.peak = max(self.peak or 0.0, peaks[fullest] / MB)
+    self.added = max(self.added or 0.0, (peaks[fullest] - before[fullest]) / MB)
+
+  def values(self):
+    if self.peak is None:
+      return {}
+    return {"memory/step_peak_mb": self.peak, "memory/step_added_mb": self.added}

@@ -35,6 +35,7 @@ class Trial:
   memory_gb: float  # CPU: peak resident-memory growth of the process; GPU: peak device memory of GPU:0
   images_per_second: float  # 0 when it did not fit
   note: str = ""
+  step_mb: float = 0.0  # TensorFlow's allocator: a train call's peak less what was in use (memory_mb.step_added_mb)
 
 
 class PeakResidentMemory:
@@ -98,6 +99,8 @@ def measure(config, role, per_replica, replicas, timed_steps, budget_gb, on_gpu)
       started = time.perf_counter()
       execution.train(timed_steps)
       seconds = time.perf_counter() - started
+      step_memory = getattr(execution, "step_memory", None)  # SyncExecution: the allocator's peak in the steps
+      step_mb = step_memory.values().get("memory/step_added_mb", 0.0) if step_memory else 0.0
   except tf.errors.ResourceExhaustedError as e:
     return Trial(per_replica, global_batch, False, 0.0, 0.0, note=f"out of memory: {str(e).splitlines()[0][:80]}")
   finally:
@@ -107,7 +110,7 @@ def measure(config, role, per_replica, replicas, timed_steps, budget_gb, on_gpu)
   memory = (tf.config.experimental.get_memory_info("GPU:0")["peak"] if on_gpu else resident.growth) / GB
   fits = not budget_gb or memory <= budget_gb
   note = "" if fits else f"over the budget of {budget_gb:g} GB"
-  return Trial(per_replica, global_batch, fits, memory, timed_steps * global_batch / seconds, note)
+  return Trial(per_replica, global_batch, fits, memory, timed_steps * global_batch / seconds, note, step_mb)
 
 
 def find_batch_size(config, workdir):
@@ -132,7 +135,7 @@ def find_batch_size(config, workdir):
     trials.append(result)
     return result.fits
 
-  print(f"{'per replica':>11} {'global':>7} {'fits':>5} {'memory GB':>10} {'images/s':>9}  "
+  print(f"{'per replica':>11} {'global':>7} {'fits':>5} {'memory GB':>10} {'step MB':>8} {'images/s':>9}  "
         + ("(peak GPU:0 memory)" if on_gpu else f"(peak resident-memory growth; budget {f.memory_budget_gb:g} GB)"))
   with _quiet_build_logs():
     # one untimed, unrecorded run first: TensorFlow's one-time costs (kernels, tracing machinery) are not a batch's
@@ -163,7 +166,7 @@ def _quiet_build_logs():
 
 def _row(t):
   return (f"{t.per_replica_batch:>11} {t.global_batch:>7} {'yes' if t.fits else 'no':>5} {t.memory_gb:>10.3f} "
-          f"{t.images_per_second:>9.0f}  {t.note}")
+          f"{t.step_mb:>8.1f} {t.images_per_second:>9.0f}  {t.note}")
 
 
 def _print(result, maximum):

@@ -3,12 +3,13 @@ runs `check_settings` before anything is built; build.py runs `check_metrics` on
 
 import inspect
 
-from errors import ConfigError, one_of, unknown_name
+from errors import ConfigError, at_least, one_of, unknown_name
 from loops.core import plugins
 from loops.modeling import losses
 from loops.modeling import metrics as metrics_lib
 from loops.modeling import model as model_lib
 from loops.modeling import optimizers
+from loops.modeling import remat
 
 MIXED_PRECISION = (None, "bfloat16", "float16")
 
@@ -32,6 +33,19 @@ def check_model(model_config):
   """model.name resolves and model.kwargs fit its signature; no TensorFlow state."""
   fn = model_lib.model_function(model_config.name)
   plugins.check_call(fn, ((1, 1, 1), 2), dict(model_config.kwargs), "model.kwargs", model_config.name)
+  _check_remat(model_config)
+
+
+def _check_remat(model_config):
+  """model.remat is a mode; its setting is there and sensible."""
+  one_of("model.remat", model_config.remat, list(remat.MODES))
+  at_least("model.remat_output_size", model_config.remat_output_size, 1, "a number of values per example")
+  patterns = list(model_config.remat_layers)
+  if model_config.remat == "list_of_layers" and not patterns:
+    raise ConfigError("model.remat='list_of_layers' needs model.remat_layers: layer names or patterns, e.g. "
+                      "--config.model.remat_layers='[\"conv2_block1_*\"]'")
+  if patterns and not all(isinstance(p, str) and p for p in patterns):
+    raise ConfigError(f"model.remat_layers must be layer names or fnmatch patterns (strings), got {patterns}")
 
 
 def _check_metric_names(names):

@@ -42,6 +42,24 @@ def keyed(ctx):
     _ACTIVE.scope = previous
 
 
+def snapshot():
+  """The keyed draws' state now (the step's context and how often each layer drew), or None outside a step: what
+  `replaying` restores so a recomputation (loops/modeling/remat.py) draws what the forward pass drew."""
+  scope = getattr(_ACTIVE, "scope", None)
+  return None if scope is None else (scope[0], dict(scope[1]))
+
+
+@contextlib.contextmanager
+def replaying(state):
+  """Inside: keyed layers draw from `state` (a snapshot) anew, on a copy: the same keys as after the snapshot."""
+  previous = getattr(_ACTIVE, "scope", None)
+  _ACTIVE.scope = None if state is None else (state[0], dict(state[1]))
+  try:
+    yield
+  finally:
+    _ACTIVE.scope = previous
+
+
 def active_context():
   """The StepContext of the step being traced in this thread (inside keyed), else None."""
   scope = getattr(_ACTIVE, "scope", None)

@@ -32,6 +32,7 @@ ACCEPTED = (
     "train.steps", "train.epochs", "train.steps_per_loop", "eval.", "checkpoint.", "summary.", "early_stopping.",
     "callbacks", "preemption.", "nan_policy.", "export", "export_tflite", "mode", "resume.", "strategy",
     "cpu_replicas", "num_gpus", "cluster.", "intra_op_threads", "inter_op_threads", "jit_compile", "deterministic", "model.fused_batchnorm",
+    "model.remat", "model.remat_output_size", "model.remat_layers",  # recomputes, changes no value (tests/test_remat.py)
     "data.data_dir", "data.download", "data.pipeline_threads", "data.device_resident", "data.service",
     "init.",  # read at a run's first start only: a resume restores its own checkpoint and ignores init.*
     "find.", "check.", "sweep.", "tracking.",
