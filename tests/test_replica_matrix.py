@@ -111,11 +111,12 @@ def test_two_replicas_compute_what_one_does(name):
 
 # one row per family, each on a pair of worker processes of its own: optimizer and clipping, data mixing,
 # accumulation, a float16 step that one worker's overflow must make every worker skip, a task's model with
-# BatchNorm and keyed Dropout, a step-level task updating a model every k steps, a task's own transform of the
+# BatchNorm and keyed Dropout (also recomputed: model.remat), a step-level task updating a model every k steps, a task's own transform of the
 # summed gradients, a task reading several input streams (each strided over workers)
 ACROSS_WORKERS = ("sgd, global_clipnorm", "mixup + cutmix, random flip", "gradient accumulation, clipping",
                   "float16, one replica's gradients overflow",
-                  "task model with BatchNorm and Dropout, sync", "example: wgan_gp (update_every, 5 steps)",
+                  "task model with BatchNorm and Dropout, sync",
+                  "task model with BatchNorm and Dropout, sync, remat full", "example: wgan_gp (update_every, 5 steps)",
                   "task: transform_gradients clips and logs",
                   "example: fixmatch (two input streams, every pseudo-label)")
 
