@@ -91,6 +91,10 @@ def check_derived(config, plan, source):
   if plan.per_replica_batch_size % plan.grad_accum_steps:
     raise ConfigError(f"train.grad_accum_steps={plan.grad_accum_steps} must be a positive integer dividing the "
                       f"per-replica batch ({plan.per_replica_batch_size})")
+  if config.jit_compile and config.model.sync_batchnorm and plan.replicas > 1:
+    raise ConfigError(f"jit_compile=True with model.sync_batchnorm on {plan.replicas} replicas: XLA compiles each "
+                      f"replica's step on its own, and synchronized BatchNorm's cross-replica mean inside it cannot "
+                      f"be compiled (TensorFlow: merge_call in a nested tf.function); turn one off")
   trains = config.mode == "train"  # an evaluation or a prediction reads no train batch
   data_checks.check_against_source(config.data, plan, source, trains)
   warmup = optimizers.warmup_steps(config.optimizer, plan.steps_per_epoch)

@@ -43,6 +43,9 @@ def test_learning_rate_scaling_rules(rule, expected):
     (lambda c: setattr(c.train, "global_batch_size", 4096), "fewer than one global batch of 4096"),
     (lambda c: setattr(c.train, "grad_accum_steps", 3), "train.grad_accum_steps=3 must be a positive integer "
                                                         "dividing the per-replica batch"),
+    (lambda c: (setattr(c, "jit_compile", True), setattr(c.model, "sync_batchnorm", True)),
+     r"^jit_compile=True with model.sync_batchnorm on 2 replicas: .* \(TensorFlow: merge_call in a nested "
+     r"tf.function\); turn one off$"),
 ])
 def test_what_only_the_replicas_and_data_reveal_is_one_clear_error(change, message):
   c = load_config("digits_cnn")
