@@ -234,6 +234,7 @@ def _build_trainables(config, strategy, plan, task, element_spec, num_classes, l
       _ensure_built(model, element_spec)
       keras_fit.warn_unused_overrides(name, model)
       model_lib.configure_batchnorm(model, config.model)  # every model of the task, not only the config's
+      check.check_compiled_batchnorm(config, plan.replicas, name, model)
       _key_random_layers(name, model, config.seed)
       _rematerialize(name, model, config.model)
     if config.train.freeze:

@@ -19,6 +19,7 @@ from errors import ConfigError, at_least, one_of
 from loops.callbacks import checks as callback_checks
 from loops.distribute import checks as distribute_checks
 from loops.modeling import checks as model_checks
+from loops.modeling import model as model_lib
 from loops.modeling import optimizers
 from loops.persist import preemption
 from loops.persist import tracking
@@ -91,10 +92,6 @@ def check_derived(config, plan, source):
   if plan.per_replica_batch_size % plan.grad_accum_steps:
     raise ConfigError(f"train.grad_accum_steps={plan.grad_accum_steps} must be a positive integer dividing the "
                       f"per-replica batch ({plan.per_replica_batch_size})")
-  if config.jit_compile and config.model.sync_batchnorm and plan.replicas > 1:
-    raise ConfigError(f"jit_compile=True with model.sync_batchnorm on {plan.replicas} replicas: XLA compiles each "
-                      f"replica's step on its own, and synchronized BatchNorm's cross-replica mean inside it cannot "
-                      f"be compiled (TensorFlow: merge_call in a nested tf.function); turn one off")
   trains = config.mode == "train"  # an evaluation or a prediction reads no train batch
   data_checks.check_against_source(config.data, plan, source, trains)
   warmup = optimizers.warmup_steps(config.optimizer, plan.steps_per_epoch)
@@ -195,3 +192,14 @@ def _check_outputs(config):
                     ("early_stopping.metric", config.early_stopping.metric)):
     if name and not name.startswith("eval/"):
       raise ConfigError(f"{key} must be '' (off) or an eval result 'eval/<metric name>', got '{name}'")
+
+
+def check_compiled_batchnorm(config, replicas, name, model):
+  """XLA (jit_compile) compiles each replica's step on its own: a synchronized BatchNorm's cross-replica mean
+  inside it cannot be compiled (it stopped at the first step with a merge_call traceback): one line instead."""
+  synchronized = model_lib.synchronized_layers(model)
+  if config.jit_compile and replicas > 1 and synchronized:
+    raise ConfigError(f"jit_compile=True with model.sync_batchnorm on {replicas} replicas: XLA compiles each "
+                      f"replica's step on its own, and the cross-replica mean of the synchronized BatchNorm of model "
+                      f"'{name}' ({synchronized[0].name}, ...) cannot be compiled inside it (TensorFlow: merge_call "
+                      f"in a nested tf.function); turn one off")

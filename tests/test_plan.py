@@ -43,9 +43,6 @@ def test_learning_rate_scaling_rules(rule, expected):
     (lambda c: setattr(c.train, "global_batch_size", 4096), "fewer than one global batch of 4096"),
     (lambda c: setattr(c.train, "grad_accum_steps", 3), "train.grad_accum_steps=3 must be a positive integer "
                                                         "dividing the per-replica batch"),
-    (lambda c: (setattr(c, "jit_compile", True), setattr(c.model, "sync_batchnorm", True)),
-     r"^jit_compile=True with model.sync_batchnorm on 2 replicas: .* \(TensorFlow: merge_call in a nested "
-     r"tf.function\); turn one off$"),
 ])
 def test_what_only_the_replicas_and_data_reveal_is_one_clear_error(change, message):
   c = load_config("digits_cnn")
@@ -53,3 +50,19 @@ def test_what_only_the_replicas_and_data_reveal_is_one_clear_error(change, messa
   digits = types.SimpleNamespace(name="digits", train_size=1437, image_shape=(8, 8, 1), train_files=None)
   with pytest.raises(ConfigError, match=message):
     check.check_derived(c, plan_lib.derive(c, replicas=2, train_size=1437), digits)
+
+
+def test_xla_is_refused_with_synchronized_batchnorm_on_several_replicas_only():
+  import keras
+  from loops.modeling import model as model_lib
+  c = load_config("digits_cnn")
+  c.jit_compile, c.model.sync_batchnorm = True, True
+  plain = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+  normed = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2), keras.layers.BatchNormalization(name="bn")])
+  for model in (plain, normed):
+    model_lib.configure_batchnorm(model, c.model)
+  check.check_compiled_batchnorm(c, 2, "model", plain)  # sync_batchnorm without a BatchNorm: nothing to compile
+  check.check_compiled_batchnorm(c, 1, "model", normed)  # one replica: no cross-replica mean
+  with pytest.raises(ConfigError, match=r"^jit_compile=True with model.sync_batchnorm on 2 replicas: .* synchronized "
+                                        r"BatchNorm of model 'model' \(bn, ...\) .*; turn one off$"):
+    check.check_compiled_batchnorm(c, 2, "model", normed)

@@ -88,6 +88,12 @@ def synchronize_batchnorm(model):
   return len(layers)
 
 
+def synchronized_layers(model):
+  """The BatchNormalization layers of `model` (nested ones too) that compute statistics over every replica."""
+  return [l for l in private_apis.all_layers(model)
+          if isinstance(l, keras.layers.BatchNormalization) and l.synchronized]
+
+
 def logits_model(model):
   """A model that outputs only the logits (for the export), when `model` is functional with a dict output."""
   try:
