@@ -110,45 +110,6 @@ def test_no_function_of_the_product_is_longer_than_a_newcomer_follows():
   assert len(product) > 100
 
 
-def room_rows(workspace):
-  """(folder, [names]) of each row of WORKSPACE's rooms table: the backticked names outside parentheses."""
-  rows = []
-  for line in workspace.splitlines():
-    match = re.match(r"\| `([\w/]+/)` \| (.*) \|$", line)
-    if match:
-      listed = match.group(2)
-      while re.search(r"\([^()]*\)", listed):
-        listed = re.sub(r"\([^()]*\)", "", listed)
-      rows.append((match.group(1), re.findall(r"`([^`]+)`", listed)))
-  return rows
-
-
-def names_nothing(folder, name):
-  """Why `name` in folder's row is not a module, package, folder or a name the package defines (None if it is)."""
-  base = os.path.join(REPO, folder)
-  if name.startswith(folder):
-    name = name[len(folder):]
-  if os.path.exists(os.path.join(base, name)) or os.path.exists(os.path.join(base, name + ".py")):
-    return None
-  init = os.path.join(base, "__init__.py")
-  if os.path.exists(init) and re.search(rf"^(def |class )?{re.escape(name)}\b", open(init).read(), re.M):
-    return None
-  return f"{folder} has no {name}(.py) and its __init__ defines no {name}"
-
-
-def test_workspace_rooms_table_names_only_what_is_there():
-  rows = room_rows(open(os.path.join(REPO, "WORKSPACE.md")).read())
-  assert len(rows) >= 9 and sum(len(names) for _, names in rows) > 80
-  wrong = [problem for folder, names in rows for problem in (names_nothing(folder, n) for n in names) if problem]
-  assert not wrong, wrong
-
-
-def test_the_room_check_catches_a_module_that_is_not_there():
-  rows = room_rows("| `loops/persist/` | `checkpoints` (`Checkpoints`), `console` (the live bar) |")
-  assert [names_nothing(folder, n) for folder, names in rows for n in names] == [
-      None, "loops/persist/ has no console(.py) and its __init__ defines no console"]
-
-
 def test_workspace_phase_table_lists_the_built_ins_that_implement_each_hook():
   from loops.callbacks import built_in
   from loops.core.nan_guard import NanGuard
