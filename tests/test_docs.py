@@ -140,7 +140,7 @@ ENTRIES = project_entries()
 
 
 def resolves(name, folder=""):
-  """A file or folder named without its leading folders (`persist/checkpoints.py`, `checks.py`, `slurm/`), or,
+  """A file or folder named without its leading folders (`persist/checkpoints.py`, `rules.py`, `slurm/`), or,
   with the folder of a table's row, a module, package or file of that folder."""
   name = name.rstrip("/")
   if folder:
@@ -150,7 +150,7 @@ def resolves(name, folder=""):
 
 
 def short_paths(content):
-  """Backticked `.py` files named without the folders (`distribute/execution.py`, `checks.py`): the full
+  """Backticked `.py` files named without the folders (`distribute/execution.py`, `rules.py`): the full
   paths are `named_paths`'."""
   return sorted({t for t in ticked(content) if re.fullmatch(r"[\w/]+\.py", t) and not PLACEHOLDER.search(t)
                  and not re.match(r"(?:%s)/" % "|".join(FOLDERS), t)})
@@ -540,7 +540,7 @@ PLANTED_ROOMS = """
 | `loops/persist/` | `checkpoints` (`Checkpoints`), `console` (the live bar), `writers` |
 | `models/` | `MODELS`, `get`, `cnn.py`, `vit.py` |
 
-- **a step**: `distribute/execution.py` (`SyncExecution`) → `distribute/step.py` (`CallReadOut`); `checks.py`.
+- **a step**: `distribute/execution.py` (`SyncExecution`) → `distribute/step.py` (`CallReadOut`); `rules.py`.
 - **an eval**: `distribute/steps.py` (`NoSuchRunner`); the rules in `check_rules.py`.
 
 The floors are enforced by a test. `tests/test_house.py` enforces the floors.

@@ -299,7 +299,7 @@ class ParameterServerExecution(_Execution):
   """The parameter-server coordinator: schedules steps on workers (ClusterCoordinator), evaluates itself.
 
   Train metrics live on the coordinator (workers would race on shared metric variables): each step returns its
-  sums, added here after join(). The input cannot be rewound (per-worker datasets), so check.py refuses rollback.
+  sums, added here after join(). The input cannot be rewound (per-worker datasets), so rules.py refuses rollback.
   """
 
   def __init__(self, parts, config):

@@ -14,7 +14,7 @@ from errors import ConfigError
 
 
 def check_cluster(role):
-  """The rule (called by loops/check.py): one chief, at least one worker and one ps task."""
+  """The rule (called by loops/rules.py): one chief, at least one worker and one ps task."""
   jobs = {job: len(addresses) for job, addresses in role.cluster.items()}
   if not jobs.get("ps") or not jobs.get("worker") or jobs.get("chief") != 1:
     raise ConfigError(f"strategy 'parameter_server' needs a cluster with one chief, workers and ps tasks; TF_CONFIG "

@@ -81,7 +81,7 @@ def replica_devices(config):
 
 
 def build(config, role):
-  """Returns the tf.distribute.Strategy named by config.strategy for this task (checked by loops/check.py)."""
+  """Returns the tf.distribute.Strategy named by config.strategy for this task (checked by loops/rules.py)."""
   name = config.strategy
   if role.is_evaluator and (name in MULTI_WORKER or name == "parameter_server"):
     name = _evaluator_strategy(config, name)

@@ -105,7 +105,7 @@ def _ramp_every_optimizer(parts, f):
 
 
 def find_lr(config, workdir):
-  """The range test for config's run (checked by loops/finders/checks.py); writes workdir/lr_find; returns a dict."""
+  """The range test for config's run (checked by loops/finders/rules.py); writes workdir/lr_find; returns a dict."""
   f = config.find
   run_config = trial.throwaway_config(config, f.lr_steps)
   role = trial.role_of(run_config, workdir)

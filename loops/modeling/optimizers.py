@@ -45,7 +45,7 @@ def warmup_steps(opt_config, steps_per_epoch):
 
 def learning_rate_schedule(opt_config, peak_lr, total_steps, steps_per_epoch):
   """A float (constant, no warmup) or a Keras schedule of the optimizer's update count (the settings are checked
-  by loops/check.py)."""
+  by loops/rules.py)."""
   name = opt_config.schedule
   warmup = warmup_steps(opt_config, steps_per_epoch)
   if name == "cosine":
@@ -102,7 +102,7 @@ def _build(opt_config, learning_rate, keras_arguments):
                                 weight_decay=opt_config.weight_decay, **common)
   if name == "adam":
     return keras.optimizers.Adam(weight_decay=opt_config.weight_decay, **common)
-  assert name == "adamw", name  # loops/check.py allows only OPTIMIZERS
+  assert name == "adamw", name  # loops/rules.py allows only OPTIMIZERS
   return keras.optimizers.AdamW(weight_decay=opt_config.weight_decay or 0.004, **common)
 
 
