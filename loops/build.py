@@ -92,14 +92,14 @@ def determinism_restored():
 
 
 def start_strategy(config, role):
-  """config.strategy for this task; a multi-worker one once every peer answers, bounded by
+  """config.strategy for this process; a multi-worker one once every peer answers, bounded by
   cluster.startup_timeout_seconds (loops/distribute/startup.py)."""
   with startup.bounded_start(role, config.cluster.startup_timeout_seconds):
     return strategy_lib.build(config, role)
 
 
 def build(config, role, kept=None, strategy=None):
-  """Builds every part of the run for this task (config already passed loops/rules.py's check and check_role).
+  """Builds every part of the run for this process (config already passed loops/rules.py's check and check_role).
 
   Args:
     config: the resolved config.

@@ -64,8 +64,8 @@ def train_and_evaluate(config: Any, workdir: str, dry_run: bool = False,
       config.callbacks.
 
   Returns:
-    The run summary (what summary.json holds); the dry-run report; the evaluator's summary for an evaluator task;
-    None for a parameter-server worker or ps task (they serve until stopped).
+    The run summary (what summary.json holds); the dry-run report; the evaluator's summary for an evaluator process;
+    None for a parameter-server worker or ps process (they serve until stopped).
 
   Raises:
     errors.ConfigError: a setting, name, value, cluster or dataset the run cannot use (one line).

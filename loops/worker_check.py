@@ -206,7 +206,7 @@ def alongside_workers(directory, configs, work, timeout_seconds=TIMEOUT_SECONDS)
 
 
 class Tail:
-  """The last lines written to it (launch.local's output pumps write each task's lines, prefixed)."""
+  """The last lines written to it (launch.local's output pumps write each process's lines, prefixed)."""
 
   def __init__(self, size=200):
     self.lines = collections.deque(maxlen=size)
@@ -232,7 +232,7 @@ class Workers:
   def start(self):
     spec = local.cluster_spec(self.count)
     command = worker_command(self.directory, os.getpid())
-    self.procs, self.pumps = local._start_tasks(command, spec, local.tasks_of(spec), worker_env(os.environ),
+    self.procs, self.pumps = local._start_processes(command, spec, local.processes_of(spec), worker_env(os.environ),
                                                 self.output, threading.Lock())
 
   def finish(self, deadline, timeout_seconds):

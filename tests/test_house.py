@@ -123,3 +123,23 @@ def test_workspace_phase_table_lists_the_built_ins_that_implement_each_hook():
     if "user callbacks" not in row:
       expected.remove("user callbacks")
     assert [a or b for a, b in listed] == expected, hook
+
+
+CLUSTER_TASK = re.compile(r"\b(non-chief|evaluator|ps|worker|peer|side|every|each|other|another|this|lost) tasks?\b"
+                          r"(?! (and config|model))|\[launch\] task\b", re.I)
+
+
+def cluster_tasks(text):
+  return [m.group(0) for m in CLUSTER_TASK.finditer(text)]
+
+
+def test_a_member_of_a_cluster_is_a_process_and_task_means_the_users_task():
+  """"task" is the user's Task; a chief, worker, ps or evaluator is a process (TF_CONFIG's `task` field and SLURM's
+  tasks keep their own words)."""
+  files = [path for folder in ("loops", "data", "models", "launch") for path in python_files(folder)]
+  files += ["main.py", "errors.py", "WORKSPACE.md", "README.md"]
+  files += [os.path.join("docs", name) for name in os.listdir(os.path.join(REPO, "docs"))]
+  found = {path: cluster_tasks(open(os.path.join(REPO, path)).read()) for path in files}
+  assert not {path: words for path, words in found.items() if words}
+  assert cluster_tasks("every task saves; the evaluator task; [launch] task worker:1 failed; this task and config") == [
+      "every task", "evaluator task", "[launch] task"]

@@ -45,7 +45,7 @@ def test_main_trains_and_writes_its_outputs_without_tensorflows_chatter(tmp_path
     (["--config=configs/digits_cnn.py", "--config.strategy=multi_worker_mirrored"],
      "error: strategy 'multi_worker_mirrored' needs a cluster: set TF_CONFIG, run under srun, or start it with"),
     (["--config=configs/digits_cnn.py", "--config.strategy=parameter_server"],
-     "error: strategy 'parameter_server' needs a cluster with one chief, workers and ps tasks"),
+     "error: strategy 'parameter_server' needs a cluster with one chief, workers and ps; TF_CONFIG"),
     (["--config=configs/digits_cnn.py", "--config.model.name=examples.models:cnn_with_embedding",
       "--config.model.kwargs.embeding_dim=16"],
      "error: model.kwargs {'embeding_dim': 16} do not fit examples.models:cnn_with_embedding: got an unexpected"),

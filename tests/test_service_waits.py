@@ -131,8 +131,8 @@ def test_launch_local_ends_the_job_when_its_data_worker_is_killed(tmp_path):
   rest = finish(proc)
   assert proc.returncode == PREEMPTED, rest[-3000:]
   assert rest.strip().splitlines()[-1] == (
-      "[launch] task data:worker:0 died of signal 9 (SIGKILL): the tf.data service lost a process; stopped the "
-      "other tasks; exit code 143: rerun to resume from the last checkpoint")
+      "[launch] data:worker:0 died of signal 9 (SIGKILL): the tf.data service lost a process; stopped the "
+      "other processes; exit code 143: rerun to resume from the last checkpoint")
 
 
 @pytest.mark.e2e

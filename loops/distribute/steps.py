@@ -112,7 +112,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
     with optimizers_lib.gradients_already_summed() if summed_here else contextlib.nullcontext():
       begin = 0
       for name, size in zip(applied, sizes):
-        optimizers[name].apply_gradients(zip(grads[begin:begin + size], variables[begin:begin + size]))
+        optimizers_lib.sum_clip_apply(optimizers[name], grads[begin:begin + size], variables[begin:begin + size])
         begin += size
     return loss, per_example, logged, grads
 

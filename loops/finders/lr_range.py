@@ -82,7 +82,7 @@ def suggest(learning_rates, smoothed):
 
 
 def run_ramp(execution, optimizer, ramp, find_config):
-  """Trains one step per call up the ramp; returns the Curve (every task sees the same all-reduced loss, so every
+  """Trains one step per call up the ramp; returns the Curve (every process sees the same all-reduced loss, so every
   worker stops at the same step)."""
   inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer (float16)
   curve = Curve()

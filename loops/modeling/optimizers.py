@@ -130,6 +130,12 @@ def gradients_already_summed():
       _SUMMED["depth"] -= 1
 
 
+def sum_clip_apply(optimizer, grads, variables):
+  """optimizer.apply_gradients as the framework took it over (take_over_the_sum): the cross-replica sum of the
+  gradients (none inside gradients_already_summed()), then the clipping on the summed gradients, then the update."""
+  optimizer.apply_gradients(zip(grads, variables))
+
+
 def take_over_the_sum(optimizer, name="model"):
   """Takes over the optimizer's cross-replica gradient sum: its clipping (global_clipnorm, clipnorm or clipvalue)
   moves after the sum, and inside gradients_already_summed() it sums nothing.
@@ -239,7 +245,7 @@ def moving_averages(optimizer):
 @contextlib.contextmanager
 def averaged_weights(model, optimizer):
   """Inside, the model's trainable weights are the optimizer's moving averages (eval, best checkpoint, export);
-  its own weights come back bit for bit afterwards. A no-op without EMA. Runs the same on every task."""
+  its own weights come back bit for bit afterwards. A no-op without EMA. Runs the same on every process."""
   averages = moving_averages(optimizer)
   if not averages:
     yield

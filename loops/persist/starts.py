@@ -122,9 +122,9 @@ def _excerpt(line):
   return repr(line[:40] + "..." if len(line) > 40 else line)
 
 
-def entry(step: int, config: dict, plan: dict, accepted: list, task: str) -> dict:
+def entry(step: int, config: dict, plan: dict, accepted: list, process: str) -> dict:
   return {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "step": step,
-          "task": task, "accepted_changes": [list(change) for change in accepted], "plan": plan,
+          "process": process, "accepted_changes": [list(change) for change in accepted], "plan": plan,
           "config": config}
 
 
