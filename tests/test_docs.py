@@ -284,6 +284,14 @@ def test_the_configuration_reference_lists_every_key_and_no_other():
   assert not set(listed) - reference_keys(), f"not keys of configs/base.py: {set(listed) - reference_keys()}"
 
 
+def test_the_configuration_reference_is_generated_from_configs_base_and_explains_every_key():
+  assert text("docs/configuration.md") == base.reference(), "rerun: python -m configs.base > docs/configuration.md"
+  unexplained = re.findall(r"^\| `([\w.]+)` \| .*? \|  \|$", base.reference(), re.M)
+  assert not unexplained, f"configs/base.py has no comment on {unexplained}"
+  assert base.meanings("  # the seed\n  c.seed = 0\n  c.mode = 'train'  # train | evaluate\n  c.x = 1\n") == {
+      "seed": "the seed", "mode": "train | evaluate", "x": ""}
+
+
 def shown_default(value):
   if isinstance(value, ml_collections.ConfigDict):
     return "{}"

@@ -68,6 +68,11 @@ def test_inside_loops_every_import_points_down_the_rooms():
       assert ROOMS.index(there) >= ROOMS.index(here), f"{path} ({here}) imports {module} ({there}): an arrow up"
 
 
+def test_the_engine_reads_configs_base_in_two_places_only():
+  readers = sorted(path for path in python_files("loops") if any(m.startswith("configs") for m in ours(imported_modules(path))))
+  assert readers == [os.path.join("loops", "command_line.py"), os.path.join("loops", "persist", "starts.py")], readers
+
+
 def test_the_core_is_pure_python():
   for path in python_files(os.path.join("loops", "core")):
     heavy = {m for m in imported_modules(path) if m.split(".")[0] in ("tensorflow", "keras", "numpy")}
@@ -143,3 +148,28 @@ def test_a_member_of_a_cluster_is_a_process_and_task_means_the_users_task():
   assert not {path: words for path, words in found.items() if words}
   assert cluster_tasks("every task saves; the evaluator task; [launch] task worker:1 failed; this task and config") == [
       "every task", "evaluator task", "[launch] task"]
+
+
+BAG_SENTENCE = re.compile(r"The config bag is read in (\d+) modules \((\d+) distinct keys\)")
+
+
+def config_readers():
+  """{module: the config keys it reads as config.KEY}: the modules of the product that read the bag itself."""
+  from configs import base
+  groups = set(base.get_config().keys())
+  readers = {}
+  for path in [p for folder in ("loops", "data", "models", "launch") for p in python_files(folder)] + ["main.py"]:
+    read = {key for key in re.findall(r"\bconfig\.([a-z_]+(?:\.[a-z_]+)*)", open(os.path.join(REPO, path)).read())
+            if key.split(".")[0] in groups}
+    if read:
+      readers[path] = read
+  return readers
+
+
+def test_workspace_states_how_many_modules_read_the_config_bag():
+  readers = config_readers()
+  stated = BAG_SENTENCE.search(" ".join(open(os.path.join(REPO, "WORKSPACE.md")).read().split()))
+  assert stated, f"WORKSPACE.md lacks the sentence {BAG_SENTENCE.pattern!r}"
+  measured = (len(readers), len(set().union(*readers.values())))
+  assert measured == tuple(map(int, stated.groups())), f"WORKSPACE.md states {stated.groups()}, measured {measured}"
+  assert "loops/run.py" in readers and "train.steps" in set().union(*readers.values())

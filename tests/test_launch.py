@@ -22,6 +22,8 @@ pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
 
 PY = sys.executable
 
+VERDICT = re.compile(r"\[launch\] \S+ (died|failed|was preempted)")  # a process's end, as launch.local says it
+
 
 def test_cluster_spec_uses_distinct_loopback_ports_and_a_chief_only_with_ps():
   spec = local.cluster_spec(2)
@@ -108,7 +110,7 @@ def test_a_task_killed_by_a_signal_is_a_lost_worker_and_the_job_exits_with_the_p
   out = io.StringIO()
   code, failed = local.launch([PY, "-c", script, "--config.preemption.exit_code=99"], workers=2, out=out)
   assert (code, failed) == (99, "worker:1")
-  verdicts = [line for line in out.getvalue().splitlines() if line.startswith("[launch] ")]
+  verdicts = [line for line in out.getvalue().splitlines() if VERDICT.match(line)]
   assert verdicts == ["[launch] worker:1 died of signal 9 (SIGKILL): a lost worker; stopped the other processes; "
                       "exit code 99: rerun to resume from the last checkpoint"]
 
@@ -166,7 +168,7 @@ def test_killing_a_worker_mid_run_exits_143_naming_it_and_the_rerun_resumes(tmp_
     proc.kill()
   assert proc.returncode == 143, "".join(lines)[-2000:] + rest[-3000:]
   assert time.monotonic() - killed_at < 60
-  verdicts = [line for line in rest.splitlines() if line.startswith("[launch] ")]
+  verdicts = [line for line in rest.splitlines() if VERDICT.match(line)]
   assert verdicts == ["[launch] worker:1 died of signal 9 (SIGKILL): a lost worker; stopped the other processes; "
                       "exit code 143: rerun to resume from the last checkpoint"]
   for pid in pids.values():

@@ -91,7 +91,7 @@ def test_malformed_tf_config_is_one_line(tmp_path):
                     env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 2}}'})
   assert result.returncode != 0
   assert result.stderr.strip().splitlines()[-1] == (
-      "error: TF_CONFIG task.index 2 is out of range: job 'worker' has 1 task(s)")
+      "error: TF_CONFIG task.index 2 is out of range: job 'worker' has 1 address(es)")
   assert os.listdir(tmp_path) == []
 
 
