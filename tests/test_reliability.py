@@ -155,7 +155,7 @@ def test_a_configured_signal_to_one_mwms_worker_saves_on_all_workers_and_exits_w
   code, output = start_and_sigterm(command, launched_pid("worker:1"), tmp_path, wait_for=r"\[worker:0\].*step \d+/",
                                    signum=signal.SIGUSR1)
   assert code == 85, output[-3000:]
-  assert re.search(r"\[launch\] task worker:[01] was preempted \(exit code 85, checkpoint saved\)", output)
+  assert re.search(r"\[launch\] worker:[01] was preempted \(exit code 85, checkpoint saved\)", output)
   # the signal reached worker 1 only; worker 0 learnt it from the coordination service; both saved the same step
   assert re.search(r"\[worker:1\].*preempted \(SIGUSR1\): checkpoint saved; exiting with code 85", output)
   assert re.search(r"\[worker:0\].*preempted \(by a peer or the platform\): checkpoint saved", output)
@@ -367,5 +367,5 @@ def test_sigterm_to_the_parameter_server_coordinator_saves_exits_143_and_the_rer
 def test_a_lost_worker_message_names_the_peer_not_this_tasks_device(message, peer, reason):
   from loops.distribute.execution import worker_lost
   error = worker_lost(tf.errors.UnavailableError(None, None, message), 40, "/w/checkpoints/ckpt-40")
-  assert str(error) == (f"lost task {peer} during training near step 40 (UnavailableError: {reason}); this process "
+  assert str(error) == (f"lost process {peer} during training near step 40 (UnavailableError: {reason}); this process "
                         "stops. Rerun the whole job to resume from /w/checkpoints/ckpt-40")

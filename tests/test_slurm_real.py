@@ -199,7 +199,7 @@ def test_two_mwms_jobs_of_two_tasks_train_to_the_end_at_once_on_one_node(slurm):
     result = summary(slurm, f"runs/digits_cnn-mwms-1nodes-{task}")
     assert result["step"] == result["total_steps"] == 60 and result["replicas"] == 2
     assert result["eval/accuracy"] >= 0.6  # ~0.93 after 60 steps; chance is 0.1
-    assert re.search(r"^0: .*step 60/60", log, re.M) and re.search(r"^1: .*task worker:1 of 2 workers", log, re.M)
+    assert re.search(r"^0: .*step 60/60", log, re.M) and re.search(r"^1: .*process worker:1 of 2 workers", log, re.M)
 
 
 @pytest.mark.e2e

@@ -128,7 +128,7 @@ def _multi_worker(config, role):
     raise ConfigError("multi_worker_mirrored must be created before TensorFlow runs anything, but it already ran: "
                       "usually a plug-in module (model, loss, metric or callback) that makes a tensor or variable "
                       "when it is imported; make them inside its functions") from None
-  logging.info("strategy multi_worker_mirrored: task %s:%d of %d workers, %d replica(s) in sync, collective %s, "
+  logging.info("strategy multi_worker_mirrored: process %s:%d of %d workers, %d replica(s) in sync, collective %s, "
                "bytes per pack %d", role.type, role.index, role.num_workers, strategy.num_replicas_in_sync,
                config.cluster.collective, config.cluster.bytes_per_pack)
   return strategy
