@@ -1,6 +1,6 @@
-"""The run's checkpoints, one owner and their only reader: what a checkpoint holds (`holding`), every restore, each
-one method of `Checkpoints` in one order (`restore_run`: the latest checkpoint, else init.checkpoint's warm start; the
-callbacks' state; the preemption handler's restore; this run's learning rates last. `roll_back`: a NaN rollback.
+"""The run's checkpoints, one owner and their only reader: what a checkpoint holds (`holding`), every restore as a
+method of `Checkpoints` (`restore_run`, in this order: the latest checkpoint, else init.checkpoint's warm start; the
+callbacks' state; the preemption handler's restore; this run's learning rates. `roll_back`: a NaN rollback.
 `restore_to_evaluate`: the evaluators), and every save (periodic, final, best, on a preemption, on an error; blocking
 or asynchronous). `Series` is one directory's series: explicit restore (never partial, damaged checkpoints skipped),
 save, and where each task's saves go (the chief's into the workdir, the others' into private scratch directories).
