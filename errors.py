@@ -59,7 +59,7 @@ class InputPipelineError(ConfigError):
 
 
 class WorkerLostError(RuntimeError):
-  """Another task of a synchronous multi-worker job died or stopped answering; this one cannot continue."""
+  """Another process of a synchronous multi-worker job died or stopped answering; this one cannot continue."""
 
 
 def unwritable_workdir(workdir, error):

@@ -1,10 +1,30 @@
 """Defaults shared by every config; variants import this file and override a few fields.
 
-Not a runnable experiment on its own (it trains nothing useful); see configs/digits_cnn.py.
+Not a runnable experiment on its own (it trains nothing useful); see configs/digits_cnn.py. Each key's comment is its
+meaning in the reference, docs/configuration.md, which `python -m configs.base` writes.
 """
+
+import re
+import sys
 
 import ml_collections
 from ml_collections import config_dict
+
+
+# Settings a resume may change as they are, since they leave the optimisation and the data order as they were
+# (prefixes end with "."; loops/persist/starts.py). Every other key, a new one included, is a change of the
+# optimisation that a resume refuses unless resume.accept_changes: the safe side. A new key that changes neither
+# joins this list.
+RESUMABLE = (
+    "train.steps", "train.epochs", "train.steps_per_loop", "eval.", "checkpoint.", "summary.", "early_stopping.",
+    "callbacks", "preemption.", "nan_policy.", "export", "export_tflite", "mode", "resume.", "strategy",
+    "cpu_replicas", "num_gpus", "cluster.", "intra_op_threads", "inter_op_threads", "jit_compile", "deterministic",
+    "model.fused_batchnorm",
+    "model.remat", "model.remat_output_size", "model.remat_layers",  # recomputes, changes no value (tests/test_remat.py)
+    "data.data_dir", "data.download", "data.pipeline_threads", "data.device_resident", "data.service",
+    "init.",  # read at a run's first start only: a resume restores its own checkpoint and ignores init.*
+    "find.", "check.", "sweep.", "tracking.",
+)
 
 
 def get_config(arg=None):
@@ -31,15 +51,16 @@ def get_config(arg=None):
 
 def _runtime(c):
   """Seed, determinism, mode, strategy, threads and the cluster."""
-  c.seed = 0
+  c.seed = 0  # seeds every random draw: weights, data order, augmentation (with `deterministic`: bit-identical reruns)
   c.deterministic = False  # tf.config.experimental.enable_op_determinism()
 
   # train | evaluate: a sidecar evaluator that trains nothing; it evaluates each new checkpoint of the workdir once
-  # (summaries in workdir/eval, best checkpoint by checkpoint.best_metric in workdir/eval/best) and exits after the
-  # final one. A TF_CONFIG task of type "evaluator" (Kubeflow TFJob, Vertex AI) runs in this mode.
-  # predict: a checkpoint's outputs for every example (predict.*), written once each in input order.
+  # (summaries in workdir/eval, best checkpoint in workdir/eval/best) and exits after the final one. A TF_CONFIG task of
+  # type "evaluator" runs in this mode. | predict: a checkpoint's outputs for every example (predict.*), written once
+  # each in input order ([after training](after_training.md)).
   c.mode = "train"
-  # one_device | mirrored (multi_worker_mirrored, parameter_server, central_storage, tpu: see docs/clusters.md).
+  # one_device | mirrored | central_storage | multi_worker_mirrored | parameter_server | tpu ([several
+  # machines](clusters.md))
   c.strategy = "one_device"
   c.cpu_replicas = 0  # >0: N logical CPU devices (mirrored on a CPU-only machine). 0 = off.
   c.num_gpus = config_dict.placeholder(int)  # None = all visible GPUs.
@@ -72,40 +93,39 @@ def _runtime(c):
 def _data(c):
   """The dataset, its preprocessing and the input path."""
   c.data = ml_collections.ConfigDict()
-  # digits | synthetic | mnist | fashion_mnist | cifar10 | cifar100 | quickdraw_bitmap | image_folder | npz | tfrecord
-  # | tfds:<any tfds name> | package.module:function (a task's arrays, or an input function; data/sources.py)
+  # digits | synthetic | mnist | fashion_mnist | cifar10 | cifar100 | quickdraw_bitmap | image_folder | npz | tfrecord |
+  # tfds:<any tfds name> | package.module:function (a task's arrays, or an input function) ([data](data.md#sources))
   c.data.name = "digits"
   c.data.train_split = "train"  # npz: split S reads the arrays x_S and y_S
-  c.data.eval_split = "test"
+  c.data.eval_split = "test"  # the split evaluated (npz: x_S and y_S)
   # tfds data_dir (None = tfds default, ~/tensorflow_datasets); image_folder: ROOT of ROOT/<split>/<class>/*.png;
   # npz: PATH.npz holding x_train, y_train, x_test, y_test (keras.datasets' load_data() saved with np.savez).
   # Any tf.io.gfile path (local, gs://, ram://).
   c.data.data_dir = config_dict.placeholder(str)
-  # npz with any named arrays (for a task): split S reads <name>_S for each name; one name gives that array, several
-  # a dict of them. Both empty: the classic x_S (uint8 images) and y_S (class ids).
-  # The class count of a task's data (module:function, npz features/targets, tfrecord features), for the built-in
+  # the class count of a task's data (module:function, npz features/targets, tfrecord features), for the built-in
   # classifier or ctx.config_model(); None = the largest integer target + 1 of array data (unknown for an input
   # function: set it).
   c.data.num_classes = config_dict.placeholder(int)
   c.data.npz = ml_collections.ConfigDict()
+  # npz with any named arrays (for a task): split S reads <name>_S for each name; one name gives that array, several a
+  # dict of them. Both empty: the classic x_S (uint8 images) and y_S (class ids).
   c.data.npz.features = ()
-  c.data.npz.targets = ()
+  c.data.npz.targets = ()  # the targets' array names (see data.npz.features)
   c.data.corrupt_images = "fail"  # image_folder: an unreadable/corrupt file stops the run (fail) or is counted (skip)
   c.data.download = True  # let tfds try to download when the data is not on disk.
   c.data.image_size = config_dict.placeholder(int)  # resize to (size, size); None = keep.
   c.data.mean = config_dict.placeholder(tuple)  # per-channel mean after scaling to [0, 1]; None = no shift.
+  # per-channel standard deviation after scaling to [0, 1]; None = no scaling.
   c.data.std = config_dict.placeholder(tuple)
   c.data.random_flip = False  # random left-right flip of training images.
   # mixup / cutmix (0 = off; typical 0.2 / 1.0): pairs of the GLOBAL batch mixed with a Beta(alpha, alpha) share,
   # keyed per step (exact resume, same on any number of replicas); labels become soft. Both set: one per batch.
   c.data.mixup_alpha = 0.0
-  c.data.cutmix_alpha = 0.0
-  # Load whole splits into memory (tfds, image folders, TFRecords): full per-epoch permutations, device-resident
-  # input. False streams them (datasets larger than memory, see docs/data.md):
-  # an image folder's file paths are permuted in memory and each pipeline decodes only its own images (after one
-  # up-front decode pass that checks every file); tfds splits and TFRecords are read as files of records dealt
-  # into data.streams streams, each input pipeline opening only its own files, in an order keyed on (seed,
-  # epoch): resume and any replica/worker count see the same batches. npz files are always held in memory.
+  c.data.cutmix_alpha = 0.0  # cutmix (0 = off; typical 1.0); see data.mixup_alpha
+  # load whole splits into memory (tfds, image folders, TFRecords): full per-epoch permutations, device-resident input.
+  # False streams them ([data that does not fit in memory](data.md#data-that-does-not-fit-in-memory)): each input
+  # pipeline reads only its own files or images, in an order keyed on (seed, epoch). npz files are always held in
+  # memory.
   c.data.in_memory = True
   # Streamed record files: the train split's files are dealt into this many streams (balanced by record count);
   # each step takes global batch / streams records of each. It must divide the global batch and be a multiple of
@@ -127,9 +147,9 @@ def _data(c):
   # Any named features for a task instead of image + label (data/tfrecord_features.py): 'name:dtype:shape' entries
   # ('tokens:int64:128', 'tags:float32:5'), the targets among them by name; data_dir a glob with {split}.
   c.data.tfrecord.features = ()
-  c.data.tfrecord.targets = ()
-  # A tf.data service dispatcher (grpc://HOST:PORT): the train pipeline's reading, decoding and augmentation run
-  # on its data workers instead of the training hosts ("" = off; see docs/data.md for what it guarantees).
+  c.data.tfrecord.targets = ()  # the targets among data.tfrecord.features, by name
+  # a tf.data service dispatcher (grpc://HOST:PORT): the train pipeline's reading, decoding and augmentation run on its
+  # data workers instead of the training hosts ("" = off; [the tf.data service](data.md#the-tfdata-service))
   c.data.service = ""
   # The longest wait for the service (seconds): for its dispatcher to answer at the start, and for a batch while a
   # train call runs (a data worker lost); then one line and the preemption exit code (a rerun resumes). A signal
@@ -143,19 +163,20 @@ def _data(c):
   # the split fits device_resident_max_bytes per device and the run is synchronous (flips and mixup/cutmix too);
   # otherwise the host pipeline, with a log line saying why. --dry_run reports the decision and the bytes.
   c.data.device_resident = "auto"
+  # data.device_resident auto/on: the largest train split (bytes per device) kept on the devices (2 GiB)
   c.data.device_resident_max_bytes = 2 * 2**30
   c.data.synthetic = ml_collections.ConfigDict()
-  c.data.synthetic.image_shape = (28, 28, 1)
-  c.data.synthetic.num_classes = 10
-  c.data.synthetic.train_examples = 2048
-  c.data.synthetic.eval_examples = 512
+  c.data.synthetic.image_shape = (28, 28, 1)  # data.name=synthetic: the image shape
+  c.data.synthetic.num_classes = 10  # data.name=synthetic: the class count
+  c.data.synthetic.train_examples = 2048  # data.name=synthetic: train examples
+  c.data.synthetic.eval_examples = 512  # data.name=synthetic: eval examples
 
 
 def _model_and_loss(c):
   """The task, the model and the loss."""
   c.task = ml_collections.ConfigDict()
   # "classification" (the built-in: model.name, loss.name, eval.metrics) or "package.module:Name", a subclass of
-  # loops.task.Task (docs/tasks.md; examples/tasks/).
+  # loops.task.Task ([write a task](tasks.md))
   c.task.name = "classification"
   c.task.kwargs = ml_collections.ConfigDict()  # passed to the task class: Name(**kwargs)
   c.model = ml_collections.ConfigDict()
@@ -184,8 +205,8 @@ def _model_and_loss(c):
   # eval.metrics), else sparse_categorical_crossentropy. Or a registry name (loops/modeling/losses.py) or
   # "package.module:function"; a name set here wins over a compiled loss (a warning says so).
   c.loss.name = ""
-  c.loss.label_smoothing = 0.0
-  c.loss.kwargs = ml_collections.ConfigDict()
+  c.loss.label_smoothing = 0.0  # the built-in cross-entropy's label smoothing
+  c.loss.kwargs = ml_collections.ConfigDict()  # passed to the loss function: fn(labels, logits, **kwargs); any key
 
 
 def _optimizer(c):
@@ -195,8 +216,9 @@ def _optimizer(c):
   c.optimizer.learning_rate = 0.01  # base learning rate, before lr_scaling.
   # none | linear_replicas (lr x replicas, the seeds' rule) | linear_batch_256 | sqrt_replicas
   c.optimizer.lr_scaling = "none"
-  c.optimizer.momentum = 0.9
-  c.optimizer.nesterov = False
+  c.optimizer.momentum = 0.9  # sgd: momentum
+  c.optimizer.nesterov = False  # sgd: Nesterov momentum
+  # passed to the Keras optimizer (adamw's decoupled decay; None = the optimizer's default)
   c.optimizer.weight_decay = config_dict.placeholder(float)
   c.optimizer.global_clipnorm = config_dict.placeholder(float)  # clip gradients by their global norm.
   # > 0: keep an exponential moving average of the weights (Keras' use_ema, e.g. 0.999); eval, the best
@@ -205,9 +227,9 @@ def _optimizer(c):
   # Learning-rate schedule over optimizer updates: constant | piecewise | cosine, after an optional linear
   # warmup from 0. Given in epochs, so batch-size overrides never leave them stale.
   c.optimizer.schedule = "constant"
-  c.optimizer.warmup_epochs = 0.0
+  c.optimizer.warmup_epochs = 0.0  # linear warmup from 0, in epochs, before the schedule
   c.optimizer.decay_epochs = ()  # piecewise: epochs at which the lr is multiplied by decay_factor.
-  c.optimizer.decay_factor = 0.1
+  c.optimizer.decay_factor = 0.1  # piecewise: the factor applied at each of decay_epochs
   c.optimizer.final_lr_fraction = 0.0  # cosine: final lr = fraction x peak lr.
 
 
@@ -216,10 +238,11 @@ def _train(c):
   c.train = ml_collections.ConfigDict()
   # The global batch is the unit. If global_batch_size is None, it is per_replica_batch_size x replicas.
   c.train.global_batch_size = config_dict.placeholder(int)
+  # the batch per replica when train.global_batch_size is None
   c.train.per_replica_batch_size = config_dict.placeholder(int)
   # Length: train.steps if set, else train.epochs x steps per epoch.
   c.train.steps = config_dict.placeholder(int)
-  c.train.epochs = config_dict.placeholder(float)
+  c.train.epochs = config_dict.placeholder(float)  # the length in epochs when train.steps is not set
   c.train.steps_per_loop = 10  # steps per compiled call; summaries/progress at this interval.
   # k > 1: each step splits every replica's batch into k micro-batches and applies their summed gradients
   # once (same update as the whole batch, ~1/k of the activation memory; BatchNorm sees micro-batches).
@@ -232,7 +255,9 @@ def _train(c):
   # False: they normalise with batch statistics and update their moving averages; only gamma/beta are frozen.
   c.train.freeze_batchnorm_stats = True
 
-  c.mixed_precision = config_dict.placeholder(str)  # None | "bfloat16" | "float16" (with loss scaling)
+  # None | "bfloat16" | "float16" (with loss scaling; refused under central_storage on several replicas, where Keras
+  # cannot update the loss scale)
+  c.mixed_precision = config_dict.placeholder(str)
   c.jit_compile = False  # XLA-compile the per-replica step.
 
 
@@ -256,8 +281,8 @@ def _eval_and_checkpoints(c):
   """Evaluation, checkpoints, the NaN policy and preemption."""
   c.eval = ml_collections.ConfigDict()
   c.eval.every_steps = 0  # 0 = only at the end. Any number: a train call is shortened to end on the boundary.
-  # Reported as eval/<name>, with eval/loss always: registry names (accuracy, top5_accuracy) or
-  # "package.module:factory" strings whose factory() returns a keras.metrics.Metric (see docs/recipes.md).
+  # reported as eval/<name>, with eval/loss always: registry names (accuracy, top5_accuracy) or "package.module:factory"
+  # strings whose factory() returns a keras.metrics.Metric ([write a metric](recipes.md#write-a-metric))
   c.eval.metrics = ("accuracy", "top5_accuracy")
   c.eval.sidecar_poll_seconds = 10.0  # mode=evaluate: how often to look for a new checkpoint
   c.eval.sidecar_timeout_seconds = 3600.0  # mode=evaluate: give up after this long without a new checkpoint
@@ -269,18 +294,19 @@ def _eval_and_checkpoints(c):
   # label) of every example, on any strategy, into workdir/predictions/<data>_<split>-<step>/ (a folder's name
   # for predict.input): part-*.npz + manifest.json.
   c.predict = ml_collections.ConfigDict()
-  c.predict.checkpoint = "latest"  # latest | best | a step | a checkpoint path
-  # "" = the data's eval split (data.eval_split: set it to predict another split); a directory (searched
-  # recursively) or a glob of image files = those images in sorted path order, resized to the trained shape.
+  c.predict.checkpoint = "latest"  # mode=predict: latest | best | a step | a checkpoint path
+  # "" = the data's eval split (data.eval_split: set it to predict another split); a directory (searched recursively) or
+  # a glob of image files = those images in sorted path order, resized to the trained shape
   c.predict.input = ""
   c.predict.rows_per_file = 10_000  # rows per .npz part: a killed prediction resumes from its last whole part
 
   c.checkpoint = ml_collections.ConfigDict()
   c.checkpoint.every_steps = 1000  # 0 = only at the end (any number of steps, as eval.every_steps).
-  c.checkpoint.keep = 3
-  # Periodic saves hand the write to a background thread (TensorFlow's asynchronous checkpointing): the loop only
-  # waits for a copy of the variables in host memory. The final, best and preemption saves always wait. Used with
-  # one_device, mirrored, multi_worker_mirrored; other strategies save blocking (docs/reliability.md "Asynchronous saves").
+  c.checkpoint.keep = 3  # how many periodic checkpoints to keep in workdir/checkpoints
+  # periodic saves hand the write to a background thread (TensorFlow's asynchronous checkpointing): the loop only waits
+  # for a copy of the variables in host memory. The final, best and preemption saves always wait. Used with one_device,
+  # mirrored, multi_worker_mirrored; other strategies save blocking ([asynchronous
+  # saves](reliability.md#asynchronous-saves))
   c.checkpoint.async_save = True
   # Keep the best checkpoint by this eval result in workdir/best ("" = off): eval/loss or eval/<an eval.metrics name>.
   c.checkpoint.best_metric = "eval/accuracy"
@@ -288,14 +314,18 @@ def _eval_and_checkpoints(c):
   # A non-finite loss is detected after each train call (no extra host sync per step). stop: one error line
   # naming the steps. rollback: restore the last checkpoint, rewind the input, retry (at most max_retries).
   c.nan_policy = ml_collections.ConfigDict()
+  # a non-finite loss, detected after each train call (no extra host sync per step): stop (one error line naming the
+  # steps) | rollback (restore the last checkpoint, rewind the input, retry)
   c.nan_policy.mode = "stop"
-  c.nan_policy.max_retries = 3
+  c.nan_policy.max_retries = 3  # rollback: retries before a persistent NaN stops the run
 
   # On one of these signals every task saves a checkpoint at the current step and exits with exit_code; rerunning
   # the same command resumes there. 143 (128 + SIGTERM) is what TFJob's ExitCode restart policy and GCE treat as
   # restartable; user errors exit 1. SLURM templates add SIGUSR1 (sbatch --signal=B:USR1@120) and requeue.
   c.preemption = ml_collections.ConfigDict()
   c.preemption.signals = "SIGTERM"  # comma-separated: SIGTERM, SIGUSR1, SIGUSR2, SIGINT, SIGHUP, SIGCONT
+  # the exit code after a preemption save: 143 (128 + SIGTERM) is what TFJob's ExitCode restart policy and GCE treat as
+  # restartable; user errors exit 1
   c.preemption.exit_code = 143
 
   # A rerun on a workdir with checkpoints resumes. Settings that change the optimisation or the data (optimizer,
@@ -304,6 +334,8 @@ def _eval_and_checkpoints(c):
   # workdir/starts.jsonl). Length, cadence, logging, devices and cluster may always change; on another number
   # of replicas the recorded global batch and learning rate are kept (loops/resume.py).
   c.resume = ml_collections.ConfigDict()
+  # a rerun whose optimisation or data settings differ from the recorded start stops with one line (key: recorded ->
+  # now); True trains on with the new values (recorded in workdir/starts.jsonl)
   c.resume.accept_changes = False
 
 
@@ -312,8 +344,9 @@ def _monitoring(c):
   c.summary = ml_collections.ConfigDict()
   c.summary.histogram_every_steps = 0  # weight and gradient-norm histograms every N steps (0 = off)
   c.summary.progress_bar = "auto"  # the live bar: auto (stdout and stderr a terminal; else a line per call) | on | off
-  # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls) by the chief, into
-  # workdir/profile (the other workers of a multi-worker job do not trace: TensorFlow 2.21's profiler aborts them).
+  # (first, last): a TensorBoard profiler trace of these steps (rounded out to whole train calls); the chief traces,
+  # into workdir/profile (the other workers of a multi-worker job do not: TensorFlow 2.21's profiler aborts a non-chief
+  # worker that stops a trace).
   c.summary.profile_steps = ()
   # The HParams tab's experiment (every config key as an HParam) in the workdir. A sweep (launch/sweep.py) sets
   # False: its trials write only their sessions and the sweep writes one experiment of the swept keys at its dir.
@@ -321,19 +354,22 @@ def _monitoring(c):
   # Multi-worker: a worker whose busy time per train call is more than straggler_fraction above the median
   # worker's for straggler_calls calls in a row is named in one warning (0 = never warn).
   c.summary.straggler_fraction = 0.2
-  c.summary.straggler_calls = 3
+  c.summary.straggler_calls = 3  # calls in a row above summary.straggler_fraction before a worker is named
 
   # Stop when early_stopping.metric ("" = off; eval/loss or eval/<metric>) has not improved by more than
   # min_delta for `patience` evals in a row; then the final eval, checkpoint and summary.json ("stopped_early").
   # Its state (best value, evals since) is checkpointed: it survives preemption and resume.
   c.early_stopping = ml_collections.ConfigDict()
+  # stop when this eval result ("" = off; eval/loss or eval/<metric>) has not improved by more than min_delta for
+  # `patience` evals in a row; then the final eval, checkpoint and summary.json ("stopped_early"). Its state is
+  # checkpointed: it survives preemption and resume.
   c.early_stopping.metric = ""
   c.early_stopping.mode = "min"  # min | max
-  c.early_stopping.patience = 5
-  c.early_stopping.min_delta = 0.0
+  c.early_stopping.patience = 5  # evals without an improvement before the stop
+  c.early_stopping.min_delta = 0.0  # the smallest change that counts as an improvement
 
-  # User callbacks: "package.module:factory" strings; factory(config) returns an object with any of
-  # on_train_begin / after_train_call / after_eval / on_call_end / on_train_end(state) (see docs/recipes.md).
+  # user callbacks: "package.module:factory" strings; factory(config) returns an object with any of on_train_begin /
+  # after_train_call / after_eval / on_call_end / on_train_end(state) ([write a callback](recipes.md#write-a-callback))
   c.callbacks = ()
 
   # Set by `python -m launch.sweep` for each trial (never by hand): the fingerprint of the trial's settings, written
@@ -341,17 +377,19 @@ def _monitoring(c):
   # study (--search=tpe or --prune), the study's journal file and this trial's number: at every eval the run reports
   # checkpoint.best_metric to the trial, and stops when the study's pruner says so ("pruned at step S (value V)").
   c.sweep = ml_collections.ConfigDict()
+  # set by `python -m launch.sweep` for each trial (never by hand): the fingerprint of the trial's settings, written to
+  # summary.json (`sweep_settings`)
   c.sweep.settings = ""
-  c.sweep.study = ""
-  c.sweep.trial = -1
+  c.sweep.study = ""  # set by the sweep: the Optuna study's journal file (--search=tpe or --prune)
+  c.sweep.trial = -1  # set by the sweep: this trial's number in the study (-1 = none)
 
-  # At the end write workdir/export/model.keras (the final model) and workdir/export/saved_model (serving_default:
-  # raw images in, the eval's preprocessing inside, probabilities and classes out; a task's: its features in, its
-  # predict_step outputs out; docs/serving.md).
+  # at the end write workdir/export/model.keras (the final model) and workdir/export/saved_model (serving_default: raw
+  # images in, the eval's preprocessing inside, probabilities and classes out; a task's: its features in, its
+  # predict_step outputs out; [serving](serving.md))
   c.export = True
-  # Also write workdir/export/model.tflite (LiteRT, built-in ops only): the classifier's raw float32 images ->
-  # probabilities and classes, a task's features -> its predict_step outputs; needs export. Ops LiteRT lacks: one
-  # warning line naming them and no .tflite (docs/serving.md).
+  # also write workdir/export/model.tflite (LiteRT, built-in ops only): the classifier's raw float32 images ->
+  # probabilities and classes, a task's features -> its predict_step outputs; needs `export`. Ops LiteRT lacks: one
+  # warning line naming them and no .tflite ([serving](serving.md#litert-modeltflite))
   c.export_tflite = False
 
 
@@ -367,9 +405,8 @@ def _tracking(c):
   c.tracking.experiment = ""  # MLflow experiment; "" = the name of the folder holding the workdir (runs/r50 -> runs)
   c.tracking.log_export = False  # also send workdir/export (model.keras, saved_model) as artifacts
   c.tracking.close_timeout_seconds = 30.0  # at the end, wait at most this long for values still being sent
-  # Set by `python -m launch.sweep` (never by hand): the sweep's MLflow parent run and W&B group.
-  c.tracking.parent_run = ""
-  c.tracking.group = ""
+  c.tracking.parent_run = ""  # set by `python -m launch.sweep` (never by hand): the sweep's MLflow parent run
+  c.tracking.group = ""  # set by `python -m launch.sweep` (never by hand): the sweep's W&B group
 
 
 def _finders(c):
@@ -379,16 +416,18 @@ def _finders(c):
   # LR range test: the learning rate rises exponentially from lr_min to lr_max over lr_steps steps (one step per
   # train call); it stops early once the smoothed loss exceeds diverge_factor x its lowest value (or is not finite).
   c.find.lr_min = 1e-6
-  c.find.lr_max = 1.0
-  c.find.lr_steps = 200
+  c.find.lr_max = 1.0  # LR range test: the last learning rate
+  c.find.lr_steps = 200  # LR range test: steps from lr_min to lr_max
   c.find.smoothing = 0.95  # beta of the loss's exponential moving average (bias-corrected)
-  c.find.diverge_factor = 4.0
+  c.find.diverge_factor = 4.0  # LR range test: stop once the smoothed loss exceeds this x its lowest value
   # Batch-size finder: per-replica sizes granularity, 2x, 4x, ... then a binary search in multiples of
   # granularity, up to max_per_replica_batch (and one epoch of the train split). A size fits when a few train
   # steps do not run out of device memory (GPU) or, on CPU, add at most memory_budget_gb to the process's
   # resident memory (required on a machine without GPU).
   c.find.granularity = 8
-  c.find.max_per_replica_batch = 4096
+  c.find.max_per_replica_batch = 4096  # batch-size finder: the largest per-replica batch tried
+  # batch-size finder: the growth of resident memory (CPU, required without a GPU) or device memory (GPU, optional) a
+  # size may take
   c.find.memory_budget_gb = config_dict.placeholder(float)
   c.find.timed_steps = 10  # train steps timed per size (after one untimed call that compiles)
 
@@ -406,11 +445,13 @@ def _checks(c):
 
 def use_cifar10(c, synthetic):
   """CIFAR-10 (or synthetic images of its shape): normalised with its channel statistics, random flips."""
+  # digits | synthetic | mnist | fashion_mnist | cifar10 | cifar100 | quickdraw_bitmap | image_folder | npz | tfrecord |
+  # tfds:<any tfds name> | package.module:function (a task's arrays, or an input function) ([data](data.md#sources))
   c.data.name = "synthetic" if synthetic else "cifar10"
-  c.data.synthetic.image_shape = (32, 32, 3)
-  c.data.mean = (0.4914, 0.4822, 0.4465)
-  c.data.std = (0.2470, 0.2435, 0.2616)
-  c.data.random_flip = True
+  c.data.synthetic.image_shape = (32, 32, 3)  # data.name=synthetic: the image shape
+  c.data.mean = (0.4914, 0.4822, 0.4465)  # per-channel mean after scaling to [0, 1]; None = no shift.
+  c.data.std = (0.2470, 0.2435, 0.2616)  # per-channel standard deviation after scaling to [0, 1]; None = no scaling.
+  c.data.random_flip = True  # random left-right flip of training images.
 
 
 def parse_arg(arg, **defaults):
@@ -448,3 +489,63 @@ def _convert(key, value, default):
     return type(default)(value)
   except ValueError:
     raise ValueError(f"config argument '{key}' takes a {type(default).__name__}, got '{value}'") from None
+
+
+# --- the reference: python -m configs.base > docs/configuration.md (tests/test_docs.py fails when it differs) ---
+
+REFERENCE_INTRO = """# Configuration reference
+
+Every key of `configs/base.py`'s `get_config()`, with its default and meaning (this page is generated from that
+file: `python -m configs.base > docs/configuration.md`). Set any of them with `--config.KEY=VALUE` (typos are
+refused with the nearest valid key) or in a config file under `configs/`; `model.kwargs`, `loss.kwargs` and
+`task.kwargs` take any key (Python literals). Tuples on the command line are quoted:
+`--config.train.freeze="('conv',)"`.
+"""
+
+
+def meanings(source):
+  """{key: its meaning}: the comment on the key's line, else the comment lines right above it."""
+  found, above = {}, []
+  for line in source.splitlines():
+    stripped = line.strip()
+    if stripped.startswith("#"):
+      above.append(stripped.lstrip("#").strip())
+      continue
+    match = re.match(r"c\.([\w.]+) = .*?(?:  # (.*))?$", stripped)
+    if match:
+      found[match.group(1)] = match.group(2) or " ".join(above)
+    above = []
+  return found
+
+
+def _leaves(config, prefix=""):
+  for key in sorted(config.keys()):
+    value = config[key]
+    if isinstance(value, ml_collections.ConfigDict) and not key.endswith("kwargs"):
+      yield from _leaves(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}", value
+
+
+def shown(value):
+  """A default as the reference shows it."""
+  if isinstance(value, ml_collections.ConfigDict):
+    return "{}"
+  return f'`"{value}"`' if isinstance(value, str) else f"`{value!r}`"
+
+
+def reference():
+  """docs/configuration.md: one table per group (the top-level keys first), keys in alphabetical order."""
+  with open(__file__) as f:
+    explained = meanings(f.read())
+  groups = {}
+  for key, value in _leaves(get_config()):
+    meaning = explained.get(key, "").replace("|", "\\|")
+    groups.setdefault(key.split(".")[0] if "." in key else "", []).append(f"| `{key}` | {shown(value)} | {meaning} |")
+  tables = [f"## {group or 'Top level'}\n\n| key | default | meaning |\n| --- | --- | --- |\n" + "\n".join(rows) + "\n"
+            for group, rows in sorted(groups.items())]
+  return "\n".join([REFERENCE_INTRO, *tables])
+
+
+if __name__ == "__main__":
+  sys.stdout.write(reference())

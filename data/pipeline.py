@@ -117,7 +117,7 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
   same examples per step. decorrelate=True mixes the clock into each epoch's permutation (in-memory data), for
   asynchronous workers that all run this same function (parameter servers); it is not reproducible.
   With mixup/cutmix every in-memory pipeline reads and mixes the whole global batch, then keeps its rows, so the
-  mixes do not depend on how the batch is split (record files: one pipeline only; loops/check.py).
+  mixes do not depend on how the batch is split (record files: one pipeline only; loops/rules.py).
   """
   if source.input_fn is not None:
     batches = user_stream.stream_batches if source.streams else user_stream.train_batches

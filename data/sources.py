@@ -455,7 +455,7 @@ TFDS_PREFIX = "tfds:"
 
 
 def resolve(name):
-  """The loader of data.name (a registry name or "tfds:<any tfds name>"); the one check of the name (loops/check.py
+  """The loader of data.name (a registry name or "tfds:<any tfds name>"); the one check of the name (loops/rules.py
   and data/prepare.py call it)."""
   if name.startswith(TFDS_PREFIX):
     return tfds_source(name[len(TFDS_PREFIX):])

@@ -5,7 +5,7 @@
 
 Expected (2-core CPU, ~10 s with start-up): the run stops at step 200 of its 1100; summary.json has
 "stopped_early": "eval/accuracy 0.9750 reached the target 0.95 at step 200" and "target_reached_at_step": 200.
-Every task runs every callback; request_stop on any worker stops all workers at the same step.
+Every process runs every callback; request_stop on any worker stops all workers at the same step.
 """
 
 from loops.callbacks import Callback

@@ -1,14 +1,14 @@
-"""Runs one command as N local tasks with TF_CONFIG on loopback ports (the analogue of `horovodrun -np N`).
+"""Runs one command as N local processes with TF_CONFIG on loopback ports (the analogue of `horovodrun -np N`).
 
   python -m launch.local --workers 2 -- python main.py --config=configs/digits_cnn.py --workdir=runs/mw \\
       --config.strategy=multi_worker_mirrored
 
-Each task's output lines are prefixed with its name ("[worker:1] ..."). When a task fails, the others are
+Each process's output lines are prefixed with its name ("[worker:1] ..."). When a process fails, the others are
 stopped and the launcher exits with that task's code, naming it; a task killed by a signal (kill -9, the OOM
 killer) is a lost worker: the launcher exits with the preemption code (143, or the command's
 --config.preemption.exit_code), as the surviving workers do, so that a wrapper restarts the job. With --ps M the
 cluster gets a chief (the coordinator), N workers and M parameter servers; the job ends when the chief ends. --evaluator adds a sidecar
-evaluator task (not part of the cluster, as AI Platform writes it) that evaluates each checkpoint the job writes;
+evaluator process (not part of the cluster, as AI Platform writes it) that evaluates each checkpoint the job writes;
 the job then also waits for it to evaluate the final one. --data_workers K starts a tf.data service beside the
 job (a dispatcher and K data workers: `python -m data.service`) and appends --config.data.service=grpc://... to the
 command, so the train input's work runs there; they are stopped when the job ends.
@@ -53,7 +53,7 @@ def cluster_spec(workers, ps=0):
   return {job: [f"{LOOPBACK}:{next(ports)}" for _ in range(n)] for job, n in jobs}
 
 
-def tasks_of(spec):
+def processes_of(spec):
   return [(job, index) for job in spec for index in range(len(spec[job]))]
 
 
@@ -121,7 +121,7 @@ def start_data_service(data_workers, out, lock, env=None):
 
 def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, preempt_grace_seconds=120,
            evaluator=False, data_workers=0):
-  """Runs the tasks to the end; returns (exit code, name of the failed task or None).
+  """Runs the processes to the end; returns (exit code, name of the failed process or None).
 
   A task that exits with the preemption code (143 or the command's --config.preemption.exit_code: preempted
   after saving a checkpoint) gives the others preempt_grace_seconds to save and exit too; the launcher then exits
@@ -135,10 +135,10 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
   if data_workers:
     address, service = start_data_service(data_workers, out, lock, env)
     command = [*command, f"--config.data.service={address}"]
-  tasks = tasks_of(spec) + ([("evaluator", 0)] if evaluator else [])
+  processes = processes_of(spec) + ([("evaluator", 0)] if evaluator else [])
   last_words = {}
-  procs, pumps = _start_tasks(command, spec, tasks, env, out, lock, last_words)
-  # The job ends when every task has ended, or (parameter servers) when the chief has: its workers wait forever.
+  procs, pumps = _start_processes(command, spec, processes, env, out, lock, last_words)
+  # The job ends when every process has ended, or (parameter servers) when the chief has: its workers wait forever.
   lead = ["chief:0"] + (["evaluator:0"] if evaluator else []) if ps else list(procs)
   failed, code = None, 0
   try:
@@ -160,18 +160,18 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
   return 0, None
 
 
-def _start_tasks(command, spec, tasks, env, out, lock, last_words=None):
+def _start_processes(command, spec, processes, env, out, lock, last_words=None):
   """({name: Popen}, [output pump threads]): one process per (job, index) with its TF_CONFIG; `last_words`, a
-  dict, gets each task's LastWords."""
+  dict, gets each process's LastWords."""
   procs, pumps = {}, []
-  for job, index in tasks:
+  for job, index in processes:
     name = f"{job}:{index}"
     task_env = dict(os.environ if env is None else env)
     task_env["TF_CONFIG"] = json.dumps({"cluster": spec, "task": {"type": job, "index": index}})
     if "ps" in spec:
       task_env.setdefault("GRPC_FAIL_FAST", "use_caller")
     proc = subprocess.Popen(command, env=task_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True,  # a Ctrl-C reaches the launcher, which stops the tasks in order
+                            start_new_session=True,  # a Ctrl-C reaches the launcher, which stops the processes in order
                             preexec_fn=dying_with_this_process(signal.SIGTERM))  # and a kill -9 of it: they save
     procs[name] = proc
     with lock:
@@ -184,11 +184,11 @@ def _start_tasks(command, spec, tasks, env, out, lock, last_words=None):
 
 
 def _watch(procs, lead, preempted, poll_seconds, grace_seconds, service=None):
-  """Polls the tasks until the lead tasks have succeeded or one task failed; returns (failed task or None, its code).
+  """Polls the processes until the lead ones have succeeded or one failed; returns (failed process or None, its code).
 
-  A task killed by a signal (negative code) is named before the others it brought down (they exit with the
+  A process killed by a signal (negative code) is named before the others it brought down (they exit with the
   preemption code on a lost peer). After a preemption the others get grace_seconds to save the same checkpoint.
-  A process of the data service (`service`: {name: Popen}) that ends while the job runs fails the job (its tasks
+  A process of the data service (`service`: {name: Popen}) that ends while the job runs fails the job (its processes
   would wait for its batches without a bound).
   """
   while True:
@@ -249,14 +249,14 @@ def _libc():
 def _verdict(failed, code, preempted):
   """The launcher's one line on how the job ended."""
   if code == preempted:
-    return f"[launch] task {failed} was preempted (exit code {code}, checkpoint saved); rerun to resume"
+    return f"[launch] {failed} was preempted (exit code {code}, checkpoint saved); rerun to resume"
   if code < 0:
     name = signal_name(-code)
     name = f" ({name})" if name else ""
     lost = "the tf.data service lost a process" if failed.startswith("data:") else "a lost worker"
-    return (f"[launch] task {failed} died of signal {-code}{name}: {lost}; stopped the other tasks; exit code "
+    return (f"[launch] {failed} died of signal {-code}{name}: {lost}; stopped the other processes; exit code "
             f"{preempted}: rerun to resume from the last checkpoint")
-  return f"[launch] task {failed} failed (exit code {code}); stopped the other tasks"
+  return f"[launch] {failed} failed (exit code {code}); stopped the other processes"
 
 
 def _stop(proc, grace_seconds=5):
@@ -276,13 +276,13 @@ def main(argv=None):
   parser = argparse.ArgumentParser(
       prog="python -m launch.local", description=__doc__.split("\n\n")[0],
       usage="python -m launch.local --workers N [--ps M] [--evaluator] -- COMMAND ...")
-  parser.add_argument("--workers", type=int, required=True, help="number of worker tasks (>= 1)")
+  parser.add_argument("--workers", type=int, required=True, help="number of worker processes (>= 1)")
   parser.add_argument("--ps", type=int, default=0, help="parameter servers (adds a chief coordinator)")
   parser.add_argument("--evaluator", action="store_true",
-                      help="add a sidecar evaluator task (TF_CONFIG task type 'evaluator', outside the cluster)")
+                      help="add a sidecar evaluator process (TF_CONFIG task type 'evaluator', outside the cluster)")
   parser.add_argument("--data_workers", type=int, default=0,
                       help="start a tf.data service with this many data workers for the train input")
-  parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each task runs, after --")
+  parser.add_argument("command", nargs=argparse.REMAINDER, help="the command each process runs, after --")
   args = parser.parse_args(argv)
   command = args.command[1:] if args.command[:1] == ["--"] else args.command
   if not command:

@@ -44,7 +44,7 @@ PYTHON=${{PYTHON:-{python}}}
 # while the task runs; across nodes it needs a filesystem with flock, as NFSv4 and Lustre mounted -o flock have).
 exec 9<>{lock}
 "$PYTHON" -m launch.sweep_lock --shared=9 {sweep_dir_quoted} || exit 1
-# The selection: this task's trial (TRIAL_NAME, TRIAL_WORKDIR, TRIAL_ARGS, TRIAL_COMPLETE, PORT_BASE).
+# The selection: this array task's trial (TRIAL_NAME, TRIAL_WORKDIR, TRIAL_ARGS, TRIAL_COMPLETE, PORT_BASE).
 SELECTION=$("$PYTHON" -m launch.sweep_slurm {trials} "${{SLURM_ARRAY_TASK_ID:?not a SLURM array task}}")
 eval "$SELECTION"
 echo "[sweep] array task $SLURM_ARRAY_TASK_ID: trial $TRIAL_NAME in $TRIAL_WORKDIR (ports from $PORT_BASE)" >&2
@@ -84,7 +84,7 @@ def port_base(array_job_id, task_id):
 
 def selection(trials_path, task_id, array_job_id):
   """The shell assignments for array task `task_id` of the sweep in trials_path (with an Optuna study: the study's
-  trial for this task, asked now on the task's first start)."""
+  trial for this array task, asked now on its first start)."""
   sweep = sweep_report.read_json(trials_path)
   count = (sweep.get("count") or len(sweep["trials"])) if sweep else 0
   if not sweep or not 0 <= task_id < count:

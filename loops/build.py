@@ -1,7 +1,7 @@
 """build(config, role) -> Parts: everything a run is made of, built once, in the right scopes.
 
 Strategy, data source, plan (derived values), models, optimizers, step counter, loss, eval metrics and the
-checkpoint holding them (loops/persist/checkpoints.holding; callbacks add their own state to it); loops/check.py judges
+checkpoint holding them (loops/persist/checkpoints.holding; callbacks add their own state to it); loops/rules.py judges
 each as it appears. Nothing is written here.
 """
 
@@ -16,7 +16,7 @@ import tensorflow as tf
 import data
 from errors import ConfigError
 from data import mixing
-from loops import check
+from loops import rules
 from loops import plan as plan_lib
 from loops import private_apis
 from loops.core import console
@@ -92,14 +92,14 @@ def determinism_restored():
 
 
 def start_strategy(config, role):
-  """config.strategy for this task; a multi-worker one once every peer answers, bounded by
+  """config.strategy for this process; a multi-worker one once every peer answers, bounded by
   cluster.startup_timeout_seconds (loops/distribute/startup.py)."""
   with startup.bounded_start(role, config.cluster.startup_timeout_seconds):
     return strategy_lib.build(config, role)
 
 
 def build(config, role, kept=None, strategy=None):
-  """Builds every part of the run for this task (config already passed loops/check.py's check and check_role).
+  """Builds every part of the run for this process (config already passed loops/rules.py's check and check_role).
 
   Args:
     config: the resolved config.
@@ -123,7 +123,7 @@ def build(config, role, kept=None, strategy=None):
                          num_input_pipelines=execution.input_pipelines(strategy, role),
                          epoch_steps=lambda global_batch: data.steps_per_epoch(source, config.data, global_batch),
                          kept=kept)
-  check.check_derived(config, plan, source)
+  rules.check_derived(config, plan, source)
   input_shape = data.output_shape(source, config.data)
   classification = config.task.name == task_lib.BUILT_IN
   loss_fn = losses.build(config.loss) if classification else None
@@ -135,7 +135,7 @@ def build(config, role, kept=None, strategy=None):
     _known(source.num_classes, config)
   with execution.metrics_scope(strategy):
     made = metrics_lib.build(tuple(config.eval.metrics), source.num_classes) if classification else []
-  check.check_metrics(made, tuple(config.eval.metrics))
+  rules.check_metrics(made, tuple(config.eval.metrics))
   classification_metrics = {name: m for name, m in metrics_lib.by_name(made).items() if name != metrics_lib.LOSS}
   task = task_lib.load(config, loss_fn, classification_metrics)
   element_spec = _element_spec(source, input_shape)
@@ -145,7 +145,7 @@ def build(config, role, kept=None, strategy=None):
   model = _main(models)
   if classification:
     made = _take_compiled(config, strategy, task, model, element_spec, made)
-    check.check_model_outputs(task.loss_fn, model, input_shape, source.num_classes,
+    rules.check_model_outputs(task.loss_fn, model, input_shape, source.num_classes,
                               soft_labels=mixing.mixes(config.data))
   eval_spec = source.eval.element_spec if source.streams else element_spec  # a task's eval stream's
   eval_means, eval_metrics = _eval_metrics(strategy, task, models, eval_spec, plan, made)
@@ -156,7 +156,7 @@ def build(config, role, kept=None, strategy=None):
                 step_counter=step_counter, task=task, models=models,
                 optimizers=optimizers_by_model, learning_rates=learning_rates, eval_means=eval_means,
                 eval_metrics=eval_metrics, element_spec=element_spec, checkpoint=checkpoint)
-  check.check_metric_references(config, parts.eval_tags)
+  rules.check_metric_references(config, parts.eval_tags)
   return parts
 
 
@@ -171,7 +171,7 @@ def _take_compiled(config, strategy, task, model, element_spec, made):
     task.loss_fn = loss_fn
   with execution.metrics_scope(strategy):
     added = keras_fit.added_metrics(made, model, labels, outputs)
-  check.check_metrics(made + added, tuple(config.eval.metrics) + tuple(keras_fit.describe(i) for i, _ in added))
+  rules.check_metrics(made + added, tuple(config.eval.metrics) + tuple(keras_fit.describe(i) for i, _ in added))
   task.add_metrics(metrics_lib.by_name(added))
   if loss_fn is not None or added:
     logging.info("model '%s' was compile()d: the run trains %s, reports %s", model.name,
@@ -229,12 +229,12 @@ def _build_trainables(config, strategy, plan, task, element_spec, num_classes, l
         make_optimizer=lambda **overrides: _make_optimizer(config, plan, made_rates, overrides))
     with remat_lib.scope(config.model):  # Keras marks the layers built inside (model.remat)
       models = dict(task.build_models(context))
-    check.check_models(task, models)
+    rules.check_models(task, models)
     for name, model in models.items():
       _ensure_built(model, element_spec)
       keras_fit.warn_unused_overrides(name, model)
       model_lib.configure_batchnorm(model, config.model)  # every model of the task, not only the config's
-      check.check_compiled_batchnorm(config, plan.replicas, name, model)
+      rules.check_compiled_batchnorm(config, plan.replicas, name, model)
       _key_random_layers(name, model, config.seed)
       _rematerialize(name, model, config.model)
     if config.train.freeze:
@@ -245,7 +245,7 @@ def _build_trainables(config, strategy, plan, task, element_spec, num_classes, l
     for name, model in models.items():
       keras_fit.warn_unused_compile(name, model, config, loss_taken=config.task.name == task_lib.BUILT_IN,
                                     trained_by=optimizers_by_model.get(name))
-    check.check_optimizers(task, models, optimizers_by_model, config.mixed_precision == "float16")
+    rules.check_optimizers(task, models, optimizers_by_model, config.mixed_precision == "float16")
     for name, optimizer in optimizers_by_model.items():
       clipping = optimizers.take_over_the_sum(optimizer, name)
       if clipping:

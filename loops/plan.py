@@ -1,7 +1,7 @@
 """Values derived from the final config (after command-line overrides), never stored in it.
 
 `derive` computes batch sizes, lengths and the learning rate from the config, the replica count and the dataset
-size; it checks nothing (loops/check.py's check_derived judges the values, before anything is built on them).
+size; it checks nothing (loops/rules.py's check_derived judges the values, before anything is built on them).
 """
 
 import dataclasses

@@ -27,7 +27,7 @@ import tensorflow as tf
 
 from errors import ConfigError, first_line
 from loops import build as build_lib
-from loops import check as check_lib
+from loops import rules as rules_lib
 from loops import first_difference
 from loops import rounding
 from loops import ties
@@ -108,7 +108,7 @@ class Side:
   (None: started for this config)."""
 
   def __init__(self, config, turn_off=(), role=None, strategy=None):
-    check_lib.check(config)
+    rules_lib.check(config)
     strategy_lib.configure_devices(config)
     self.config = config
     self.parts = build_lib.build(config, role or cluster.ClusterRole(), strategy=strategy)
@@ -497,7 +497,7 @@ def run(config, steps=None, out=print):
     out(f"note: strategy={config.strategy}: this check runs the same step on one_device and on mirrored x2 in "
         f"this process{OTHER_STRATEGIES.get(config.strategy, '')}")
   strategy_lib.configure_devices(variant(config, 2, steps))  # both logical CPUs before TensorFlow starts
-  check_lib.check(variant(config, 2, steps))  # a setting the two-replica side refuses: one line, before training
+  rules_lib.check(variant(config, 2, steps))  # a setting the two-replica side refuses: one line, before training
   check_split(config)
   out(settings_line(config))
   with build_lib.determinism_restored():

@@ -37,7 +37,7 @@ def decide(config: Any, workdir: str, trains: bool) -> Resume:
   Args:
     config: the resolved config of this run.
     workdir: the run's workdir.
-    trains: this task trains (an evaluator only keeps the recorded plan; it never refuses).
+    trains: this process trains (an evaluator only keeps the recorded plan; it never refuses).
 
   Raises:
     ConfigError: a setting of the optimisation or the data changed and resume.accept_changes is False.

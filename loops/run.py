@@ -1,6 +1,6 @@
 """train_and_evaluate(config, workdir): check, build, restore, then the outer loop with its callbacks.
 
-  check.check(config)            every setting, before anything is built or written (loops/check.py)
+  check.check(config)            every setting, before anything is built or written (loops/rules.py)
   check.check_role(config, role) the strategy against the cluster and the devices
   build.build(config, role)      strategy, data, plan, model, optimizer, loss, metrics, checkpoint
   execution.make(parts, config)  how this strategy family trains and evaluates (loops/distribute/)
@@ -24,7 +24,7 @@ from absl import logging
 from errors import ConfigError, config_error_within
 from loops import build as build_lib
 from loops import callbacks as callbacks_lib
-from loops import check as check_lib
+from loops import rules as rules_lib
 from loops import dry_run as dry_run_lib
 from loops import evaluate_once
 from loops import predict as predict_lib
@@ -65,8 +65,8 @@ def train_and_evaluate(config: Any, workdir: str, dry_run: bool = False,
       config.callbacks.
 
   Returns:
-    The run summary (what summary.json holds); the dry-run report; the evaluator's summary for an evaluator task;
-    None for a parameter-server worker or ps task (they serve until stopped).
+    The run summary (what summary.json holds); the dry-run report; the evaluator's summary for an evaluator process;
+    None for a parameter-server worker or ps process (they serve until stopped).
 
   Raises:
     errors.ConfigError: a setting, name, value, cluster or dataset the run cannot use (one line).
@@ -83,14 +83,14 @@ def train_and_evaluate(config: Any, workdir: str, dry_run: bool = False,
 
 def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   wall_started = time.perf_counter()
-  check_lib.check(config)
+  rules_lib.check(config)
   strategy_lib.configure_devices(config)
   role = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
                                   workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
                                   k8s_port=config.cluster.k8s_port)
   if config.mode == "evaluate" and not role.is_evaluator:
     role = cluster.ClusterRole(type="evaluator", cluster=role.cluster)
-  check_lib.check_role(config, role)
+  rules_lib.check_role(config, role)
   chosen = evaluate_once.chosen(workdir, config.eval.checkpoint) if role.is_evaluator and config.eval.checkpoint else None
   predicting = config.mode == "predict" and not role.is_evaluator
   chosen = predict_lib.chosen(config, workdir) if predicting else chosen
@@ -111,7 +111,7 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
     resume = resume_lib.decide(config, workdir, trains=not (role.is_evaluator or predicting))
     parts = build_lib.build(config, role, kept=resume.kept)
     named_callbacks = callbacks_lib.load_user(config, callback_objects)
-    check_lib.check_callbacks(named_callbacks)
+    rules_lib.check_callbacks(named_callbacks)
     user_callbacks = [callback for _, callback in named_callbacks]
     if dry_run:
       return dry_run_lib.report(config, workdir, parts, user_callbacks)

@@ -41,10 +41,10 @@ import tensorflow as tf
 from errors import ConfigError, first_line
 from launch import local
 from loops import build as build_lib
-from loops import check as check_lib
+from loops import rules as rules_lib
 from loops import first_difference
 from loops import replica_check
-from loops.distribute import checks as distribute_checks
+from loops.distribute import rules as distribute_rules
 from loops.distribute import cluster
 from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
@@ -86,10 +86,10 @@ def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
   ones = [one_device(config, n) for config, n in zip(configs, counts)]
   twos = [two_workers(config, n) for config, n in zip(configs, counts)]
   for config in ones + twos:
-    check_lib.check(config)  # a setting it refuses: one line, before any worker starts
+    rules_lib.check(config)  # a setting it refuses: one line, before any worker starts
   for config in twos:
     replica_check.check_split(config, "workers")
-    distribute_checks.check_micro_batches_across_workers(config, WORKERS)
+    distribute_rules.check_micro_batches_across_workers(config, WORKERS)
   reports = [None] * len(configs)
   for pair in sharing_a_pair(twos):
     directory = tempfile.mkdtemp(prefix="worker_check-")
@@ -206,7 +206,7 @@ def alongside_workers(directory, configs, work, timeout_seconds=TIMEOUT_SECONDS)
 
 
 class Tail:
-  """The last lines written to it (launch.local's output pumps write each task's lines, prefixed)."""
+  """The last lines written to it (launch.local's output pumps write each process's lines, prefixed)."""
 
   def __init__(self, size=200):
     self.lines = collections.deque(maxlen=size)
@@ -232,7 +232,7 @@ class Workers:
   def start(self):
     spec = local.cluster_spec(self.count)
     command = worker_command(self.directory, os.getpid())
-    self.procs, self.pumps = local._start_tasks(command, spec, local.tasks_of(spec), worker_env(os.environ),
+    self.procs, self.pumps = local._start_processes(command, spec, local.processes_of(spec), worker_env(os.environ),
                                                 self.output, threading.Lock())
 
   def finish(self, deadline, timeout_seconds):
@@ -384,7 +384,7 @@ def worker_main(argv):
   startup.check_port_free(role)
   strategy = None
   for n, config in enumerate(load_configs(directory)):
-    check_lib.check_role(config, role)
+    rules_lib.check_role(config, role)
     if strategy is None:
       strategy_lib.configure_devices(config)
       strategy = build_lib.start_strategy(config, role)

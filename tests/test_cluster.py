@@ -30,7 +30,7 @@ def test_chief_is_the_chief_task_or_worker_0(spec, task_type, index, chief):
 @pytest.mark.parametrize("task_type, index, chief, rank", [("master", 0, True, 0), ("worker", 0, False, 1),
                                                            ("worker", 1, False, 2)])
 def test_a_master_job_is_the_chief(task_type, index, chief, rank):
-  """SageMaker's and legacy cloud training's TF_CONFIG name the chief 'master'; every task renames it alike."""
+  """SageMaker's and legacy cloud training's TF_CONFIG name the chief 'master'; every process renames it alike."""
   spec = {"master": ["m:0"], "worker": ["a:1", "b:2"]}
   task = cluster.from_environment(tf_config(spec, task_type, index))
   assert task.type == ("chief" if task_type == "master" else "worker") and task.is_chief is chief
@@ -45,7 +45,7 @@ def test_a_master_job_is_the_chief(task_type, index, chief, rank):
     (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "ps", "index": 0}}),
      "task.type 'ps' is not a job of the cluster; jobs: worker"),
     (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}),
-     "task.index 3 is out of range: job 'worker' has 1 task"),
+     "task.index 3 is out of range: job 'worker' has 1 address"),
 ])
 def test_malformed_tf_config_names_the_field(raw, message):
   with pytest.raises(ConfigError, match=message):
@@ -204,11 +204,11 @@ def test_ray_train_worker_only(index):
     ({"worker": ["a:1"], "workerpool0": ["b:2"]}, {"type": "worker"},
      "cluster job 'workerpool0' is not one TensorFlow knows; valid: master, chief, worker, ps, evaluator"),
     ({"master": ["m:1"], "chief": ["c:2"]}, {"type": "chief"}, "both a 'master' and a 'chief' job"),
-    ({"chief": ["c:1", "d:2"]}, {"type": "chief"}, "cluster job 'chief' has 2 tasks; a cluster has one chief"),
+    ({"chief": ["c:1", "d:2"]}, {"type": "chief"}, "cluster job 'chief' has 2 addresses; a cluster has one chief"),
     ({"worker": "a:1"}, {"type": "worker"}, "cluster job 'worker' must be a list of \"host:port\" strings"),
     ({"evaluator": ["e:1"]}, {"type": "evaluator"}, "no training job \\(chief, worker or ps\\), only an evaluator"),
     ({"worker": ["a:1"], "evaluator": ["e:1"]}, {"type": "evaluator", "index": 1},
-     "task.index 1 is out of range: job 'evaluator' has 1 task"),
+     "task.index 1 is out of range: job 'evaluator' has 1 address"),
     ({"worker": ["a:1"]}, {"type": "evaluator", "index": -1}, "task.index -1 is out of range"),
     ({"worker": ["a:1"]}, {"type": "worker", "index": True}, "task.index True is out of range"),
 ])

@@ -7,7 +7,7 @@ import tensorflow_datasets as tfds
 
 import data
 from data import sources
-from loops import check
+from loops import rules
 from loops import plan as plan_lib
 from tests.conftest import load_config
 
@@ -96,7 +96,7 @@ def test_bad_normalisation_is_rejected():
   source = data.load(c.data)
   with pytest.raises(ValueError, match=r"data.mean and data.std need 1 values \(one per channel of dataset "
                                        r"'digits'\), got 3"):
-    check.check_derived(c, plan_lib.derive(c, 1, source.train_size), source)
+    rules.check_derived(c, plan_lib.derive(c, 1, source.train_size), source)
 
 
 @pytest.mark.parametrize("name, shape, classes", [
@@ -148,7 +148,7 @@ def test_unknown_dataset_suggests_the_nearest_name():
   c = load_config("digits_cnn")
   c.data.name = "cifar1O"
   with pytest.raises(LookupError, match=r"unknown dataset 'cifar1O' \(did you mean 'cifar10'\?\); valid: digits"):
-    check.check(c)
+    rules.check(c)
 
 
 def test_too_few_examples_for_one_batch():
@@ -156,7 +156,7 @@ def test_too_few_examples_for_one_batch():
   c.train.global_batch_size = 2048
   source = data.load(c.data)
   with pytest.raises(ValueError, match="dataset 'digits' has 1437 train examples: fewer than one global batch of 2048"):
-    check.check_derived(c, plan_lib.derive(c, 1, source.train_size), source)
+    rules.check_derived(c, plan_lib.derive(c, 1, source.train_size), source)
 
 
 def test_sources_registry_names():

@@ -1,5 +1,7 @@
 """The docs cannot drift from the code. For README.md, WORKSPACE.md, every docs/*.md and the other READMEs: every
 project path, module and module attribute they name exists; every config key they name is a key of configs/base.py;
+files named without their folders, the classes in the parentheses after a file, and the names in a table's module
+column exist (a room's relative to its folder); a sentence saying a test enforces or checks something names the test;
 every relative link and anchor resolves (GitHub's heading slugs); every `python main.py ...` command in a code block
 passes `--dry_run`, or, when it needs a cluster or data that is not on this machine, resolves its config file and
 overrides (keys and value types) as main.py would. docs/configuration.md lists every key and no other. Planted
@@ -9,6 +11,7 @@ import ast
 import glob
 import importlib
 import os
+import posixpath
 import re
 import shlex
 import sys
@@ -120,6 +123,111 @@ def test_every_project_path_and_module_the_docs_name_exists(doc):
   assert not problems, f"{doc} names what does not exist: {problems}"
 
 
+# --- names without their folder, module tables, claims that a test holds something ----------------------------
+
+
+def project_entries():
+  """Every file and folder of the project, relative to the repository ('loops/persist/checkpoints.py')."""
+  entries = set()
+  for folder in FOLDERS + (".ci",):
+    for path in glob.glob(os.path.join(REPO, folder, "**"), recursive=True):
+      if "__pycache__" not in path:
+        entries.add(os.path.relpath(path, REPO).rstrip("/"))
+  return entries | {name for name in os.listdir(REPO) if os.path.isfile(os.path.join(REPO, name))}
+
+
+ENTRIES = project_entries()
+
+
+def resolves(name, folder=""):
+  """A file or folder named without its leading folders (`persist/checkpoints.py`, `rules.py`, `slurm/`), or,
+  with the folder of a table's row, a module, package or file of that folder."""
+  name = name.rstrip("/")
+  if folder:
+    within = posixpath.join(folder.rstrip("/"), name.removeprefix(folder))
+    return within in ENTRIES or within + ".py" in ENTRIES
+  return any(entry == name or entry.endswith("/" + name) for entry in ENTRIES)
+
+
+def short_paths(content):
+  """Backticked `.py` files named without the folders (`distribute/execution.py`, `rules.py`): the full
+  paths are `named_paths`'."""
+  return sorted({t for t in ticked(content) if re.fullmatch(r"[\w/]+\.py", t) and not PLACEHOLDER.search(t)
+                 and not re.match(r"(?:%s)/" % "|".join(FOLDERS), t)})
+
+
+def defined_after_paths(content):
+  """(file, class): the classes in the parentheses right after a backticked file, `path.py` (`Name`, ...)."""
+  pairs = []
+  for path, inside in re.findall(r"`([\w/]+\.py)` \(([^()]*)\)", content):
+    pairs += [(path, name) for name in re.findall(r"`([A-Z][a-z]\w*)(?:\.\w+)*(?:\(\))?`", inside)]
+  return pairs
+
+
+def file_defines(path, name):
+  candidates = [entry for entry in ENTRIES if entry == path or entry.endswith("/" + path)]
+  return any(defines(os.path.splitext(entry)[0].replace("/", "."), name) for entry in candidates)
+
+
+def module_tables(content):
+  """(folder, names) of each row of a table with a `module`, `modules` or `file` column: the backticked
+  names outside parentheses of that column, and the row's folder when its first column is one (`loops/core/`)."""
+  rows, column = [], None
+  for line in content.splitlines():
+    if not line.startswith("|"):
+      column = None
+      continue
+    cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+    if column is None:
+      column = max((i for i, cell in enumerate(cells) if cell in ("module", "modules", "file")), default=-1)
+      continue
+    if column < 0 or set(cells[0]) <= set("-: ") or column >= len(cells):
+      continue
+    listed = cells[column]
+    while re.search(r"\([^()]*\)", listed):
+      listed = re.sub(r"\([^()]*\)", "", listed)
+    folder = re.fullmatch(r"`([\w/]+/)`", cells[0])
+    folder = folder.group(1) if folder and column > 0 else ""
+    rows.append((folder, [t for t in ticked(listed) if not PLACEHOLDER.search(t)]))
+  return rows
+
+
+def name_problems(content):
+  problems = [f"file {name}" for name in short_paths(content) if not resolves(name)]
+  problems += [f"{name} in {path}" for path, name in defined_after_paths(content)
+               if resolves(path) and not file_defines(path, name)]
+  for folder, names in module_tables(content):
+    problems += [f"module {folder}{name}" for name in names
+                 if not resolves(name, folder) and not module_exists(f"{folder}{name}".strip("/").replace("/", "."))]
+  return problems
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_every_file_and_module_named_without_its_folder_exists(doc):
+  problems = name_problems(text(doc))
+  assert not problems, f"{doc} names what does not exist: {problems}"
+
+
+def test_workspace_rooms_table_is_read_room_by_room():
+  rows = [(folder, names) for folder, names in module_tables(text("WORKSPACE.md")) if folder]
+  assert len(rows) >= 9 and sum(len(names) for _, names in rows) > 80
+
+CLAIM = re.compile(r"\benforce[sd]?\b|\b(is|are) tested\b|\btested (verbatim|as written)\b|"
+                   r"\btests? (checks?|asserts?|holds?|pins?|verif(y|ies))\b", re.I)
+
+
+def claims_without_their_test(content):
+  """Sentences saying a test holds something that name no test (`tests/test_x.py` or a `test_...` function)."""
+  pieces = re.split(r"\n\s*\n|\n(?=\s*(?:[-*] |\d+\. |#|\|))", prose(content))  # paragraphs, items, rows
+  sentences = [s for piece in pieces for s in re.split(r"(?<=[.;])\s+(?=[A-Z(`])", re.sub(r"\s+", " ", piece))]
+  return [s for s in sentences if CLAIM.search(s) and not re.search(r"`(tests/)?test_\w+(\.py)?(::\w+)?`", s)]
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_a_sentence_saying_a_test_holds_something_names_the_test(doc):
+  assert not claims_without_their_test(text(doc)), claims_without_their_test(text(doc))
+
+
 # --- config keys ------------------------------------------------------------------------------------------------
 
 
@@ -174,6 +282,14 @@ def test_the_configuration_reference_lists_every_key_and_no_other():
   assert len(listed) == len(set(listed)), "docs/configuration.md lists a key twice"
   assert not reference_keys() - set(listed), f"missing from docs/configuration.md: {reference_keys() - set(listed)}"
   assert not set(listed) - reference_keys(), f"not keys of configs/base.py: {set(listed) - reference_keys()}"
+
+
+def test_the_configuration_reference_is_generated_from_configs_base_and_explains_every_key():
+  assert text("docs/configuration.md") == base.reference(), "rerun: python -m configs.base > docs/configuration.md"
+  unexplained = re.findall(r"^\| `([\w.]+)` \| .*? \|  \|$", base.reference(), re.M)
+  assert not unexplained, f"configs/base.py has no comment on {unexplained}"
+  assert base.meanings("  # the seed\n  c.seed = 0\n  c.mode = 'train'  # train | evaluate\n  c.x = 1\n") == {
+      "seed": "the seed", "mode": "train | evaluate", "x": ""}
 
 
 def shown_default(value):
@@ -425,6 +541,28 @@ Links: [ok](quickstart.md#install-and-train), [gone](no_such_page.md), [bad anch
 def test_the_path_checker_reports_a_planted_broken_path_and_module():
   assert path_problems(PLANTED_PAGE) == ["path loops/no_such_room.py", "module loops.task.NoSuchThing"]
 
+
+PLANTED_ROOMS = """
+| room | modules |
+| --- | --- |
+| `loops/persist/` | `checkpoints` (`Checkpoints`), `console` (the live bar), `writers` |
+| `models/` | `MODELS`, `get`, `cnn.py`, `vit.py` |
+
+- **a step**: `distribute/execution.py` (`SyncExecution`) → `distribute/step.py` (`CallReadOut`); `rules.py`.
+- **an eval**: `distribute/steps.py` (`NoSuchRunner`); the rules in `check_rules.py`.
+
+The floors are enforced by a test. `tests/test_house.py` enforces the floors.
+"""
+
+
+def test_the_name_checker_reports_a_renamed_module_in_a_table_a_short_path_and_a_class():
+  assert name_problems(PLANTED_ROOMS) == [
+      "file check_rules.py", "file distribute/step.py", "file vit.py", "NoSuchRunner in distribute/steps.py",
+      "module loops/persist/console", "module models/vit.py"]
+
+
+def test_a_claim_that_a_test_holds_something_must_name_it():
+  assert claims_without_their_test(PLANTED_ROOMS) == ["The floors are enforced by a test."]
 
 def test_the_key_checker_reports_a_planted_broken_key():
   assert key_problems(PLANTED_PAGE) == ["config key optimizer.lerning_rate", "config key train.stepz"]

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from errors import ConfigError
-from loops import check
+from loops import rules
 from loops import run
 from tests.test_sidecar import event_scalars
 
@@ -60,7 +60,7 @@ def test_a_chosen_checkpoint_outside_mode_evaluate_is_refused():
   config.eval.checkpoint = "best"
   with pytest.raises(ConfigError, match=r"^eval.checkpoint='best' is read by mode=evaluate .*add --config.mode="
                                         r"evaluate$"):
-    check.check(config)
+    rules.check(config)
 
 
 @pytest.mark.e2e

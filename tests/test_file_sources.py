@@ -11,7 +11,7 @@ import tensorflow as tf
 import data
 from data import sources
 from errors import ConfigError
-from loops import check
+from loops import rules
 from tests.conftest import load_config
 from tests.test_data import batches, make_image_folder, truncated_png
 
@@ -173,7 +173,7 @@ def test_the_up_front_check_refuses_npz_settings_it_cannot_use(key, value, messa
   c.data.name, c.data.data_dir = "npz", "/data/mnist.npz"
   c.data[key] = value
   with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
-    check.check(c)
+    rules.check(c)
 
 
 def folder_config(root, in_memory, policy="fail", image_size=None):

@@ -68,6 +68,11 @@ def test_inside_loops_every_import_points_down_the_rooms():
       assert ROOMS.index(there) >= ROOMS.index(here), f"{path} ({here}) imports {module} ({there}): an arrow up"
 
 
+def test_the_engine_reads_configs_base_in_two_places_only():
+  readers = sorted(path for path in python_files("loops") if any(m.startswith("configs") for m in ours(imported_modules(path))))
+  assert readers == [os.path.join("loops", "command_line.py"), os.path.join("loops", "persist", "starts.py")], readers
+
+
 def test_the_core_is_pure_python():
   for path in python_files(os.path.join("loops", "core")):
     heavy = {m for m in imported_modules(path) if m.split(".")[0] in ("tensorflow", "keras", "numpy")}
@@ -110,45 +115,6 @@ def test_no_function_of_the_product_is_longer_than_a_newcomer_follows():
   assert len(product) > 100
 
 
-def room_rows(workspace):
-  """(folder, [names]) of each row of WORKSPACE's rooms table: the backticked names outside parentheses."""
-  rows = []
-  for line in workspace.splitlines():
-    match = re.match(r"\| `([\w/]+/)` \| (.*) \|$", line)
-    if match:
-      listed = match.group(2)
-      while re.search(r"\([^()]*\)", listed):
-        listed = re.sub(r"\([^()]*\)", "", listed)
-      rows.append((match.group(1), re.findall(r"`([^`]+)`", listed)))
-  return rows
-
-
-def names_nothing(folder, name):
-  """Why `name` in folder's row is not a module, package, folder or a name the package defines (None if it is)."""
-  base = os.path.join(REPO, folder)
-  if name.startswith(folder):
-    name = name[len(folder):]
-  if os.path.exists(os.path.join(base, name)) or os.path.exists(os.path.join(base, name + ".py")):
-    return None
-  init = os.path.join(base, "__init__.py")
-  if os.path.exists(init) and re.search(rf"^(def |class )?{re.escape(name)}\b", open(init).read(), re.M):
-    return None
-  return f"{folder} has no {name}(.py) and its __init__ defines no {name}"
-
-
-def test_workspace_rooms_table_names_only_what_is_there():
-  rows = room_rows(open(os.path.join(REPO, "WORKSPACE.md")).read())
-  assert len(rows) >= 9 and sum(len(names) for _, names in rows) > 80
-  wrong = [problem for folder, names in rows for problem in (names_nothing(folder, n) for n in names) if problem]
-  assert not wrong, wrong
-
-
-def test_the_room_check_catches_a_module_that_is_not_there():
-  rows = room_rows("| `loops/persist/` | `checkpoints` (`Checkpoints`), `console` (the live bar) |")
-  assert [names_nothing(folder, n) for folder, names in rows for n in names] == [
-      None, "loops/persist/ has no console(.py) and its __init__ defines no console"]
-
-
 def test_workspace_phase_table_lists_the_built_ins_that_implement_each_hook():
   from loops.callbacks import built_in
   from loops.core.nan_guard import NanGuard
@@ -162,3 +128,48 @@ def test_workspace_phase_table_lists_the_built_ins_that_implement_each_hook():
     if "user callbacks" not in row:
       expected.remove("user callbacks")
     assert [a or b for a, b in listed] == expected, hook
+
+
+CLUSTER_TASK = re.compile(r"\b(non-chief|evaluator|ps|worker|peer|side|every|each|other|another|this|lost) tasks?\b"
+                          r"(?! (and config|model))|\[launch\] task\b", re.I)
+
+
+def cluster_tasks(text):
+  return [m.group(0) for m in CLUSTER_TASK.finditer(text)]
+
+
+def test_a_member_of_a_cluster_is_a_process_and_task_means_the_users_task():
+  """"task" is the user's Task; a chief, worker, ps or evaluator is a process (TF_CONFIG's `task` field and SLURM's
+  tasks keep their own words)."""
+  files = [path for folder in ("loops", "data", "models", "launch") for path in python_files(folder)]
+  files += ["main.py", "errors.py", "WORKSPACE.md", "README.md"]
+  files += [os.path.join("docs", name) for name in os.listdir(os.path.join(REPO, "docs"))]
+  found = {path: cluster_tasks(open(os.path.join(REPO, path)).read()) for path in files}
+  assert not {path: words for path, words in found.items() if words}
+  assert cluster_tasks("every task saves; the evaluator task; [launch] task worker:1 failed; this task and config") == [
+      "every task", "evaluator task", "[launch] task"]
+
+
+BAG_SENTENCE = re.compile(r"The config bag is read in (\d+) modules \((\d+) distinct keys\)")
+
+
+def config_readers():
+  """{module: the config keys it reads as config.KEY}: the modules of the product that read the bag itself."""
+  from configs import base
+  groups = set(base.get_config().keys())
+  readers = {}
+  for path in [p for folder in ("loops", "data", "models", "launch") for p in python_files(folder)] + ["main.py"]:
+    read = {key for key in re.findall(r"\bconfig\.([a-z_]+(?:\.[a-z_]+)*)", open(os.path.join(REPO, path)).read())
+            if key.split(".")[0] in groups}
+    if read:
+      readers[path] = read
+  return readers
+
+
+def test_workspace_states_how_many_modules_read_the_config_bag():
+  readers = config_readers()
+  stated = BAG_SENTENCE.search(" ".join(open(os.path.join(REPO, "WORKSPACE.md")).read().split()))
+  assert stated, f"WORKSPACE.md lacks the sentence {BAG_SENTENCE.pattern!r}"
+  measured = (len(readers), len(set().union(*readers.values())))
+  assert measured == tuple(map(int, stated.groups())), f"WORKSPACE.md states {stated.groups()}, measured {measured}"
+  assert "loops/run.py" in readers and "train.steps" in set().union(*readers.values())

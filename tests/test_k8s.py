@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from errors import ConfigError
-from loops import check
+from loops import rules
 from loops.distribute import cluster
 from loops.distribute import parameter_server
 from tests.conftest import REPO, load_config
@@ -359,7 +359,7 @@ def test_auto_takes_tf_config_mpi_and_srun_first_and_k8s_only_with_the_completio
 
 
 def test_a_single_pod_job_trains_locally_and_multi_worker_mirrored_names_what_it_found():
-  from loops.distribute import checks as distribute_checks
+  from loops.distribute import rules as distribute_rules
   alone = cluster.from_environment(indexed_pod(0, completions=1))
   assert alone == cluster.ClusterRole(alone="a Kubernetes Indexed Job of 1 pod (K8S_JOB_COMPLETIONS=1)")
   assert (alone.type, alone.is_distributed, alone.is_chief) == ("local", False, True)
@@ -368,7 +368,7 @@ def test_a_single_pod_job_trains_locally_and_multi_worker_mirrored_names_what_it
   config = load_config("digits_cnn")
   config.strategy = "multi_worker_mirrored"
   with pytest.raises(ConfigError) as raised:
-    distribute_checks.check_role(config, alone)
+    distribute_rules.check_role(config, alone)
   assert str(raised.value) == (
       "strategy 'multi_worker_mirrored' needs 2 or more workers, and this process found a Kubernetes Indexed Job of "
       "1 pod (K8S_JOB_COMPLETIONS=1): start 2 or more (completions and parallelism of the Job, -np of the launcher), "
@@ -402,10 +402,10 @@ def test_a_missing_or_wrong_variable_is_one_line_naming_it(env, message):
 def test_cluster_source_k8s_and_its_port_are_checked_settings():
   config = load_config("digits_cnn")
   config.cluster.source, config.cluster.k8s_port = "k8s", 2222
-  check.check(config)
+  rules.check(config)
   config.cluster.k8s_port = 0
   with pytest.raises(ConfigError, match=r"cluster.k8s_port must be a port number in 1..65535, got 0"):
-    check.check(config)
+    rules.check(config)
 
 
 # Two pods for real: each in its own network namespace on a bridge, the headless Service's DNS records played by an

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from errors import ConfigError
 from loops import build as build_lib
-from loops import check as check_lib
+from loops import rules as rules_lib
 from loops import replica_check
 from loops import run
 from loops import task as task_lib
@@ -29,7 +29,7 @@ def digits(model, **overrides):
 
 
 def built(config):
-  check_lib.check(config)
+  rules_lib.check(config)
   return build_lib.build(config, cluster.ClusterRole())
 
 

@@ -22,6 +22,8 @@ pytestmark = pytest.mark.e2e  # trains models or starts processes (pytest.ini)
 
 PY = sys.executable
 
+VERDICT = re.compile(r"\[launch\] \S+ (died|failed|was preempted)")  # a process's end, as launch.local says it
+
 
 def test_cluster_spec_uses_distinct_loopback_ports_and_a_chief_only_with_ps():
   spec = local.cluster_spec(2)
@@ -52,7 +54,7 @@ def test_a_failing_task_stops_the_others_and_is_named():
   code, failed = local.launch([PY, "-c", script], workers=2, out=out)
   assert (code, failed) == (3, "worker:1")
   assert time.monotonic() - started < 30
-  assert "[launch] task worker:1 failed (exit code 3); stopped the other tasks" in out.getvalue()
+  assert "[launch] worker:1 failed (exit code 3); stopped the other processes" in out.getvalue()
   survivor = int(re.search(r"\[worker:0\] (\d+)", out.getvalue()).group(1))
   with pytest.raises(ProcessLookupError):
     os.kill(survivor, 0)
@@ -108,8 +110,8 @@ def test_a_task_killed_by_a_signal_is_a_lost_worker_and_the_job_exits_with_the_p
   out = io.StringIO()
   code, failed = local.launch([PY, "-c", script, "--config.preemption.exit_code=99"], workers=2, out=out)
   assert (code, failed) == (99, "worker:1")
-  verdicts = [line for line in out.getvalue().splitlines() if line.startswith("[launch] task")]
-  assert verdicts == ["[launch] task worker:1 died of signal 9 (SIGKILL): a lost worker; stopped the other tasks; "
+  verdicts = [line for line in out.getvalue().splitlines() if VERDICT.match(line)]
+  assert verdicts == ["[launch] worker:1 died of signal 9 (SIGKILL): a lost worker; stopped the other processes; "
                       "exit code 99: rerun to resume from the last checkpoint"]
 
 
@@ -128,7 +130,7 @@ def test_a_task_that_aborts_is_named_with_its_fatal_line_and_the_frame_it_died_i
   code, failed = local.launch([PY, "-c", script], workers=2, out=out)
   assert (code, failed) == (143, "worker:1")
   lines = out.getvalue().splitlines()
-  assert lines[-2].startswith("[launch] task worker:1 died of signal 6 (SIGABRT): a lost worker")
+  assert lines[-2].startswith("[launch] worker:1 died of signal 6 (SIGABRT): a lost worker")
   assert lines[-1] == ("[launch] worker:1 died saying: F1127 00:32:16.760236  4242 profiler_session.cc:95] Check "
                        'failed: ok; in File "<string>", line 5 in stop_trace')
 
@@ -166,8 +168,8 @@ def test_killing_a_worker_mid_run_exits_143_naming_it_and_the_rerun_resumes(tmp_
     proc.kill()
   assert proc.returncode == 143, "".join(lines)[-2000:] + rest[-3000:]
   assert time.monotonic() - killed_at < 60
-  verdicts = [line for line in rest.splitlines() if line.startswith("[launch] task")]
-  assert verdicts == ["[launch] task worker:1 died of signal 9 (SIGKILL): a lost worker; stopped the other tasks; "
+  verdicts = [line for line in rest.splitlines() if VERDICT.match(line)]
+  assert verdicts == ["[launch] worker:1 died of signal 9 (SIGKILL): a lost worker; stopped the other processes; "
                       "exit code 143: rerun to resume from the last checkpoint"]
   for pid in pids.values():
     with pytest.raises(ProcessLookupError):

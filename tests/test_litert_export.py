@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from errors import ConfigError
-from loops import check
+from loops import rules
 from loops import run
 from loops.modeling import litert
 from tests.conftest import load_config
@@ -114,4 +114,4 @@ def test_export_tflite_without_export_is_one_line():
   config.export = False
   with pytest.raises(ConfigError, match=r"^export_tflite=True writes export/model.tflite beside the export, which "
                      r"export=False turns off; set export=True or export_tflite=False$"):
-    check.check(config)
+    rules.check(config)

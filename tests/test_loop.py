@@ -7,7 +7,7 @@ import math
 import pytest
 
 from loops import callbacks as callbacks_lib
-from loops import check
+from loops import rules
 from loops.core import loop as loop_lib
 from loops.core.interfaces import HOOKS, Callback, Execution, TrainOutput
 from loops.core.loop import Trigger, call_length
@@ -261,14 +261,14 @@ def test_early_stopping_counts_evals_without_improvement(mode, values, patience,
 
 def test_user_callbacks_are_checked_for_their_hooks():
   with pytest.raises(ValueError, match=r"callback 'Nothing' \(Nothing\) has none of the methods on_train_begin"):
-    check.check_callbacks([("Nothing", type("Nothing", (), {})())])
+    rules.check_callbacks([("Nothing", type("Nothing", (), {})())])
 
   class Bad:
     def after_eval(self):
       pass
 
   with pytest.raises(ValueError, match=r"callback 'x:y': after_eval must be a method taking one argument \(state\)"):
-    check.check_callbacks([("x:y", Bad())])
+    rules.check_callbacks([("x:y", Bad())])
 
 
 def test_state_changes_only_through_its_update_method_and_names_what_it_does_not_hold():
@@ -288,7 +288,7 @@ def test_the_callback_base_class_declares_every_hook_as_a_no_op_and_a_subclass_r
   assert HOOKS == ("on_train_begin", "after_train_call", "after_eval", "on_call_end", "on_train_end")
   state = loop_lib.State(step=0, total_steps=1, steps_per_epoch=1, is_chief=True, workdir="", writer=None)
   assert all(getattr(Callback(), hook)(state) is None for hook in HOOKS)
-  check.check_callbacks([("base", Callback())])
+  rules.check_callbacks([("base", Callback())])
 
   class Evals(Callback):
     seen = []

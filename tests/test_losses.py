@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from errors import ConfigError
-from loops import check
+from loops import rules
 from loops.modeling import losses
 from tests.conftest import load_config
 
@@ -61,7 +61,7 @@ def test_bad_loss_names(name, message, monkeypatch):
   c = load_config("digits_cnn")
   c.loss.name = name
   with pytest.raises(ConfigError, match=message):
-    check.check(c)
+    rules.check(c)
 
 
 def test_registry_focal_loss_matches_the_formula():

@@ -45,7 +45,7 @@ def test_main_trains_and_writes_its_outputs_without_tensorflows_chatter(tmp_path
     (["--config=configs/digits_cnn.py", "--config.strategy=multi_worker_mirrored"],
      "error: strategy 'multi_worker_mirrored' needs a cluster: set TF_CONFIG, run under srun, or start it with"),
     (["--config=configs/digits_cnn.py", "--config.strategy=parameter_server"],
-     "error: strategy 'parameter_server' needs a cluster with one chief, workers and ps tasks"),
+     "error: strategy 'parameter_server' needs a cluster with one chief, workers and ps; TF_CONFIG"),
     (["--config=configs/digits_cnn.py", "--config.model.name=examples.models:cnn_with_embedding",
       "--config.model.kwargs.embeding_dim=16"],
      "error: model.kwargs {'embeding_dim': 16} do not fit examples.models:cnn_with_embedding: got an unexpected"),
@@ -91,7 +91,7 @@ def test_malformed_tf_config_is_one_line(tmp_path):
                     env={"TF_CONFIG": '{"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 2}}'})
   assert result.returncode != 0
   assert result.stderr.strip().splitlines()[-1] == (
-      "error: TF_CONFIG task.index 2 is out of range: job 'worker' has 1 task(s)")
+      "error: TF_CONFIG task.index 2 is out of range: job 'worker' has 1 address(es)")
   assert os.listdir(tmp_path) == []
 
 

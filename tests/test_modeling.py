@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from errors import ConfigError
-from loops import check
+from loops import rules
 from loops import private_apis
 from loops.task import classification
 from loops.modeling import model as model_lib
@@ -23,7 +23,7 @@ def config_with(name, **kwargs):
 
 def test_a_model_by_import_path_gets_its_kwargs_and_its_outputs_are_named():
   c = config_with("examples.models:cnn_with_embedding", embedding_dim=5, reconstruct=True)
-  check.check(c)
+  rules.check(c)
   model = model_lib.build_model(c, (8, 8, 1), 10)
   logits, outputs = classification.forward(model, tf.zeros([2, 8, 8, 1]), training=False)
   assert logits.shape == (2, 10) and logits.dtype == tf.float32
@@ -49,7 +49,7 @@ def test_a_plain_output_is_the_logits():
 ])
 def test_bad_models_are_one_clear_error_before_anything_is_built(name, kwargs, message):
   with pytest.raises(ConfigError, match=message):
-    check.check(config_with(name, **kwargs))
+    rules.check(config_with(name, **kwargs))
 
 
 def test_a_dict_without_logits_and_a_non_model_are_refused():

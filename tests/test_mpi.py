@@ -15,7 +15,7 @@ import pytest
 import tensorflow as tf
 
 from errors import ConfigError, WorkerLostError
-from loops import check
+from loops import rules
 from loops.distribute import cluster
 from loops.distribute import mpi
 from loops.distribute import rendezvous
@@ -98,11 +98,11 @@ def test_one_rank_is_a_local_run_and_writes_nothing(tmp_path):
 def test_cluster_source_mpi_is_a_valid_setting():
   config = load_config("digits_cnn")
   config.cluster.source = "mpi"
-  check.check(config)
+  rules.check(config)
   config.cluster.source = "mpii"
   with pytest.raises(ConfigError, match=r"unknown cluster.source 'mpii' \(did you mean 'mpi'\?\); valid: auto, "
                                         r"tf_config, slurm, mpi, k8s, local"):
-    check.check(config)
+    rules.check(config)
 
 
 def meet(environs, workdir, timeout=20.0):

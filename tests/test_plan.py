@@ -4,7 +4,7 @@ import types
 import pytest
 
 from errors import ConfigError
-from loops import check
+from loops import rules
 from loops import plan as plan_lib
 from tests.conftest import load_config
 
@@ -49,7 +49,7 @@ def test_what_only_the_replicas_and_data_reveal_is_one_clear_error(change, messa
   change(c)
   digits = types.SimpleNamespace(name="digits", train_size=1437, image_shape=(8, 8, 1), train_files=None)
   with pytest.raises(ConfigError, match=message):
-    check.check_derived(c, plan_lib.derive(c, replicas=2, train_size=1437), digits)
+    rules.check_derived(c, plan_lib.derive(c, replicas=2, train_size=1437), digits)
 
 
 def test_xla_is_refused_with_synchronized_batchnorm_on_several_replicas_only():
@@ -61,8 +61,8 @@ def test_xla_is_refused_with_synchronized_batchnorm_on_several_replicas_only():
   normed = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2), keras.layers.BatchNormalization(name="bn")])
   for model in (plain, normed):
     model_lib.configure_batchnorm(model, c.model)
-  check.check_compiled_batchnorm(c, 2, "model", plain)  # sync_batchnorm without a BatchNorm: nothing to compile
-  check.check_compiled_batchnorm(c, 1, "model", normed)  # one replica: no cross-replica mean
+  rules.check_compiled_batchnorm(c, 2, "model", plain)  # sync_batchnorm without a BatchNorm: nothing to compile
+  rules.check_compiled_batchnorm(c, 1, "model", normed)  # one replica: no cross-replica mean
   with pytest.raises(ConfigError, match=r"^jit_compile=True with model.sync_batchnorm on 2 replicas: .* synchronized "
                                         r"BatchNorm of model 'model' \(bn, ...\) .*; turn one off$"):
-    check.check_compiled_batchnorm(c, 2, "model", normed)
+    rules.check_compiled_batchnorm(c, 2, "model", normed)

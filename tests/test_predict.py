@@ -251,11 +251,11 @@ def test_outputs_of_another_length_than_the_batch_are_one_line(trained, tmp_path
 
 
 def test_predict_settings_are_checked_before_anything_runs():
-  from loops import check
+  from loops import rules
   config = load_config("digits_cnn")
   config.predict.rows_per_file = 0
   with pytest.raises(ConfigError, match=r"^predict.rows_per_file must be a whole number >= 1, got 0$"):
-    check.check(config)
+    rules.check(config)
 
 
 @pytest.mark.e2e

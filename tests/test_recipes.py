@@ -55,7 +55,7 @@ def test_schedule_values_match_the_formula_for_every_scaling_rule(rule, replicas
 
 
 def test_constant_without_warmup_is_a_plain_float_and_bad_schedules_are_rejected():
-  from loops import check
+  from loops import rules
   from loops import plan as plan_lib
   assert optimizers.learning_rate_schedule(opt_config(), 0.05, 100, 10) == 0.05
 
@@ -65,14 +65,14 @@ def test_constant_without_warmup_is_a_plain_float_and_bad_schedules_are_rejected
     return c
 
   with pytest.raises(ValueError, match="needs optimizer.decay_epochs in increasing order"):
-    check.check(config(schedule="piecewise", decay_epochs=(5, 2)))
+    rules.check(config(schedule="piecewise", decay_epochs=(5, 2)))
   with pytest.raises(ValueError, match="unknown optimizer.schedule 'cosin' \\(did you mean 'cosine'\\?\\)"):
-    check.check(config(schedule="cosin"))
+    rules.check(config(schedule="cosin"))
   long_warmup = config(warmup_epochs=60.0)  # 50 epochs of 22 steps
   source = types.SimpleNamespace(name="digits", train_size=1437, image_shape=(8, 8, 1), train_files=None, streams=None)
   with pytest.raises(ValueError, match="optimizer.warmup_epochs=60.0 gives 1320 warmup steps; it must be shorter "
                                        "than the run \\(1100 steps\\)"):
-    check.check_derived(long_warmup, plan_lib.derive(long_warmup, 1, 1437), source)
+    rules.check_derived(long_warmup, plan_lib.derive(long_warmup, 1, 1437), source)
 
 
 def test_the_learning_rate_logged_is_the_one_used(tiny_digits, tmp_path):

@@ -331,8 +331,8 @@ def test_a_lost_mwms_worker_stops_the_other_within_seconds_and_the_rerun_resumes
   assert workers[0].returncode == 143, rest[-3000:]  # restartable: Kubernetes' ExitCode policy retries >= 128
   assert waited < 60, waited
   last = rest.strip().splitlines()[-1]
-  assert re.match(r"error: lost task /job:worker/(replica:0/)?task:1 during training near step \d+ "
-                  r"\((Unavailable|DeadlineExceeded|Aborted|Cancelled)Error: .*\); this task stops\. Rerun the whole "
+  assert re.match(r"error: lost process /job:worker/(replica:0/)?task:1 during training near step \d+ "
+                  r"\((Unavailable|DeadlineExceeded|Aborted|Cancelled)Error: .*\); this process stops\. Rerun the whole "
                   rf"job to resume from {workdir}/checkpoints/ckpt-\d+$", last), last
   assert "Traceback" not in rest
   resumed = subprocess.run([PY, "-m", "launch.local", "--workers=2", "--", PY, "main.py", *args,
@@ -367,5 +367,5 @@ def test_sigterm_to_the_parameter_server_coordinator_saves_exits_143_and_the_rer
 def test_a_lost_worker_message_names_the_peer_not_this_tasks_device(message, peer, reason):
   from loops.distribute.execution import worker_lost
   error = worker_lost(tf.errors.UnavailableError(None, None, message), 40, "/w/checkpoints/ckpt-40")
-  assert str(error) == (f"lost task {peer} during training near step 40 (UnavailableError: {reason}); this task "
+  assert str(error) == (f"lost task {peer} during training near step 40 (UnavailableError: {reason}); this process "
                         "stops. Rerun the whole job to resume from /w/checkpoints/ckpt-40")

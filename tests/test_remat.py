@@ -10,7 +10,7 @@ import pytest
 import tensorflow as tf
 
 from errors import ConfigError
-from loops import check as check_lib
+from loops import rules as rules_lib
 from loops import replica_check
 from loops.modeling import remat
 from tests.conftest import load_config, run_main, set_keys
@@ -146,7 +146,7 @@ def test_keras_own_recomputation_fails_inside_a_tf_function_which_is_why_it_is_r
 ])
 def test_a_bad_remat_setting_is_one_line(overrides, message):
   with pytest.raises(ConfigError, match=message) as raised:
-    check_lib.check(set_keys(load_config("digits_cnn"), overrides))
+    rules_lib.check(set_keys(load_config("digits_cnn"), overrides))
   assert "\n" not in str(raised.value)
 
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from launch import local
-from loops import check
+from loops import rules
 from errors import ConfigError
 from tests.conftest import REPO, load_config
 
@@ -55,7 +55,7 @@ def test_the_timeout_must_be_positive():
   config = load_config("digits_cnn")
   config.data.service, config.data.service_timeout_seconds = "grpc://127.0.0.1:5050", 0
   with pytest.raises(ConfigError, match="data.service_timeout_seconds must be a number of seconds > 0"):
-    check.check(config)
+    rules.check(config)
 
 
 @pytest.mark.e2e
@@ -131,8 +131,8 @@ def test_launch_local_ends_the_job_when_its_data_worker_is_killed(tmp_path):
   rest = finish(proc)
   assert proc.returncode == PREEMPTED, rest[-3000:]
   assert rest.strip().splitlines()[-1] == (
-      "[launch] task data:worker:0 died of signal 9 (SIGKILL): the tf.data service lost a process; stopped the "
-      "other tasks; exit code 143: rerun to resume from the last checkpoint")
+      "[launch] data:worker:0 died of signal 9 (SIGKILL): the tf.data service lost a process; stopped the "
+      "other processes; exit code 143: rerun to resume from the last checkpoint")
 
 
 @pytest.mark.e2e

@@ -328,7 +328,7 @@ def test_a_task_killed_by_a_signal_is_a_lost_worker_requeued_a_bounded_number_of
 
 @pytest.mark.parametrize("template", ["multi_node_mwms.sbatch", "one_node_mirrored.sbatch"])
 def test_an_unasked_preemption_code_requeues_a_bounded_number_of_times(stand_in, tmp_path, template):
-  """Every task exits 143 with no SIGUSR1 at the batch shell (a stuck peer on every run): three requeues, then the
+  """Every process exits 143 with no SIGUSR1 at the batch shell (a stuck peer on every run): three requeues, then the
   job ends with 143 instead of requeueing for ever. Each run is the requeued job: same id, same workdir."""
   env = stand_in_env(stand_in, tmp_path, template, {"SLURM_JOB_ID": "86"}, "143")
   for run in range(1, 4):

@@ -18,7 +18,7 @@ import data
 from data import prepare as prepare_lib
 from data import records
 from errors import ConfigError
-from loops import check
+from loops import rules
 from loops import run
 from loops import plan as plan_lib
 from tests.conftest import REPO, load_config, run_command, run_main
@@ -351,7 +351,7 @@ def test_stream_settings_that_cannot_work_are_one_line(digits_records, settings,
   c.data.update(settings)
   source = data.load(c.data)
   with pytest.raises(ValueError, match=re.escape(message)):
-    check.check_derived(c, derived(c, source, workers), source)
+    rules.check_derived(c, derived(c, source, workers), source)
 
 
 def test_a_tfds_split_streams_from_its_own_shard_files_each_pipeline_decoding_its_half(tmp_path, monkeypatch):

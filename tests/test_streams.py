@@ -14,7 +14,7 @@ from data import pipeline
 from data import sources
 from errors import ConfigError
 from examples.tasks import fixmatch
-from loops import check
+from loops import rules
 from loops import replica_check
 from loops import run
 from tests.conftest import REPO, load_config, run_main
@@ -131,7 +131,7 @@ def test_a_wrong_streams_declaration_is_one_line_before_anything_is_built(task, 
   config = load_config("tasks", "fixmatch")
   config.task.name = f"tests.fixtures.stream_tasks:{task}"
   with pytest.raises(ConfigError, match=message):
-    check.check(config)
+    rules.check(config)
 
 
 @pytest.mark.parametrize("data_name, message", [

@@ -10,7 +10,7 @@ import tensorflow as tf
 
 import data
 from errors import ConfigError
-from loops import check
+from loops import rules
 from loops.task import StepContext
 from tests.conftest import load_config
 
@@ -148,7 +148,7 @@ def test_task_settings_are_refused_in_one_line_before_anything_is_built(keys, me
   if "task__kwargs" in keys:
     config.task.kwargs.update(keys["task__kwargs"])
   with pytest.raises(ConfigError, match=message):
-    check.check(config)
+    rules.check(config)
 
 
 def test_an_eval_step_that_reduces_is_refused_before_training(tmp_path):
@@ -280,19 +280,19 @@ def test_a_step_level_task_under_float16_must_scale_each_loss_it_applies(tmp_pat
 
 
 def test_float16_optimizers_must_all_scale_and_a_loss_level_task_takes_one():
-  from loops.task import checks as task_checks
+  from loops.task import rules as task_rules
   from tests.fixtures import contract_tasks
   models = {"model": keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)]),
             "other": keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])}
   scaled = lambda: keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD())
   with pytest.raises(ConfigError, match=r"build_optimizers: \['other'\] would not scale the loss under "
                                         r"mixed_precision='float16'"):
-    task_checks.check_optimizers(contract_tasks.Stepper(), models, {"model": scaled(), "other": keras.optimizers.SGD()},
+    task_rules.check_optimizers(contract_tasks.Stepper(), models, {"model": scaled(), "other": keras.optimizers.SGD()},
                                  float16=True)
-  task_checks.check_optimizers(contract_tasks.Stepper(), models, {"model": scaled(), "other": scaled()}, float16=True)
+  task_rules.check_optimizers(contract_tasks.Stepper(), models, {"model": scaled(), "other": scaled()}, float16=True)
   with pytest.raises(ConfigError, match=r"scales one loss for one optimizer; Takes has 2 \(\['model', 'other'\]\): "
                                         r"write a train_step that scales each optimizer's loss"):
-    task_checks.check_optimizers(contract_tasks.Takes(), models, {"model": scaled(), "other": scaled()}, float16=True)
+    task_rules.check_optimizers(contract_tasks.Takes(), models, {"model": scaled(), "other": scaled()}, float16=True)
 
 
 @pytest.mark.parametrize("arguments, expected", [
@@ -306,7 +306,7 @@ def test_ctx_optimizer_passes_keras_arguments_through_and_refuses_unknown_ones(a
   from loops.distribute import cluster
   config = config_with(task__name="tests.fixtures.contract_tasks:OptimizerArguments", optimizer__name="adam")
   config.task.kwargs.update(arguments)
-  check.check(config)
+  rules.check(config)
   if isinstance(expected, str):
     with pytest.raises(ConfigError, match=expected):
       build_lib.build(config, cluster.ClusterRole())
@@ -405,7 +405,7 @@ def test_an_optimizer_the_task_makes_on_self_is_refused_naming_the_optimizers_ar
 def test_a_loss_per_output_is_refused_before_the_outputs_are_asked_for_logits():
   from tests.conftest import set_keys
   config = set_keys(load_config("digits_cnn"), {"model.name": "tests.fixtures.keras_fit_models:compiled_two_outputs"})
-  check.check(config)
+  rules.check(config)
   from loops import build as build_lib
   from loops.distribute import cluster
   with pytest.raises(ConfigError) as raised:

@@ -9,13 +9,13 @@ import pytest
 
 from errors import ConfigError
 from loops import build as build_lib
-from loops import check as check_lib
+from loops import rules as rules_lib
 from loops import replica_check
 from loops import run
 from loops.distribute import cluster
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
-from loops.task import checks as task_checks
+from loops.task import rules as task_rules
 from tests.conftest import load_config, run_main, set_keys
 
 FIXTURES = "tests.fixtures.update_every_tasks:"
@@ -29,7 +29,7 @@ def wgan_gp(**overrides):
 
 def steps_changing(config, steps):
   """({model name: [steps whose update changed its weights]} over `steps` calls of one step each, the run's parts)."""
-  check_lib.check(config)
+  rules_lib.check(config)
   strategy_lib.configure_devices(config)
   parts = build_lib.build(config, cluster.ClusterRole())
   execution = execution_lib.make(parts, config)
@@ -116,10 +116,10 @@ def test_update_every_names_trained_models_with_whole_periods(update_every, mess
   models = {"model": dense(), "critic": dense(), "teacher": dense()}
   optimizers = {"model": keras.optimizers.SGD(), "critic": keras.optimizers.SGD()}
   with pytest.raises(ConfigError, match=message):
-    task_checks.check_optimizers(Stepper(update_every), models, optimizers)
+    task_rules.check_optimizers(Stepper(update_every), models, optimizers)
 
 
 def test_a_bad_update_every_is_refused_with_the_settings_before_anything_is_built():
   config = wgan_gp(**{"task.name": FIXTURES + "ZeroPeriod"})
   with pytest.raises(ConfigError, match=r"^ZeroPeriod.update_every\['model'\] must be an integer >= 1"):
-    check_lib.check(config)
+    rules_lib.check(config)

@@ -8,7 +8,7 @@
 # limit (up to a minute earlier: SLURM looks once a minute); `scancel --batch --signal=USR1 JOB` asks the same by
 # hand. The trap below forwards it to the training (srun forwards signals to all its tasks), which was started with
 # TRAIN_ARGS: --config.preemption.signals=SIGTERM,SIGUSR1 --config.preemption.exit_code=$PREEMPTION_EXIT_CODE.
-# Every task saves a checkpoint at the current step and exits with PREEMPTION_EXIT_CODE (default 143), and then:
+# Every process saves a checkpoint at the current step and exits with PREEMPTION_EXIT_CODE (default 143), and then:
 #
 #   training exits with       the batch script
 #   0                         returns 0 (the template goes on)
@@ -19,7 +19,7 @@
 #                             If the requeue fails (e.g. submitted with --no-requeue) it exits with the code.
 #   128 + SIGUSR1 (138)       the same, if SIGUSR1 had arrived: it reached the training before its handler was set
 #                             (it resumes from its last periodic checkpoint)
-#   PREEMPTION_EXIT_CODE with  the training asked to be restarted without SLURM's warning (every task exited with the
+#   PREEMPTION_EXIT_CODE with  the training asked to be restarted without SLURM's warning (every process exited with the
 #   no SIGUSR1 (unsolicited)   code: a peer lost or stuck past cluster.collective_timeout_seconds, a signal sent to
 #                             the tasks alone): a requeue, bounded as a lost worker's (below)
 #   129..159, another signal  a task died of signal N = code - 128 (srun returns 137 when one task got SIGKILL: the

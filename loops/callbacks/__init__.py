@@ -33,7 +33,7 @@ def assemble(built_in_first, user, built_in_last):
 
 def load_user(config, objects=()):
   """[(name, callback)]: instances from config.callbacks ("package.module:factory", factory(config)), then
-  `objects` (passed by Python callers). loops/check.py checks their hooks."""
+  `objects` (passed by Python callers). loops/rules.py checks their hooks."""
   made = [(name, plugins.load_callable(name, "callbacks", 1)(config)) for name in config.callbacks]
   if config.sweep.settings or config.sweep.study:
     made.append(("SweepTrial", SweepTrial(config)))

@@ -15,7 +15,7 @@ BEST_RECORD = "best/best.json"  # under DIR, written by DIR's writer
 
 
 class Checkpointing(Callback):
-  """Every checkpoint.every_steps and at the end; every task takes part (non-chief tasks into scratch dirs).
+  """Every checkpoint.every_steps and at the end; every process takes part (non-chief processes into scratch dirs).
   Periodic saves are asynchronous when the Checkpoints are; the final one waits until it is on disk.
 
   A run that stopped early keeps its length in the checkpoint (`stopped_total_steps`, checkpointed under
@@ -71,14 +71,14 @@ class Checkpointing(Callback):
 
 class BestCheckpoint(Callback):
   """After each eval: saves when results[metric] beats the best so far, into DIR/best with DIR/best/best.json; the
-  trainer (DIR = the workdir) and the sidecar evaluator (DIR = workdir/eval) share it. Every task decides alike
-  (metrics are reduced; non-chief tasks save into scratch directories).
+  trainer (DIR = the workdir) and the sidecar evaluator (DIR = workdir/eval) share it. Every process decides alike
+  (metrics are reduced; non-chief processes save into scratch directories).
 
   Args:
     directory: DIR (a workdir, or workdir/eval for the sidecar evaluator).
     series: DIR/best's checkpoints.Series (None when metric is "").
     metric, mode: checkpoint.best_metric ("" = off) and checkpoint.best_mode.
-    is_chief: whether this task's saves are the real ones.
+    is_chief: whether this process's saves are the real ones.
     weights_context: fn() -> context in which the model holds the weights that were evaluated (EMA averages).
   """
 

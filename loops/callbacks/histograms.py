@@ -26,7 +26,7 @@ class Histograms(Callback):
   def after_train_call(self, state):
     if not self.trigger.due(state.call_start_step, state.step):
       return
-    norms = self.execution.gradient_norms()  # on every task: it runs on every replica
+    norms = self.execution.gradient_norms()  # on every process: it runs on every replica
     state.writer.histograms(state.step, lambda: {f"weights/{v.path}": v.numpy()
                                                  for v in self.model.trainable_variables})
     if norms is not None:

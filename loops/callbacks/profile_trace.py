@@ -1,5 +1,5 @@
 """ProfileTrace: a profiler trace of summary.profile_steps = (first, last), rounded out to whole train calls, by
-the chief into workdir/profile (the other tasks' writers do not trace: Writer.start_trace says why)."""
+the chief into workdir/profile (the other processes' writers do not trace: Writer.start_trace says why)."""
 
 from loops.core.interfaces import Callback
 

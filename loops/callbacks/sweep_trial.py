@@ -6,7 +6,7 @@ the trial complete only when its own summary proves it ran the current settings.
 reports checkpoint.best_metric to the trial; when the study's pruner (`--prune=asha|hyperband`, resources in train
 steps, the first rung at the first eval) says stop, the run stops there as an early stop ("pruned at step S (value
 V)": the final checkpoint is saved, and a rerun does not train it further, even with a longer train.steps). At the
-end the trial is told its best value (or that it was pruned). Every task reaches the same stop: the loop agrees on the chief's stop reason.
+end the trial is told its best value (or that it was pruned). Every process reaches the same stop: the loop agrees on the chief's stop reason.
 """
 
 import math

@@ -46,7 +46,7 @@ class Execution(Protocol):
     """Restarts the train input at `step` (after a NaN rollback restored an earlier checkpoint)."""
 
   def agree_on_stop(self, reason: Optional[str]) -> Optional[str]:
-    """Every task learns whether any task asked to stop: the first reason, or None."""
+    """Every process learns whether any process asked to stop: the first reason, or None."""
 
   def averaged_weights(self) -> ContextManager[None]:
     """Context in which the model holds its weights' moving averages (optimizer.ema_decay), else as they are."""
@@ -67,7 +67,7 @@ class Callback:
   Subclass it and override what you need, or pass any object with some of these methods. A `trigger` attribute
   (a `Trigger`) makes every train call end on its boundaries. A `checkpointed` attribute (a tf.Module, or a dict
   of tf.Variables, made in __init__) is saved in every checkpoint of the run and restored on resume, so a counter or
-  a best value survives preemption like the model does. Every task runs every callback: keep side effects that
+  a best value survives preemption like the model does. Every process runs every callback: keep side effects that
   must happen once behind `state.is_chief`, or write through `state.writer` (a no-op off the chief).
   """
 

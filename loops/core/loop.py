@@ -1,7 +1,7 @@
 """The outer loop: a short sequence of calls to an execution and to callbacks. Pure Python: no TensorFlow.
 
 One iteration: train one call (shortened to end on the next due boundary), `after_train_call`, evaluate when
-due and `after_eval`, `on_call_end` (the saving phase: preemption, checkpoints), then every task agrees whether
+due and `after_eval`, `on_call_end` (the saving phase: preemption, checkpoints), then every process agrees whether
 anyone asked to stop. At the end: a final eval (unless one just ran at this step) and `on_train_end`.
 """
 

@@ -1,4 +1,4 @@
-"""Who am I? The task of this process from TF_CONFIG, SLURM, an MPI launcher or a Kubernetes Indexed Job: type,
+"""Who am I? The role of this process from TF_CONFIG, SLURM, an MPI launcher or a Kubernetes Indexed Job: type,
 index, cluster, chief or not."""
 
 import dataclasses
@@ -34,17 +34,17 @@ class ClusterRole:
 
   @property
   def is_evaluator(self):
-    """A side task that evaluates the training cluster's checkpoints; it never joins the cluster itself."""
+    """A side process that evaluates the training cluster's checkpoints; it never joins the cluster itself."""
     return self.type == "evaluator"
 
   @property
   def is_distributed(self):
-    """This process is one task of a multi-process training cluster (an evaluator only watches one)."""
+    """This process is one process of a multi-process training cluster (an evaluator only watches one)."""
     return bool(self.cluster) and not self.is_evaluator
 
   @property
   def worker_index(self):
-    """This task's place among the training workers (a chief counts first)."""
+    """This process's place among the training workers (a chief counts first)."""
     return self.index + (1 if self.type == "worker" and "chief" in self.cluster else 0)
 
   @property
@@ -126,7 +126,7 @@ def _gpu_count():
 
 
 def in_srun_step_of_several_tasks(environ):
-  """srun sets SLURM_STEP_NUM_TASKS in every task of a step; the batch shell (sbatch) and salloc have only the
+  """srun sets SLURM_STEP_NUM_TASKS in every process of a step; the batch shell (sbatch) and salloc have only the
   job's SLURM_NTASKS, which counts tasks that do not exist until srun starts them."""
   try:
     return int(environ.get("SLURM_STEP_NUM_TASKS") or 1) > 1
@@ -171,7 +171,7 @@ def from_slurm(environ, port_base=None):
 
 
 def _checked_port_base(base, tasks_on_a_node, derived):
-  """base, if every task of a node gets a port of its own (within the job's block of 64 when derived)."""
+  """base, if every process of a node gets a port of its own (within the job's block of 64 when derived)."""
   last = base + tasks_on_a_node - 1
   if derived and tasks_on_a_node > SLURM_PORTS_PER_JOB:
     raise ConfigError(f"{tasks_on_a_node} tasks on a node need more than the {SLURM_PORTS_PER_JOB} ports derived "
@@ -185,7 +185,7 @@ def from_tf_config(environ):
   """Parses TF_CONFIG (if set) into a ClusterRole; a malformed TF_CONFIG raises ConfigError naming the field.
 
   Accepts what cluster managers write: extra keys ("environment": "cloud", "job", task "trial"), a "master" job
-  for the chief (SageMaker, AI Platform), and an evaluator task whether or not its job is in "cluster"
+  for the chief (SageMaker, AI Platform), and an evaluator process whether or not its job is in "cluster"
   (training-operator TFJob lists it, AI Platform does not). Vertex AI's CLUSTER_SPEC is not read.
   """
   raw = environ.get("TF_CONFIG", "").strip()
@@ -202,27 +202,27 @@ def from_tf_config(environ):
     raise ConfigError("TF_CONFIG has no 'cluster' (e.g. {\"worker\": [\"host:port\", ...]})")
   if not isinstance(task, dict) or not isinstance(task.get("type"), str):
     raise ConfigError("TF_CONFIG has no 'task' with a 'type' (e.g. {\"type\": \"worker\", \"index\": 0})")
-  cluster, task_type = _master_is_chief(_check_jobs(cluster), task["type"])
+  cluster, job = _master_is_chief(_check_jobs(cluster), task["type"])
   index = task.get("index", 0)
-  if task_type not in cluster and task_type != "evaluator":
-    raise ConfigError(f"TF_CONFIG task.type '{task_type}' is not a job of the cluster; jobs: {', '.join(cluster)}")
-  tasks = len(cluster.get(task_type, ()))
-  if not isinstance(index, int) or isinstance(index, bool) or index < 0 or (tasks and index >= tasks):
-    raise ConfigError(f"TF_CONFIG task.index {index!r} is out of range: job '{task_type}' has {tasks} task(s)")
-  training = {job: addresses for job, addresses in cluster.items() if job != "evaluator"}
+  if job not in cluster and job != "evaluator":
+    raise ConfigError(f"TF_CONFIG task.type '{job}' is not a job of the cluster; jobs: {', '.join(cluster)}")
+  count = len(cluster.get(job, ()))
+  if not isinstance(index, int) or isinstance(index, bool) or index < 0 or (count and index >= count):
+    raise ConfigError(f"TF_CONFIG task.index {index!r} is out of range: job '{job}' has {count} address(es)")
+  training = {name: addresses for name, addresses in cluster.items() if name != "evaluator"}
   if not training:
     raise ConfigError("TF_CONFIG cluster has no training job (chief, worker or ps), only an evaluator")
-  return ClusterRole(type=task_type, index=index, cluster=training)
+  return ClusterRole(type=job, index=index, cluster=training)
 
 
-def _master_is_chief(cluster, task_type):
-  """SageMaker and AI Platform (legacy runtimes) name the chief "master"; every task renames it alike."""
+def _master_is_chief(cluster, job):
+  """SageMaker and AI Platform (legacy runtimes) name the chief "master"; every process renames it alike."""
   if "master" not in cluster:
-    return cluster, task_type
+    return cluster, job
   if "chief" in cluster:
     raise ConfigError("TF_CONFIG cluster has both a 'master' and a 'chief' job; name the chief once")
-  cluster = {("chief" if job == "master" else job): addresses for job, addresses in cluster.items()}
-  return cluster, "chief" if task_type == "master" else task_type
+  cluster = {("chief" if name == "master" else name): addresses for name, addresses in cluster.items()}
+  return cluster, "chief" if job == "master" else job
 
 
 def _check_jobs(cluster):
@@ -235,5 +235,5 @@ def _check_jobs(cluster):
       raise ConfigError(f"TF_CONFIG cluster job '{job}' must be a list of \"host:port\" strings, got {addresses!r}")
   for job in ("chief", "master"):
     if len(cluster.get(job, ())) > 1:
-      raise ConfigError(f"TF_CONFIG cluster job '{job}' has {len(cluster[job])} tasks; a cluster has one chief")
+      raise ConfigError(f"TF_CONFIG cluster job '{job}' has {len(cluster[job])} addresses; a cluster has one chief")
   return {job: addresses for job, addresses in cluster.items() if addresses}

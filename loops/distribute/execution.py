@@ -34,13 +34,13 @@ from loops.persist.preemption import PreemptionWatcher
 from loops.task import update_every
 
 STOP_REASON_BYTES = 256
-# What a collective raises when a peer task is gone (connection reset, missed heartbeats) or too slow (timeout).
+# What a collective raises when a peer process is gone (connection reset, missed heartbeats) or too slow (timeout).
 PEER_FAILURES = (tf.errors.UnavailableError, tf.errors.DeadlineExceededError, tf.errors.AbortedError,
                  tf.errors.CancelledError)
 
 
 def serve_if_server(config, role):
-  """Parameter-server worker and ps tasks only serve (until stopped); returns True when this task did."""
+  """Parameter-server worker and ps processes only serve (until stopped); returns True when this process did."""
   if config.strategy in strategy_lib.ASYNCHRONOUS and role.type in ("worker", "ps"):
     parameter_server.serve(role)
     return True
@@ -78,13 +78,13 @@ def lost_worker_error(strategy, error, step, checkpoint):
 def worker_lost(error, step, checkpoint):
   """WorkerLostError naming the peer (when the message does), the step, and what a rerun resumes from."""
   text = str(error)
-  peer = re.search(r"(/job:\w+/(?:replica:\d+/)?task:\d+)\b(?!/device)", text)  # not this task's own devices
+  peer = re.search(r"(/job:\w+/(?:replica:\d+/)?task:\d+)\b(?!/device)", text)  # not this process's own devices
   reason = next((line for line in text.splitlines()
                  if "aborted by" in line or "unhealthy" in line or "Deadline" in line), first_line(error))
   reason = re.sub(r"\{\{.*?\}\}\s*", "", reason).strip()
   return WorkerLostError(
-      f"lost {'task ' + peer.group(1) if peer else 'another task'} during training near step {step} "
-      f"({type(error).__name__}: {reason}); this task stops. Rerun the whole job to resume from "
+      f"lost {'process ' + peer.group(1) if peer else 'another process'} during training near step {step} "
+      f"({type(error).__name__}: {reason}); this process stops. Rerun the whole job to resume from "
       f"{checkpoint or 'the start (no checkpoint yet)'}")
 
 
@@ -302,7 +302,7 @@ class ParameterServerExecution(_Execution):
   """The parameter-server coordinator: schedules steps on workers (ClusterCoordinator), evaluates itself.
 
   Train metrics live on the coordinator (workers would race on shared metric variables): each step returns its
-  sums, added here after join(). The input cannot be rewound (per-worker datasets), so check.py refuses rollback.
+  sums, added here after join(). The input cannot be rewound (per-worker datasets), so rules.py refuses rollback.
   """
 
   def __init__(self, parts, config):

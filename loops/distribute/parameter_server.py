@@ -1,4 +1,4 @@
-"""ParameterServerStrategy: worker/ps tasks serve; the chief coordinates (ClusterCoordinator.schedule/join).
+"""ParameterServerStrategy: worker/ps processes serve; the chief coordinates (ClusterCoordinator.schedule/join).
 
 Limits: training is asynchronous (each worker applies its own steps to the shared variables), so runs are not
 bit-reproducible and N workers do not compute what N synchronous replicas would; one step = one batch of
@@ -14,10 +14,10 @@ from errors import ConfigError
 
 
 def check_cluster(role):
-  """The rule (called by loops/check.py): one chief, at least one worker and one ps task."""
+  """The rule (called by loops/rules.py): one chief, at least one worker and one ps process."""
   jobs = {job: len(addresses) for job, addresses in role.cluster.items()}
   if not jobs.get("ps") or not jobs.get("worker") or jobs.get("chief") != 1:
-    raise ConfigError(f"strategy 'parameter_server' needs a cluster with one chief, workers and ps tasks; TF_CONFIG "
+    raise ConfigError(f"strategy 'parameter_server' needs a cluster with one chief, workers and ps; TF_CONFIG "
                       f"has {jobs or 'no cluster'} (start it with `python -m launch.local --workers N --ps M -- ...`)")
 
 
@@ -30,7 +30,7 @@ def build_strategy(role):
 
 
 def serve(role):
-  """Runs this worker or ps task's server until the process is stopped (by the launcher or the cluster)."""
+  """Runs this worker or ps process's server until the process is stopped (by the launcher or the cluster)."""
   server = tf.distribute.Server(tf.train.ClusterSpec(role.cluster), job_name=role.type, task_index=role.index,
                                 protocol="grpc", start=True)
   logging.info("parameter_server: %s:%d serving at %s", role.type, role.index, role.cluster[role.type][role.index])

@@ -23,7 +23,7 @@ WATCHDOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup_wat
 
 
 def check_port_free(role):
-  """Raises ConfigError naming host:port when this task's own cluster port is already taken."""
+  """Raises ConfigError naming host:port when this process's own cluster port is already taken."""
   address = role.cluster[role.type][role.index]
   port = int(address.rpartition(":")[2])
   with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -39,7 +39,7 @@ def check_port_free(role):
 
 
 def peers(role):
-  """{'worker 1': 'host:port', ...}: the cluster's other tasks."""
+  """{'worker 1': 'host:port', ...}: the cluster's other processes."""
   return {f"{job} {index}": address for job, addresses in role.cluster.items()
           for index, address in enumerate(addresses) if (job, index) != (role.type, role.index)}
 
@@ -48,7 +48,7 @@ def peers(role):
 def bounded_start(role, timeout_seconds):
   """Runs the body (the cluster's start) once every peer's port answers, each bounded by `timeout_seconds`.
 
-  First, in Python (signals work): this task's port is held by a plain listener while it waits for a TCP answer
+  First, in Python (signals work): this process's port is held by a plain listener while it waits for a TCP answer
   from every peer; past the timeout, WorkerLostError names the peers nothing listens for. Then TensorFlow's start
   runs under a watchdog process that ends it (SIGKILL: TensorFlow's own SIGTERM handler swallows SIGTERM while it
   waits) with one line when it takes longer. Only for a task of a multi-worker cluster; otherwise the body just
@@ -58,7 +58,7 @@ def bounded_start(role, timeout_seconds):
     yield
     return
   _wait_for_peers(role, timeout_seconds)
-  rendezvous.forget(role.rendezvous_file)  # every peer listens: each has read this task's address (MPI)
+  rendezvous.forget(role.rendezvous_file)  # every peer listens: each has read this process's address (MPI)
   watchdog = subprocess.Popen([sys.executable, WATCHDOG, str(os.getpid()), str(timeout_seconds),
                                json.dumps(peers(role))], stdin=subprocess.PIPE)
   try:
@@ -70,7 +70,7 @@ def bounded_start(role, timeout_seconds):
 
 def _wait_for_peers(role, timeout_seconds, poll_seconds=0.5):
   own = int(role.cluster[role.type][role.index].rpartition(":")[2])
-  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:  # peers' probes find this task up
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:  # peers' probes find this process up
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("", own))
     listener.listen(64)

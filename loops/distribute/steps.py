@@ -30,7 +30,7 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
   Micro-batch i takes rows i, i + k, ... of the replica's batch: together, every replica's micro-batch i is one
   device's (what synchronized BatchNorm's statistics and ctx.all_gather see is the same on any replica count).
   A lone LossScaleOptimizer (float16) gets its loss scaled here and unscales the gradients itself.
-  Step level: the task's train_step does it all (loops/check.py refuses accumulation there; under float16 it
+  Step level: the task's train_step does it all (loops/rules.py refuses accumulation there; under float16 it
   scales each loss with its optimizer's scale_loss: loops/task/scaled_step.py).
   clock: a WorkerClock that adds the step's busy time (from `started`, or the step's start, to its gradients).
   Task.update_every: an UpdateVariants (loops/task/update_every.py), one such step per combination of models that
@@ -112,7 +112,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
     with optimizers_lib.gradients_already_summed() if summed_here else contextlib.nullcontext():
       begin = 0
       for name, size in zip(applied, sizes):
-        optimizers[name].apply_gradients(zip(grads[begin:begin + size], variables[begin:begin + size]))
+        optimizers_lib.sum_clip_apply(optimizers[name], grads[begin:begin + size], variables[begin:begin + size])
         begin += size
     return loss, per_example, logged, grads
 

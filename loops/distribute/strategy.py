@@ -81,7 +81,7 @@ def replica_devices(config):
 
 
 def build(config, role):
-  """Returns the tf.distribute.Strategy named by config.strategy for this task (checked by loops/check.py)."""
+  """Returns the tf.distribute.Strategy named by config.strategy for this process (checked by loops/rules.py)."""
   name = config.strategy
   if role.is_evaluator and (name in MULTI_WORKER or name == "parameter_server"):
     name = _evaluator_strategy(config, name)
@@ -106,9 +106,9 @@ def build(config, role):
 
 
 def _evaluator_strategy(config, training_name):
-  """An evaluator task never joins the training cluster's collectives: it evaluates on its own devices."""
+  """An evaluator process never joins the training cluster's collectives: it evaluates on its own devices."""
   name = "mirrored" if len(replica_devices(config)) > 1 else "one_device"
-  logging.info("evaluator task: %s on this machine's devices (the training cluster runs %s)", name, training_name)
+  logging.info("evaluator process: %s on this machine's devices (the training cluster runs %s)", name, training_name)
   return name
 
 

@@ -4,9 +4,9 @@ training builds them (loops/build.py), on a fresh model, that write no checkpoin
 
 def find(what, config, workdir):
   """Runs the LR range test (what="lr") or the batch-size finder ("batch_size"); returns its result dict."""
-  from loops.finders import checks
+  from loops.finders import rules
   from loops.finders import trial
-  checks.check_finder(config, what, trial.replicas_on_gpu(config))
+  rules.check_finder(config, what, trial.replicas_on_gpu(config))
   if what == "lr":
     from loops.finders import lr_range
     return lr_range.find_lr(config, workdir)

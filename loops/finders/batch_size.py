@@ -114,7 +114,7 @@ def measure(config, role, per_replica, replicas, timed_steps, budget_gb, on_gpu)
 
 
 def find_batch_size(config, workdir):
-  """The search for config's run (checked by loops/finders/checks.py); writes workdir/batch_size_find; returns a dict."""
+  """The search for config's run (checked by loops/finders/rules.py); writes workdir/batch_size_find; returns a dict."""
   f = config.find
   on_gpu = trial.replicas_on_gpu(config)  # the replicas' devices, not the machine's
   role = trial.role_of(config, workdir)

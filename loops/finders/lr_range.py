@@ -82,7 +82,7 @@ def suggest(learning_rates, smoothed):
 
 
 def run_ramp(execution, optimizer, ramp, find_config):
-  """Trains one step per call up the ramp; returns the Curve (every task sees the same all-reduced loss, so every
+  """Trains one step per call up the ramp; returns the Curve (every process sees the same all-reduced loss, so every
   worker stops at the same step)."""
   inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer (float16)
   curve = Curve()
@@ -105,7 +105,7 @@ def _ramp_every_optimizer(parts, f):
 
 
 def find_lr(config, workdir):
-  """The range test for config's run (checked by loops/finders/checks.py); writes workdir/lr_find; returns a dict."""
+  """The range test for config's run (checked by loops/finders/rules.py); writes workdir/lr_find; returns a dict."""
   f = config.find
   run_config = trial.throwaway_config(config, f.lr_steps)
   role = trial.role_of(run_config, workdir)

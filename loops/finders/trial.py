@@ -8,7 +8,7 @@ import tensorflow as tf
 
 from errors import ConfigError
 from loops import build as build_lib
-from loops import check as check_lib
+from loops import rules as rules_lib
 from loops.distribute import cluster
 from loops.distribute import execution as execution_lib
 from loops.distribute import startup
@@ -41,12 +41,12 @@ def throwaway_config(config, steps, global_batch_size=None):
 def role_of(config, workdir=None):
   """This process's cluster.ClusterRole, checked against the strategy (after the devices are configured); `workdir` holds
   the address exchange of ranks started by an MPI launcher, as in a run."""
-  check_lib.check(config)
+  rules_lib.check(config)
   strategy_lib.configure_devices(config)
   role = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
                                   workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
                                   k8s_port=config.cluster.k8s_port)
-  check_lib.check_role(config, role)
+  rules_lib.check_role(config, role)
   if role.is_distributed:
     startup.check_port_free(role)
   return role

@@ -79,7 +79,7 @@ def build(loss_config):
   if plugins.is_import_path(name):
     fn = plugins.load_callable(name, "loss.name", 2, EXTRA)
   else:
-    fn = LOSSES[name]  # loops/check.py checked the name
+    fn = LOSSES[name]  # loops/rules.py checked the name
     if name == "sparse_categorical_crossentropy":
       kwargs.setdefault("label_smoothing", loss_config.label_smoothing)
   bound = functools.partial(fn, **kwargs)

@@ -19,7 +19,7 @@ LOSS = "loss"
 
 
 def build(names, num_classes):
-  """[(entry, metric)]: the loss mean first, then eval.metrics in order (loops/check.py's check_metrics judges
+  """[(entry, metric)]: the loss mean first, then eval.metrics in order (loops/rules.py's check_metrics judges
   what the factories returned). Call inside the metrics' scope."""
   made = [(LOSS, keras.metrics.Mean(name=LOSS))]
   for name in names:

@@ -45,7 +45,7 @@ def warmup_steps(opt_config, steps_per_epoch):
 
 def learning_rate_schedule(opt_config, peak_lr, total_steps, steps_per_epoch):
   """A float (constant, no warmup) or a Keras schedule of the optimizer's update count (the settings are checked
-  by loops/check.py)."""
+  by loops/rules.py)."""
   name = opt_config.schedule
   warmup = warmup_steps(opt_config, steps_per_epoch)
   if name == "cosine":
@@ -102,7 +102,7 @@ def _build(opt_config, learning_rate, keras_arguments):
                                 weight_decay=opt_config.weight_decay, **common)
   if name == "adam":
     return keras.optimizers.Adam(weight_decay=opt_config.weight_decay, **common)
-  assert name == "adamw", name  # loops/check.py allows only OPTIMIZERS
+  assert name == "adamw", name  # loops/rules.py allows only OPTIMIZERS
   return keras.optimizers.AdamW(weight_decay=opt_config.weight_decay or 0.004, **common)
 
 
@@ -128,6 +128,12 @@ def gradients_already_summed():
   finally:
     with _SUMMED_LOCK:
       _SUMMED["depth"] -= 1
+
+
+def sum_clip_apply(optimizer, grads, variables):
+  """optimizer.apply_gradients as the framework took it over (take_over_the_sum): the cross-replica sum of the
+  gradients (none inside gradients_already_summed()), then the clipping on the summed gradients, then the update."""
+  optimizer.apply_gradients(zip(grads, variables))
 
 
 def take_over_the_sum(optimizer, name="model"):
@@ -239,7 +245,7 @@ def moving_averages(optimizer):
 @contextlib.contextmanager
 def averaged_weights(model, optimizer):
   """Inside, the model's trainable weights are the optimizer's moving averages (eval, best checkpoint, export);
-  its own weights come back bit for bit afterwards. A no-op without EMA. Runs the same on every task."""
+  its own weights come back bit for bit afterwards. A no-op without EMA. Runs the same on every process."""
   averages = moving_averages(optimizer)
   if not averages:
     yield

@@ -3,7 +3,7 @@ method of `Checkpoints` (`restore_run`, in this order: the latest checkpoint, el
 callbacks' state; the preemption handler's restore; this run's learning rates. `roll_back`: a NaN rollback.
 `restore_to_evaluate`: the evaluators), and every save (periodic, final, best, on a preemption, on an error; blocking
 or asynchronous). `Series` is one directory's series: explicit restore (never partial, damaged checkpoints skipped),
-save, and where each task's saves go (the chief's into the workdir, the others' into private scratch directories).
+save, and where each process's saves go (the chief's into the workdir, the others' into private scratch directories).
 `init_checkpoint.py` is the warm start's reader, imported by this module only (tests/test_checkpoint_readers.py
 holds every other module of the product to reading nothing)."""
 
@@ -180,10 +180,10 @@ class Checkpoints:
 
 
 class Series:
-  """One directory's checkpoints. Every task saves (saves may involve collectives); only the chief's series lands
+  """One directory's checkpoints. Every process saves (saves may involve collectives); only the chief's series lands
   in the workdir.
 
-  Non-chief tasks write to a private temporary directory (scratch_directory, one checkpoint kept: nobody reads it)
+  Non-chief processes write to a private temporary directory (scratch_directory, one checkpoint kept: nobody reads it)
   that `close()` removes.
 
   With `async_save`, `save(step)` copies the variables to host memory and returns; TensorFlow's writer thread
@@ -261,7 +261,7 @@ class Series:
 
   def save(self, step, wait=False):
     """Saves at `step`: asynchronously when enabled, unless `wait` (then complete on return, after any pending
-    write). Returns the path (None on non-chief tasks)."""
+    write). Returns the path (None on non-chief processes)."""
     options = None if wait else self.save_options()
     if wait or options:
       self.wait()  # (TensorFlow's writer would wait for the previous write too: this costs nothing more)
@@ -352,7 +352,7 @@ def _pending(trackable):
 
 
 def scratch_directory(root=None):
-  """A new private temporary directory for a non-chief task's saves, named by host and pid. Those that dead
+  """A new private temporary directory for a non-chief process's saves, named by host and pid. Those that dead
   processes of this host left in `root` (a task killed with SIGKILL cannot remove its own) are removed first."""
   root = root or tempfile.gettempdir()
   ours = f"{SCRATCH_PREFIX}{socket.gethostname()}-"

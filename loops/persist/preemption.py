@@ -1,4 +1,4 @@
-"""Preemption: on one of `preemption.signals` every task saves a checkpoint at the current step and exits with
+"""Preemption: on one of `preemption.signals` every process saves a checkpoint at the current step and exits with
 `preemption.exit_code` (143 by default: "preempted, checkpoint saved: restart me")."""
 
 import os
@@ -42,7 +42,7 @@ RECEIVED = []
 
 
 class PreemptionWatcher:
-  """On one of `signals`: every task saves a checkpoint at the current step and exits with `exit_code`. A callback:
+  """On one of `signals`: every process saves a checkpoint at the current step and exits with `exit_code`. A callback:
   it looks after each train call and any eval (`on_call_end`).
 
   Synchronous strategies use TensorFlow's PreemptionCheckpointHandler (it agrees on the step across workers

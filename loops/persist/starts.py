@@ -22,21 +22,11 @@ import json
 import posixpath
 from typing import Iterable, Optional
 
+from configs import base
 from errors import ConfigError
 
 FILE = "starts.jsonl"
 
-# Settings that leave the optimisation and the data order as they were (prefixes end with "."). Everything else
-# (including keys added later) counts as a change of the optimisation: the safe side.
-ACCEPTED = (
-    "train.steps", "train.epochs", "train.steps_per_loop", "eval.", "checkpoint.", "summary.", "early_stopping.",
-    "callbacks", "preemption.", "nan_policy.", "export", "export_tflite", "mode", "resume.", "strategy",
-    "cpu_replicas", "num_gpus", "cluster.", "intra_op_threads", "inter_op_threads", "jit_compile", "deterministic", "model.fused_batchnorm",
-    "model.remat", "model.remat_output_size", "model.remat_layers",  # recomputes, changes no value (tests/test_remat.py)
-    "data.data_dir", "data.download", "data.pipeline_threads", "data.device_resident", "data.service",
-    "init.",  # read at a run's first start only: a resume restores its own checkpoint and ignores init.*
-    "find.", "check.", "sweep.", "tracking.",
-)
 # The settings the global batch and the peak learning rate are derived from (besides the replica count).
 BATCH_AND_LR = ("train.global_batch_size", "train.per_replica_batch_size", "optimizer.learning_rate",
                 "optimizer.lr_scaling")
@@ -54,7 +44,8 @@ def flatten(tree: dict, prefix: str = "") -> dict:
 
 
 def is_accepted(key: str) -> bool:
-  return any(key == name or (name.endswith(".") and key.startswith(name)) for name in ACCEPTED)
+  """Whether a resume may change the setting as it is (configs/base.py's RESUMABLE: prefixes end with ".")."""
+  return any(key == name or (name.endswith(".") and key.startswith(name)) for name in base.RESUMABLE)
 
 
 ABSENT = "(absent)"
@@ -122,9 +113,9 @@ def _excerpt(line):
   return repr(line[:40] + "..." if len(line) > 40 else line)
 
 
-def entry(step: int, config: dict, plan: dict, accepted: list, task: str) -> dict:
+def entry(step: int, config: dict, plan: dict, accepted: list, process: str) -> dict:
   return {"started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "step": step,
-          "task": task, "accepted_changes": [list(change) for change in accepted], "plan": plan,
+          "process": process, "accepted_changes": [list(change) for change in accepted], "plan": plan,
           "config": config}
 
 

@@ -132,7 +132,7 @@ def describe(holder):
 
 @contextlib.contextmanager
 def held(workdir, is_chief):
-  """The chief holds the workdir's lock for the duration; other tasks of the job do not touch it."""
+  """The chief holds the workdir's lock for the duration; other processes of the job do not touch it."""
   if not is_chief:
     yield None
     return

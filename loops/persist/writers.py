@@ -1,5 +1,5 @@
 """All of a run's output that only the chief writes, decided once: `for_role` gives the chief a Writer and
-every other task a NullWriter whose methods do nothing.
+every other process a NullWriter whose methods do nothing.
 
 Output: TensorBoard summaries, chief-only log lines, JSON files and the exported model in the workdir,
 profiler traces. Every file goes through tf.io.gfile, so a workdir on cloud storage works like a local one.
@@ -37,7 +37,7 @@ def for_role(workdir, is_chief):
 
 
 class NullWriter:
-  """The writer of a non-chief task: accepts every call, writes nothing."""
+  """The writer of a non-chief process: accepts every call, writes nothing."""
 
   trackers = None
 

@@ -11,12 +11,12 @@ from loops.task.context import StepContext
 from loops.task.interface import BuildContext, Task
 
 from loops.task import update_every
-from loops.task.checks import BUILT_IN, check_task_settings
+from loops.task.rules import BUILT_IN, check_task_settings
 
 
 def load(config, loss_fn, metrics):
   """The run's task: the built-in classification (loss_fn and metrics from the config), or task.name's class
-  built with task.kwargs. Checked by loops/task/checks.py's check_task_settings first."""
+  built with task.kwargs. Checked by loops/task/rules.py's check_task_settings first."""
   cls = task_class(config.task.name)
   if config.task.name == BUILT_IN:
     task = cls(loss_fn, metrics)

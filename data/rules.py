@@ -1,4 +1,4 @@
-"""The data settings' rules (loops/check.py runs them in its stages, before anything is written): each setting on
+"""The data settings' rules (loops/rules.py runs them in its stages, before anything is written): each setting on
 its own (`check_settings`), then what needs the loaded source and the plan (`check_against_source`)."""
 
 import re

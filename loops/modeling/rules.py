@@ -1,4 +1,4 @@
-"""The rules of what is trained and how it is judged: model, loss, precision, optimizer, eval metrics (loops/check.py
+"""The rules of what is trained and how it is judged: model, loss, precision, optimizer, eval metrics (loops/rules.py
 runs `check_settings` before anything is built; build.py runs `check_metrics` on the metrics it made)."""
 
 import inspect

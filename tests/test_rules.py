@@ -1,9 +1,9 @@
-"""loops/check.py: every setting is checked up front, with one line naming it and what is valid."""
+"""loops/rules.py: every setting is checked up front, with one line naming it and what is valid."""
 
 import pytest
 
 from errors import ConfigError
-from loops import check
+from loops import rules
 from tests.conftest import load_config
 
 
@@ -55,21 +55,21 @@ def test_a_bad_setting_is_one_clear_error(key, value, message):
   with c.unlocked():
     node[name] = value
   with pytest.raises(ConfigError, match=message):
-    check.check(c)
+    rules.check(c)
 
 
 def test_every_shipped_config_passes_the_check():
   from tests.test_main import SHIPPED
   for name in SHIPPED:
-    check.check(load_config(name))
-    check.check(load_config(name, "synthetic"))
+    rules.check(load_config(name))
+    rules.check(load_config(name, "synthetic"))
 
 
 def test_rollback_is_refused_with_parameter_servers():
   c = load_config("digits_cnn")
   c.strategy, c.nan_policy.mode = "parameter_server", "rollback"
   with pytest.raises(ConfigError, match="nan_policy.mode='rollback' is not available with parameter_server"):
-    check.check(c)
+    rules.check(c)
 
 
 def test_float16_under_central_storage_on_several_replicas_is_refused_before_anything_runs():
@@ -80,6 +80,6 @@ def test_float16_under_central_storage_on_several_replicas_is_refused_before_any
   c.strategy, c.mixed_precision, c.cpu_replicas = "central_storage", "float16", 2
   with pytest.raises(ConfigError, match="mixed_precision='float16' under central_storage on 2 replicas: Keras 3's "
                                         "LossScaleOptimizer cannot update its loss scale there"):
-    check.check_role(c, cluster.ClusterRole())
+    rules.check_role(c, cluster.ClusterRole())
   c.cpu_replicas = 1
-  check.check_role(c, cluster.ClusterRole())
+  rules.check_role(c, cluster.ClusterRole())

@@ -1,6 +1,6 @@
 """Every rule of a run, in stages, before anything is trained or written (runs and --dry_run alike). The rules live
-with what they check (data/checks.py, loops/modeling/checks.py, loops/distribute/checks.py, loops/task/checks.py,
-loops/callbacks/checks.py, loops/finders/checks.py); this module runs them in order, plus the rules of the run
+with what they check (data/rules.py, loops/modeling/rules.py, loops/distribute/rules.py, loops/task/rules.py,
+loops/callbacks/rules.py, loops/finders/rules.py); this module runs them in order, plus the rules of the run
 itself (length, cadence, outputs, resume and preemption). Each raises ConfigError: one line, what is wrong, what
 is valid.
 
@@ -14,16 +14,16 @@ Code deeper down does not re-check what is checked here.
 
 import re
 
-from data import checks as data_checks
+from data import rules as data_rules
 from errors import ConfigError, at_least, one_of
-from loops.callbacks import checks as callback_checks
-from loops.distribute import checks as distribute_checks
-from loops.modeling import checks as model_checks
+from loops.callbacks import rules as callback_rules
+from loops.distribute import rules as distribute_rules
+from loops.modeling import rules as model_rules
 from loops.modeling import model as model_lib
 from loops.modeling import optimizers
 from loops.persist import preemption
 from loops.persist import tracking
-from loops.task import checks as task_checks
+from loops.task import rules as task_rules
 
 PROGRESS_BAR = ("auto", "on", "off")
 MODES = ("min", "max")
@@ -31,12 +31,12 @@ NAN_POLICIES = ("stop", "rollback")
 MODES_OF_RUN = ("train", "evaluate", "predict")
 
 # The build-time stages, where their rules live.
-check_role = distribute_checks.check_role
-check_metrics = model_checks.check_metrics
-check_model_outputs = task_checks.check_model_outputs
-check_models = task_checks.check_models
-check_optimizers = task_checks.check_optimizers
-check_callbacks = callback_checks.check_callbacks
+check_role = distribute_rules.check_role
+check_metrics = model_rules.check_metrics
+check_model_outputs = task_rules.check_model_outputs
+check_models = task_rules.check_models
+check_optimizers = task_rules.check_optimizers
+check_callbacks = callback_rules.check_callbacks
 
 
 def check(config):
@@ -49,18 +49,18 @@ def check(config):
     ConfigError: for the first bad setting (one line: what is wrong, what is valid).
   """
   _check_run(config)
-  distribute_checks.check_settings(config)
-  data_checks.check_settings(config.data)
-  tags = model_checks.check_settings(config)
+  distribute_rules.check_settings(config)
+  data_rules.check_settings(config.data)
+  tags = model_rules.check_settings(config)
   _check_train(config.train)
   _check_init(config.init, config.train)
   _check_cadence(config)
   _check_outputs(config)
   tracking.check_settings(config.tracking)
-  task_checks.check_task_settings(config)
-  if tags is not None and config.task.name == task_checks.BUILT_IN:  # else known once built (build.py checks them)
+  task_rules.check_task_settings(config)
+  if tags is not None and config.task.name == task_rules.BUILT_IN:  # else known once built (build.py checks them)
     check_metric_references(config, tags)
-  callback_checks.check_names(config.callbacks)
+  callback_rules.check_names(config.callbacks)
 
 
 def check_metric_references(config, tags):
@@ -73,7 +73,7 @@ def check_metric_references(config, tags):
 
 
 def check_derived(config, plan, source):
-  """What needs the replica count and the data: the batch split, the data against the plan (data/checks.py), the
+  """What needs the replica count and the data: the batch split, the data against the plan (data/rules.py), the
   warmup's length.
 
   Args:
@@ -93,7 +93,7 @@ def check_derived(config, plan, source):
     raise ConfigError(f"train.grad_accum_steps={plan.grad_accum_steps} must be a positive integer dividing the "
                       f"per-replica batch ({plan.per_replica_batch_size})")
   trains = config.mode == "train"  # an evaluation or a prediction reads no train batch
-  data_checks.check_against_source(config.data, plan, source, trains)
+  data_rules.check_against_source(config.data, plan, source, trains)
   warmup = optimizers.warmup_steps(config.optimizer, plan.steps_per_epoch)
   if trains and warmup > 0 and warmup >= plan.total_steps:
     raise ConfigError(f"optimizer.warmup_epochs={config.optimizer.warmup_epochs} gives {warmup} warmup steps; it "

@@ -1,4 +1,4 @@
-"""The task's rules, checked before anything is written (loops/check.py calls them in its stages)."""
+"""The task's rules, checked before anything is written (loops/rules.py calls them in its stages)."""
 
 import keras
 

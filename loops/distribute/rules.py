@@ -1,5 +1,5 @@
 """The rules of where a run executes: strategy, devices, cluster settings (`check_settings`, before anything is
-built) and the strategy against this process's cluster task and the machine (`check_role`)."""
+built) and the strategy against this process's cluster role and the machine (`check_role`)."""
 
 from errors import ConfigError, at_least, one_of
 from loops.distribute import cluster
@@ -56,7 +56,7 @@ def check_role(config, role):
   elif name in strategy_lib.ASYNCHRONOUS:
     parameter_server.check_cluster(role)
   elif name not in strategy_lib.MULTI_WORKER and name != "tpu" and role.is_distributed and role.num_workers > 1:
-    raise ConfigError(f"strategy '{name}' runs on one machine, but this process is task {role.type}:{role.index} "
+    raise ConfigError(f"strategy '{name}' runs on one machine, but this process is {role.type}:{role.index} "
                       f"of a {role.num_workers}-worker cluster; use multi_worker_mirrored (or unset TF_CONFIG)")
   if config.strategy in strategy_lib.MULTI_WORKER:
     check_micro_batches_across_workers(config, role.num_workers)
