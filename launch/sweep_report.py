@@ -2,10 +2,10 @@
 checkpoint.best_metric in its direction (checkpoint.best_mode, read from the trials' config.json).
 
 Reads what the runs write: summary.json (written last: the run is complete when its step reached total_steps or it
-stopped early), best/best.json (the best value and its step), checkpoints/checkpoint (the last saved step), and the
-sweep's own record of each attempt, DIR/<trial>/sweep.json, and the run's starts (starts.jsonl) - each trial by what
-ran its current settings only (an earlier sweep's flags say nothing about it). Pure Python; the sweep directory is a
-local path.
+stopped early), best/best.json (the best value and its step), checkpoints/checkpoint (the last saved step:
+`last_saved_step`), and the sweep's own record of each attempt, DIR/<trial>/sweep.json, and the run's starts
+(starts.jsonl) - each trial by what ran its current settings only (an earlier sweep's flags say nothing about it).
+Pure Python; the sweep directory is a local path.
 """
 
 import csv
@@ -61,7 +61,15 @@ def alive(pid):
   return True
 
 
-def _last_checkpoint_step(workdir):
+def last_saved_step(workdir):
+  """The step of the run's latest complete checkpoint (where a rerun resumes), from its index's text, or None.
+
+  The index (workdir/checkpoints/checkpoint, a text CheckpointState that TensorFlow renames into place once a
+  checkpoint is whole) is the one record naming that step: a preempted or killed run writes no summary.json and
+  starts.jsonl holds only where each start began. This pure-Python launcher cannot ask the checkpoints' owner
+  (loops/persist/checkpoints.py), so it reads the one field; the only reader of checkpoint text outside the owner
+  (tests/test_checkpoint_readers.py declares it and holds it to an index TensorFlow wrote).
+  """
   record = os.path.join(workdir, "checkpoints", "checkpoint")
   try:
     with open(record) as f:
@@ -119,7 +127,7 @@ def trial_status(workdir, settings=None):
   best = (read_json(os.path.join(workdir, "best", "best.json")) or {}) if attempts or starts else {}
   total = summary.get("total_steps") or ((starts[-1].get("plan") or {}).get("total_steps") if starts else None)
   return {"status": status, "error": error, "stopped": summary.get("stopped_early", "") if ended else "",
-          "step": summary.get("step") if ended else _last_checkpoint_step(workdir) if starts else None,
+          "step": summary.get("step") if ended else last_saved_step(workdir) if starts else None,
           "from_step": starts[0].get("step", 0) if starts else 0, "total_steps": total,
           "best": best.get("value"), "best_step": best.get("step"),
           "wall_seconds": round(sum(a.get("seconds") or 0 for a in attempts), 1)}

@@ -15,9 +15,7 @@ from loops import build as build_lib
 from loops.distribute import execution as execution_lib
 from loops.distribute import strategy as strategy_lib
 from loops.modeling import fused_batchnorm
-from loops.modeling import model as model_lib
 from loops.persist import checkpoints as checkpoints_lib
-from loops.persist import init_checkpoint
 from loops.persist import tracking
 
 
@@ -119,9 +117,7 @@ def _init_line(config, parts, resumes_from):
   """What init.checkpoint would load (the same checks as the run: a refusal raises here)."""
   if resumes_from:
     return f"ignored: the run resumes from {resumes_from}"
-  twin = lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
-  source, _, result = init_checkpoint.inspect(config.init, parts.main_model, twin)
-  return f"{source.description}: {result.counts()}"
+  return checkpoints_lib.Checkpoints.inspect_warm_start(config, parts)
 
 
 def _residency_line(parts, config):

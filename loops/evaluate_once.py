@@ -65,7 +65,7 @@ def _path(path, key):
 def run(config, workdir, parts, selection):
   """Evaluates the checkpoint `selection` ((step, path) of chosen) once; returns its results with the step."""
   step, path = selection
-  restore(parts, path)
+  restore_chosen(parts, path)
   results = execution_lib.make(parts, config).evaluate()
   record = {"checkpoint": path, "step": step, "split": config.data.eval_split, **results}
   eval_dir = posixpath.join(workdir, "eval")
@@ -80,9 +80,9 @@ def run(config, workdir, parts, selection):
   return record
 
 
-def restore(parts, path, key="eval.checkpoint"):
-  """The run's checkpoint object restored from `path`; a damaged checkpoint is one line."""
-  damage = checkpoints_lib.unreadable(path)
+def restore_chosen(parts, path, key="eval.checkpoint"):
+  """The chosen checkpoint `path` restored by the owner (Checkpoints.restore_to_evaluate); a damaged one is one line
+  naming the setting `key`."""
+  damage = checkpoints_lib.Checkpoints.restore_to_evaluate(parts.checkpoint, path)
   if damage:
     raise ConfigError(f"{key}: {path} cannot be read ({damage})")
-  checkpoints_lib.restore(parts.checkpoint, path)

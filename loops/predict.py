@@ -37,7 +37,7 @@ def chosen(config, workdir):
 def run(config, workdir, parts, selection):
   """Predicts every example with the checkpoint `selection` ((step, path)); returns the manifest (chief)."""
   step, path = selection
-  evaluate_once.restore(parts, path, KEY)
+  evaluate_once.restore_chosen(parts, path, KEY)
   source, paths, name = _input(config, parts)
   files = predictions.Files(posixpath.join(workdir, "predictions", f"{name}-{step}"), config.predict.rows_per_file,
                             {"checkpoint": path, "step": step, "input": _described(config),

@@ -3,8 +3,9 @@
   check.check(config)            every setting, before anything is built or written (loops/rules.py)
   check.check_role(config, role) the strategy against the cluster and the devices
   build.build(config, role)      strategy, data, plan, model, optimizer, loss, metrics, checkpoint
-  Checkpoints.for_run(...)       restore, warm start, callback state, learning rates; every save (loops/persist/)
   execution.make(parts, config)  how this strategy family trains and evaluates (loops/distribute/)
+  Checkpoints.restore_run(...)   the latest or the warm start, callback state, the preemption handler, learning
+                                 rates, in that order (loops/persist/checkpoints.py)
   Loop(...).run()                the sequence (loops/core/loop.py); built-in and user callbacks do the rest
 """
 
@@ -127,31 +128,29 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
   role = parts.role
   checkpoints = checkpoints_lib.Checkpoints.for_run(config, workdir, parts)
   cleanup.callback(checkpoints.close)
-  init_table, init_counts = checkpoints.restore()  # the latest, else the warm start: refusals come before any write
+  execution = execution_lib.make(parts, config)  # its train input starts at its first call's (the restored) step
+  nan_guard = NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,
+                       log=logging.warning)
+  run = callbacks_lib.Run(config, workdir, parts, execution, checkpoints, wall_started)
+  observers, saving = callbacks_lib.make(run, callbacks_lib.OBSERVERS), callbacks_lib.make(run, callbacks_lib.SAVING)
+  restored = checkpoints.restore_run(observers + saving, user_callbacks, execution.preemption)
+  preemption = restored.preemption
+  cleanup.callback(preemption.close)
   writer = writers.for_role(workdir, role.is_chief)
   writer.prepare_workdir(config)  # only once every name, value and checkpoint has been accepted
-  if init_table:
-    writer.info("%s", init_table)
+  if restored.warm_start_table:
+    writer.info("%s", restored.warm_start_table)
   cleanup.callback(writer.close)
   trackers = tracking.start(config, workdir, parts.plan, role)
   if trackers:
     cleanup.push(trackers.on_exit)
     writer.track(trackers)
   writer.write_json("plan.json", dataclasses.asdict(parts.plan))  # the derived values (the evaluator's end step)
-  execution = execution_lib.make(parts, config)
   resume_lib.record(resume, config, parts.plan, execution.step, workdir, role)
   state = loop_lib.State(step=execution.step, total_steps=parts.plan.total_steps,
                          steps_per_epoch=parts.plan.steps_per_epoch, is_chief=role.is_chief, workdir=workdir,
                          writer=writer, config=config, models=parts.models)
-  state.summary.update(init_counts)
-  nan_guard = NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,
-                       log=logging.warning)
-  run = callbacks_lib.Run(config, workdir, parts, execution, checkpoints, wall_started)
-  observers, saving = callbacks_lib.make(run, callbacks_lib.OBSERVERS), callbacks_lib.make(run, callbacks_lib.SAVING)
-  checkpoints.attach_callbacks(observers + saving, user_callbacks)
-  preemption = execution.preemption(checkpoints)  # TF's handler restores the latest checkpoint again here
-  cleanup.callback(preemption.close)
-  checkpoints.reset_learning_rates()  # after every restore
+  state.summary.update(restored.warm_start_counts)
   ordered = callbacks_lib.assemble([nan_guard, *observers], user_callbacks, [preemption, *saving])
   loop = loop_lib.Loop(execution, ordered, state, steps_per_loop=parts.plan.steps_per_loop,
                        eval_every_steps=config.eval.every_steps, nan_guard=nan_guard, user_callbacks=user_callbacks,

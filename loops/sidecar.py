@@ -98,11 +98,10 @@ class Sidecar:
                  "eval.sidecar_timeout_seconds)", after, self.checkpoint_dir, max(waited, 0.0), timeout)
 
   def _evaluate(self, step, path):
-    damage = checkpoints_lib.unreadable(path)  # removed meanwhile (checkpoint.keep) or torn
-    if damage:
+    damage = checkpoints_lib.Checkpoints.restore_to_evaluate(self.parts.checkpoint, path)
+    if damage:  # removed meanwhile (checkpoint.keep) or torn
       logging.warning("evaluator: skipping checkpoint %s (%s)", path, damage)
       return
-    checkpoints_lib.restore(self.parts.checkpoint, path)
     results = self.execution.evaluate()
     self._track()
     self.writer.scalars(step, results)

@@ -1,5 +1,6 @@
-"""Callbacks' own checkpointed state (loops/persist/checkpoints.attach and restore): restored where a checkpoint
-holds it, left as it is where not; values a checkpoint holds for no object of this run are not read."""
+"""Callbacks' own checkpointed state (loops/persist/checkpoints.attach and _restore, the primitive under each of
+the owner's restores): restored where a checkpoint holds it, left as it is where not; values a checkpoint holds for
+no object of this run are not read."""
 
 import math
 
@@ -9,6 +10,7 @@ import tensorflow as tf
 from errors import ConfigError
 from loops import callbacks as callbacks_lib
 from loops.persist import checkpoints as checkpoints_lib
+from loops.persist.checkpoints import _restore as restore  # pylint: disable=protected-access
 
 
 def _built_ins():
@@ -43,7 +45,7 @@ def test_values_a_checkpoint_holds_for_no_object_of_this_run_are_not_read(tmp_pa
   path = _checkpoint_with_foreign_values(tmp_path, tf.Variable(120, dtype=tf.int64))
   step = tf.Variable(0, dtype=tf.int64)
   checkpoint = tf.train.Checkpoint(step=step, callbacks=checkpoints_lib.callbacks_node())
-  checkpoints_lib.restore(checkpoint, path)
+  restore(checkpoint, path)
   built_ins = _built_ins()
   checkpoints_lib.attach(checkpoint, built_ins, [], restored=path)
   assert int(step.numpy()) == 120
@@ -63,11 +65,11 @@ def test_callback_state_is_restored_where_a_checkpoint_holds_it_and_kept_where_n
   with_state = checkpoint.save(str(tmp_path / "with"))
   stopping.checkpointed["best"].assign(0.1)
   checkpointing.stopped_total_steps.assign(0)
-  checkpoints_lib.restore(checkpoint, with_state)  # mid-run (a NaN rollback): callbacks attached
+  restore(checkpoint, with_state)  # mid-run (a NaN rollback): callbacks attached
   assert _values(stopping, checkpointing)[0]["best"] == 0.5 and _values(stopping, checkpointing)[1] == 40
   stopping.checkpointed["best"].assign(0.1)
   without = tf.train.Checkpoint(step=tf.Variable(30, dtype=tf.int64)).save(str(tmp_path / "without"))
-  checkpoints_lib.restore(checkpoint, without)  # a checkpoint older than the callbacks: no error, state kept
+  restore(checkpoint, without)  # a checkpoint older than the callbacks: no error, state kept
   assert int(step.numpy()) == 30 and stopping.checkpointed["best"].numpy() == pytest.approx(0.1)
   assert math.isnan(float(_built_ins()[0].checkpointed["best"].numpy()))  # a new callback starts afresh
 
@@ -78,7 +80,7 @@ def test_a_checkpoint_of_another_model_is_still_refused_with_callback_states_att
                                    callbacks=checkpoints_lib.callbacks_node())
   checkpoints_lib.attach(checkpoint, _built_ins(), [])
   with pytest.raises(ConfigError, match=r"does not match this model/optimizer .*; use a new --workdir"):
-    checkpoints_lib.restore(checkpoint, other)
+    restore(checkpoint, other)
   assert "callbacks" in dict(checkpoint._trackable_children())  # put back after the refusal
 
 

@@ -1,4 +1,5 @@
-"""loops/persist/checkpoints.Series in-process: damaged checkpoints are skipped; the manager someone holds is never replaced."""
+"""loops/persist/checkpoints in-process: the owner's restores in their order; damaged checkpoints are skipped; the
+manager someone holds is never replaced."""
 
 import pytest
 import os
@@ -84,28 +85,63 @@ def run_parts(learning_rate):
                                learning_rates={"model": 0.3}, strategy=tf.distribute.get_strategy())
 
 
-def test_the_owner_restores_the_latest_else_warm_starts_and_sets_the_runs_learning_rates_last(tmp_path, caplog):
+def _stopping(best):
+  from loops import callbacks as callbacks_lib
+  stopping = callbacks_lib.EarlyStopping("eval/loss", "min", 3, 0.0)
+  stopping.checkpointed["best"].assign(best)
+  return stopping
+
+
+def _seen(parts, stopping):
+  """(step, the callback's best, the learning rate) as the run sees them now."""
+  return (int(parts.step_counter.numpy()), float(stopping.checkpointed["best"].numpy()),
+          round(float(parts.main_optimizer.learning_rate), 6))
+
+
+def test_the_owner_restores_the_latest_else_warm_starts_then_callbacks_preemption_and_learning_rates_last(
+    tmp_path, caplog):
   from errors import ConfigError
   from tests.conftest import load_config
   config = load_config("digits_cnn")
   config.checkpoint.best_metric = ""
   config.init.checkpoint = str(tmp_path / "no-such-run")
   first = run_parts(0.1)
+  never = lambda _: pytest.fail("the preemption handler was made after a refusal")
   with pytest.raises(ConfigError, match="init.checkpoint .*no-such-run' does not exist"):
-    checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), first).restore()  # nothing to resume: warm start
+    checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), first).restore_run([], [], never)  # a new run
   saves = checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), first)
+  checkpoints_lib.attach(first.checkpoint, [_stopping(0.5)], [])
   first.step_counter.assign(7)
   saves.save(7, wait=True)
   saves.close()
 
-  resumed = run_parts(0.5)
+  resumed, stopping, made = run_parts(0.5), _stopping(0.9), []
   checkpoints = checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), resumed)
-  assert checkpoints.restore() == ("", {}) and checkpoints.restored.endswith("ckpt-7")
+  handler = lambda owner: made.append((owner, _seen(resumed, stopping))) or "watcher"
+  restored = checkpoints.restore_run([stopping], [], handler)
+  assert restored.path.endswith("ckpt-7") and (restored.warm_start_table, restored.warm_start_counts) == ("", {})
   assert "no-such-run' is ignored" in caplog.text  # a resumed run ignores init.checkpoint
-  assert int(resumed.step_counter.numpy()) == 7 and float(resumed.main_optimizer.learning_rate) == pytest.approx(0.1)
-  checkpoints.reset_learning_rates()
-  assert float(resumed.main_optimizer.learning_rate) == pytest.approx(0.3)
+  assert made == [(checkpoints, (7, 0.5, 0.1))]  # made after the callbacks' state, before the learning rates
+  assert restored.preemption == "watcher" and _seen(resumed, stopping) == (7, 0.5, 0.3)
+
+  resumed.step_counter.assign(9)
+  stopping.checkpointed["best"].assign(0.2)
+  assert checkpoints.roll_back().endswith("ckpt-7")  # a NaN rollback to the checkpoint of the run before
+  assert _seen(resumed, stopping) == (7, 0.5, 0.3) and len(made) == 1  # this run's learning rate, not 0.1
   checkpoints.close()
+
+
+def test_an_evaluator_restores_a_readable_checkpoint_and_is_told_why_another_is_not(tmp_path):
+  weights, step, checkpoints = series(tmp_path)
+  step.assign(10)
+  path = checkpoints.save(10)
+  step.assign(0)
+  checkpoint = tf.train.Checkpoint(w=weights, step=step)
+  assert checkpoints_lib.Checkpoints.restore_to_evaluate(checkpoint, path) is None and int(step.numpy()) == 10
+  flip_a_byte(path)
+  step.assign(0)
+  assert "Checksum does not match" in checkpoints_lib.Checkpoints.restore_to_evaluate(checkpoint, path)
+  assert int(step.numpy()) == 0  # nothing restored
 
 
 def test_only_the_owner_makes_checkpoints_and_their_managers():

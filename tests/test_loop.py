@@ -55,7 +55,7 @@ class FakeCheckpoints:
     self.saved.append(step)
     self.last_saved_step = step
 
-  def restore_latest(self):
+  def roll_back(self):
     self.execution.step = self.saved[-1]
     return self.latest()
 

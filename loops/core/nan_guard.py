@@ -2,13 +2,14 @@
 
 
 class NanGuard:
-  """nan_policy: `stop` raises naming the steps; `rollback` restores the last checkpoint, rewinds the input to its
-  step and retries, at most max_retries times. A callback too (on_train_begin: something to roll back to).
+  """nan_policy: `stop` raises naming the steps; `rollback` restores the last checkpoint (with the callbacks' state
+  and this run's learning rates: `checkpoints.roll_back`), rewinds the input to its step and retries, at most
+  max_retries times. A callback too (on_train_begin: something to roll back to).
 
   Args:
     mode: "stop" or "rollback".
     max_retries: rollbacks allowed before a persistent NaN stops the run.
-    checkpoints: latest() / save(step) / restore_latest() -> path (loops/persist/checkpoints.py).
+    checkpoints: latest() / save(step) / roll_back() -> path (loops/persist/checkpoints.py).
     execution: the loop's Execution (its step after the restore, and rewind).
     log: fn(message) for the rollback line.
   """
@@ -31,7 +32,7 @@ class NanGuard:
       raise FloatingPointError(f"non-finite loss in steps {first}..{last}{retried} (nan_policy.mode={self.mode})")
     self.rollbacks += 1
     state.summary["nan_rollbacks"] = self.rollbacks
-    restored = self.checkpoints.restore_latest()
+    restored = self.checkpoints.roll_back()
     step = self.execution.step
     self.execution.rewind(step)
     if self.log:

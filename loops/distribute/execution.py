@@ -175,7 +175,7 @@ class SyncExecution(_Execution):
     self._eval_data = self._distribute(lambda batch, shards, index, local: data.eval_dataset(
         p.source, config.data, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
     self._sum_over_workers = steps.make_sum_over_workers(strategy, parts.role.num_workers)
-    self._iterator, self._start_step, self._norms = None, self.step, None
+    self._iterator, self._start_step, self._norms = None, None, None  # the input starts at the first call
 
   def train(self, num_steps):
     with service_watch.during_train_call(self.config):  # a bound on waits for the tf.data service
@@ -216,6 +216,8 @@ class SyncExecution(_Execution):
   def _start_train_input(self):
     """The train split on the devices (data/resident.py decides) or the host pipeline's distributed iterator."""
     p, strategy = self.parts, self.parts.strategy
+    if self._start_step is None:
+      self._start_step = self.step  # made before the restore: the restored step
     decision = residency(p, self.config)
     logging.info("train input: %s (%s)", "device-resident" if decision.resident else "host pipeline", decision.reason)
     if self.config.data.service:
@@ -270,6 +272,7 @@ class SyncExecution(_Execution):
     return self._norms()
 
   def preemption(self, checkpoints):
+    """The run's PreemptionWatcher; called by Checkpoints.restore_run (its handler restores when made)."""
     use_flag = isinstance(self.parts.strategy, tf.distribute.TPUStrategy)  # the handler does not cover TPUs here
     return PreemptionWatcher(self.parts.strategy, self._multi_worker, checkpoints, use_flag,
                              **_preemption_settings(self.config))
@@ -314,9 +317,7 @@ class ParameterServerExecution(_Execution):
                         f"parameter_server workers step asynchronously, so no one step count says when a model "
                         f"updates; use mirrored or multi_worker_mirrored")
     self._coordinator = tf.distribute.coordinator.ClusterCoordinator(p.strategy)
-    start_step = self.step
-    self._iterator = iter(self._coordinator.create_per_worker_dataset(lambda: self._train_dataset(
-        p.plan.global_batch_size, start_step, steps_per_epoch=p.plan.steps_per_epoch, decorrelate=True)))
+    self._iterator = None  # made at the first train call, from the restored step
 
     names = list(p.task.train_metrics)
 
@@ -345,7 +346,14 @@ class ParameterServerExecution(_Execution):
 
     return run_eval
 
+  def _per_worker_input(self):
+    p, start_step = self.parts, self.step
+    return iter(self._coordinator.create_per_worker_dataset(lambda: self._train_dataset(
+        p.plan.global_batch_size, start_step, steps_per_epoch=p.plan.steps_per_epoch, decorrelate=True)))
+
   def train(self, num_steps):
+    if self._iterator is None:
+      self._iterator = self._per_worker_input()
     remote = [self._coordinator.schedule(self._worker_step, args=(self._iterator,)) for _ in range(num_steps)]
     self._coordinator.join()
     results = [r.fetch() for r in remote]

@@ -1,13 +1,18 @@
-"""The run's checkpoints, one owner: what a checkpoint holds (`holding`), the order of every restore (the latest
-checkpoint, else init.checkpoint's warm start; the callbacks' state; this run's learning rates last) and every save
-(periodic, final, best, on a preemption, on an error; blocking or asynchronous). `Series` is one directory's
-series: explicit restore (never partial, damaged checkpoints skipped), save, and where each process's saves go (the
-chief's into the workdir, the others' into private scratch directories)."""
+"""The run's checkpoints, one owner and their only reader: what a checkpoint holds (`holding`), every restore as a
+method of `Checkpoints` (`restore_run`, in this order: the latest checkpoint, else init.checkpoint's warm start; the
+callbacks' state; the preemption handler's restore; this run's learning rates. `roll_back`: a NaN rollback.
+`restore_to_evaluate`: the evaluators), and every save (periodic, final, best, on a preemption, on an error; blocking
+or asynchronous). `Series` is one directory's series: explicit restore (never partial, damaged checkpoints skipped),
+save, and where each process's saves go (the chief's into the workdir, the others' into private scratch directories).
+`init_checkpoint.py` is the warm start's reader, imported by this module only (tests/test_checkpoint_readers.py
+holds every other module of the product to reading nothing)."""
 
+import dataclasses
 import os
 import shutil
 import socket
 import tempfile
+from typing import Any, Optional
 
 from absl import logging
 import tensorflow as tf
@@ -31,15 +36,22 @@ def holding(models, optimizers, step_counter):
   return tf.train.Checkpoint(step=step_counter, callbacks=callbacks_node(), **items)
 
 
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  """What `Checkpoints.restore_run` brought back."""
+  path: Optional[str]  # the checkpoint the run resumes from, or None (a new run)
+  warm_start_table: str  # init.checkpoint's table of what it loaded, or ""
+  warm_start_counts: dict  # its counts for summary.json
+  preemption: Any  # the run's PreemptionWatcher (loops/persist/preemption.py), made in the order
+
+
 class Checkpoints:
-  """The run's checkpoints. run.py calls, in this order: `restore()` (the latest checkpoint, else the warm start),
-  `attach_callbacks` (their state, as the restored checkpoint holds it), then, once the preemption handler has
-  restored the latest again, `reset_learning_rates()`.
+  """The run's checkpoints. Restores: `restore_run` (once, at a training run's start), `roll_back` (a NaN
+  rollback), `restore_to_evaluate` (the sidecar, evaluate_once, predict), `inspect_warm_start` (--dry_run).
 
   Saves: `save(step)` (periodic; asynchronous when `async_save`), `save(step, wait=True)` (final, preemption),
   `best.save(step)` (workdir/best, one kept, blocking: BestCheckpoint), `save_on_error(state)`; the preemption
-  handler saves through `manager`. `latest()`, `restore_latest()` (a NaN rollback) and `close()` first wait for
-  pending writes.
+  handler saves through `manager`. `latest()`, `roll_back()` and `close()` first wait for pending writes.
 
   Args:
     workdir, checkpoint, step_counter, keep, is_chief, async_save: as `Series` (workdir/checkpoints).
@@ -52,7 +64,7 @@ class Checkpoints:
     self.checkpoint, self._config, self._parts = checkpoint, config, parts
     self.series = Series(workdir, checkpoint, step_counter, keep, is_chief, async_save=async_save)
     self.best = Series(workdir, checkpoint, step_counter, 1, is_chief, subdir="best") if best else None
-    self.restored = None  # the path restore() restored
+    self.restored = None  # the path restore_run() resumed from
 
   @classmethod
   def for_run(cls, config, workdir, parts):
@@ -65,10 +77,56 @@ class Checkpoints:
   last_saved_step = property(lambda self: self.series.last_saved_step)
   manager = property(lambda self: self.series.manager)
 
-  def restore(self):
-    """The latest checkpoint, else init.checkpoint into the new run's model (a resumed run ignores it). Refuses a
-    checkpoint of another model before anything is written. Returns (the warm start's table or "", its counts)."""
+  def restore_run(self, built_ins, users, preemption):
+    """A training run's whole restore, in its one order, before anything is written (refusals are one line):
+
+      1. the latest checkpoint (refusing one of another model), else init.checkpoint's warm start (a resumed run
+         ignores it);
+      2. every callback's state (`attach`: `built_ins` and `users`), as the restored checkpoint holds it;
+      3. `preemption(self)` makes the run's PreemptionWatcher: TensorFlow's PreemptionCheckpointHandler restores
+         the latest checkpoint again when it is made (with its own counter, now in the checkpoint);
+      4. this run's learning rates over the restored ones (a resume may change them).
+
+    Returns `Restored`.
+    """
     self.restored = self.series.restore_latest()
+    table, counts = self._warm_start()
+    attach(self.checkpoint, built_ins, users, self.restored)
+    watcher = preemption(self)
+    self._reset_learning_rates()
+    return Restored(self.restored, table, counts, watcher)
+
+  def roll_back(self):
+    """A NaN rollback: `restore_run`'s order on a run in progress; returns the restored path.
+
+    The latest checkpoint, every callback's state with it (attached at the start: `_restore` assigns what the
+    checkpoint holds for them), then this run's learning rates (a checkpoint of the run before a resume holds that
+    run's). Skipped: the warm start (there is always a checkpoint: NanGuard saves one before training when there is
+    none) and the preemption handler (made once per run; its counter is in the checkpoint, restored here with it).
+    """
+    path = self.series.restore_latest()
+    self._reset_learning_rates()
+    return path
+
+  @staticmethod
+  def restore_to_evaluate(checkpoint, path):
+    """An evaluator's restore (the sidecar, evaluate_once, predict) of `path` into the run's `checkpoint`: the
+    models and optimizers as saved, refusing another model's; why `path` cannot be read (nothing restored), else
+    None. No warm start, callbacks' state, preemption handler or learning rates: an evaluator trains nothing."""
+    damage = unreadable(path)
+    if damage is None:
+      _restore(checkpoint, path)
+    return damage
+
+  @staticmethod
+  def inspect_warm_start(config, parts):
+    """--dry_run: '<source>: <counts>' of what init.checkpoint would load, read with the run's checks (a refusal
+    raises here), nothing assigned."""
+    source, _, result = init_checkpoint.inspect(config.init, parts.main_model, _twin(config, parts))
+    return f"{source.description}: {result.counts()}"
+
+  def _warm_start(self):
+    """init.checkpoint into a new run's model: (its table or "", its counts)."""
     init = self._config.init if self._config else None
     if not init or not init.checkpoint:
       return "", {}
@@ -76,16 +134,12 @@ class Checkpoints:
       logging.warning("resuming from %s: init.checkpoint '%s' is ignored (it only initialises a new run)",
                       self.restored, init.checkpoint)
       return "", {}
-    config, parts = self._config, self._parts
-    twin = lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
-    return init_checkpoint.warm_start(init, parts.main_model, parts.main_optimizer, parts.strategy, twin)
+    parts = self._parts
+    return init_checkpoint.warm_start(init, parts.main_model, parts.main_optimizer, parts.strategy,
+                                      _twin(self._config, parts))
 
-  def attach_callbacks(self, built_ins, users):
-    """Every callback's state joins the checkpoint (`attach`), restored where the restored checkpoint holds it."""
-    attach(self.checkpoint, built_ins, users, self.restored)
-
-  def reset_learning_rates(self):
-    """This run's learning rates over the restored ones (after every restore: a resume may change them)."""
+  def _reset_learning_rates(self):
+    """This run's learning rates over the restored ones."""
     for name, optimizer in self._parts.optimizers.items():
       optimizers_lib.set_constant_learning_rate(optimizer, self._parts.learning_rates[name])
 
@@ -109,9 +163,6 @@ class Checkpoints:
 
   def latest(self):
     return self.series.latest()
-
-  def restore_latest(self):
-    return self.series.restore_latest()
 
   def save_options(self):
     return self.series.save_options()
@@ -178,7 +229,7 @@ class Series:
         logging.warning("checkpoint %s is unreadable (%s): skipping it", path, damage)
         damaged.append(path)
         continue
-      restore(self._checkpoint, path)
+      _restore(self._checkpoint, path)
       logging.info("restored %s", path)
       if damaged and self._writes_series and not self._manager_handed_out:
         self._set_aside(damaged, path, [p for p in candidates if p not in damaged])
@@ -258,7 +309,12 @@ class Series:
         shutil.rmtree(self._temporary, ignore_errors=True)
 
 
-def restore(checkpoint, path):
+def _twin(config, parts):
+  """A function making a twin of the run's model (the warm start loads .h5 weights into it)."""
+  return lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
+
+
+def _restore(checkpoint, path):
   """Restores `checkpoint` (tf.train.Checkpoint) from `path`, every saved value matched to an object of this run;
   a checkpoint of another model or shape raises ConfigError, and nothing is restored in part.
 
@@ -349,7 +405,7 @@ def callbacks_node():
 def attach(checkpoint, built_ins, users, restored=None):
   """Puts every callback's `checkpointed` (a tf.Module or a dict of tf.Variables) into `checkpoint.callbacks`
   (call after its restore); TF's deferred restoration then assigns what `restored` holds for it, and a callback new
-  to a resumed run starts afresh (`restore` never requires it).
+  to a resumed run starts afresh (`_restore` never requires it).
 
   Keys: a built-in callback's `state_key` ("early_stopping", "checkpointing"); a user callback's
   <index among the user callbacks>_<class name>.

@@ -1,4 +1,5 @@
 """init.checkpoint: a new run's weights from another run's checkpoint or a Keras file (warm start, fine-tuning).
+The warm-start reader of the checkpoints' owner: only loops/persist/checkpoints.py imports it.
 
 Variables are matched by their place in the model (the path TensorFlow's checkpoints use, e.g.
 `_functional/_operations/5/_kernel`, the same for a model rebuilt in any process whatever its layers are called)

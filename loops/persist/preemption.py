@@ -47,7 +47,8 @@ class PreemptionWatcher:
 
   Synchronous strategies use TensorFlow's PreemptionCheckpointHandler (it agrees on the step across workers
   through the coordination service), fed by our own signal handlers through its termination watcher (plus GCE's
-  maintenance notices on GCE). Parameter-server coordinators and TPUs, which it does not cover here, get the
+  maintenance notices on GCE). The handler restores the latest checkpoint when it is made, so a watcher is made
+  only inside the restore order, by `Checkpoints.restore_run` (loops/persist/checkpoints.py). Parameter-server coordinators and TPUs, which it does not cover here, get the
   equivalent: the flag is checked after each train call, then a save and exit. Checked once per train call
   (train.steps_per_loop steps), so a preempted run loses no saved work and at most one call of time.
   The default code, 143 (128 + SIGTERM), is what Kubernetes TFJob's ExitCode policy and GCE treat as "restart me".
