@@ -1,7 +1,7 @@
-"""train_and_evaluate(config, workdir): check, build, restore, then the outer loop with its callbacks.
+"""train_and_evaluate(config, workdir): the rules, build, restore, then the outer loop with its callbacks.
 
-  check.check(config)            every setting, before anything is built or written (loops/rules.py)
-  check.check_role(config, role) the strategy against the cluster and the devices
+  rules.check(config)            every setting, before anything is built or written (loops/rules.py)
+  rules.check_role(config, role) the strategy against the cluster and the devices
   build.build(config, role)      strategy, data, plan, model, optimizer, loss, metrics, checkpoint
   execution.make(parts, config)  how this strategy family trains and evaluates (loops/distribute/)
   Checkpoints.restore_run(...)   the latest or the warm start, callback state, the preemption handler, learning
