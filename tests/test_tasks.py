@@ -31,10 +31,9 @@ STATED = {
 
 
 @pytest.fixture(scope="module")
-def teacher(tmp_path_factory):
-  """The digits quickstart's export: the distillation example's teacher."""
-  workdir = str(tmp_path_factory.mktemp("teacher"))
-  summary = run.train_and_evaluate(load_config("digits_cnn"), workdir)
+def teacher(quickstart_digits):
+  """The digits quickstart's export (conftest's quickstart_digits): the distillation example's teacher."""
+  workdir, summary = quickstart_digits
   assert summary["eval/accuracy"] > 0.95
   return os.path.join(workdir, "export", "model.keras")
 
