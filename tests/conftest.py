@@ -222,6 +222,15 @@ def pytest_sessionfinish(session):
     recorder.write()
 
 
+@pytest.fixture(scope="session")
+def quickstart_digits(tmp_path_factory):
+  """The digits quickstart (configs/digits_cnn.py as it is: one device, 1 100 steps, exported) trained to the end
+  once per test process: (workdir, summary). tests/test_train.py's one-device run, tests/test_tasks.py's teacher."""
+  from loops import run
+  workdir = str(tmp_path_factory.mktemp("quickstart"))
+  return workdir, run.train_and_evaluate(load_config("digits_cnn"), workdir)
+
+
 @pytest.fixture(scope="module")
 def trained_digits(tmp_path_factory):
   """A digits run of 20 steps: eval and checkpoints at 10 and 20, the best kept; (config, workdir, its eval

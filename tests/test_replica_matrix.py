@@ -12,7 +12,7 @@ from errors import ConfigError
 
 from loops import replica_check
 from loops import worker_check
-from tests.conftest import load_config, set_keys
+from tests.conftest import load_config, run_main, set_keys
 
 TASKS = "tests.fixtures.split_sensitive_tasks:"
 DIGITS = ("digits_cnn", None)
@@ -92,6 +92,12 @@ MATRIX = {
 }
 
 
+# rows run as a user runs them, `main.py --check=replicas` (exit code 0, the verdict last on stdout), the flags giving
+# the row's config (tests/test_streams.py's command-line check of fixmatch is this row)
+COMMAND_LINE = {"example: fixmatch (two input streams, every pseudo-label)": (
+    "--config=configs/tasks.py:fixmatch", "--config.task.kwargs.threshold=0.0")}
+
+
 def case_config(name):
   config_name, arg, overrides = MATRIX[name]
   config = load_config(config_name, arg)
@@ -103,7 +109,13 @@ def case_config(name):
 @pytest.mark.parametrize("name", list(MATRIX))
 def test_two_replicas_compute_what_one_does(name):
   lines = []
-  assert replica_check.run(case_config(name), out=lines.append), "\n".join(lines)
+  if name in COMMAND_LINE:
+    result = run_main(*COMMAND_LINE[name], "--check=replicas")
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1].startswith("replicas: PASS: "), result.stdout[-2000:]
+  else:
+    assert replica_check.run(case_config(name), out=lines.append), "\n".join(lines)
   assert lines[-1].startswith("replicas: PASS: 1 and 2 replicas agree on all "), lines[-1]
   if "update_every" in name:  # every variant ran: the generator's update is at step 4
     assert "at each of 5 steps" in lines[-1], lines[-1]

@@ -17,7 +17,7 @@ from examples.tasks import fixmatch
 from loops import rules
 from loops import replica_check
 from loops import run
-from tests.conftest import REPO, load_config, run_main
+from tests.conftest import REPO, load_config
 
 GLOBAL_BATCH = 16
 STREAMS = {"labeled": 1, "unlabeled": 4}
@@ -87,11 +87,8 @@ def test_fixmatch_trains_past_its_labeled_only_baseline(tmp_path):
   assert summary["train/mask_rate"] > 0.5, summary  # most unlabeled rows carry a pseudo-label by the end
 
 
-@pytest.mark.e2e
-def test_the_replica_check_passes_fixmatch_with_every_pseudo_label_taken():
-  result = run_main("--config=configs/tasks.py:fixmatch", "--check=replicas", "--config.task.kwargs.threshold=0.0")
-  assert result.returncode == 0, result.stderr[-2000:]
-  assert result.stdout.strip().splitlines()[-1].startswith("replicas: PASS: "), result.stdout[-2000:]
+# `main.py --check=replicas` passing fixmatch with every pseudo-label taken: a row of tests/test_replica_matrix.py
+# (COMMAND_LINE), run there as here once.
 
 
 @pytest.mark.e2e
