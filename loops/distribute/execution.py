@@ -95,8 +95,16 @@ def residency(parts, config):
 
 def averaged_weights(parts):
   """Context: the model holds the optimizer's moving averages of its weights (optimizer.ema_decay), else as is."""
+  return averaged_weights_of(parts)()
+
+
+def averaged_weights_of(parts):
+  """averaged_weights(parts) as a context factory decided once: nothing to open without optimizer.ema_decay."""
   own = parts.optimizers.get("model")  # the averages of the model's own optimizer (none for a frozen one)
-  return optimizers.averaged_weights(parts.main_model, own) if own else contextlib.nullcontext()
+  if not optimizers.averages_weights(own):
+    return contextlib.nullcontext
+  model = parts.main_model
+  return lambda: optimizers.averaged_weights(model, own)
 
 
 def make(parts, config):
@@ -110,13 +118,12 @@ class _Execution:
   def __init__(self, parts, config):
     self.parts, self.config = parts, config
     self.train_metrics = None
+    self.averaged_weights = averaged_weights_of(parts)
+    self._multi_worker = strategy_lib.is_multi_worker(parts.strategy)
 
   @property
   def step(self):
     return int(self.parts.step_counter.numpy())
-
-  def averaged_weights(self):
-    return averaged_weights(self.parts)
 
   def _eval_step(self):
     p = self.parts
@@ -157,7 +164,6 @@ class SyncExecution(_Execution):
   def __init__(self, parts, config):
     super().__init__(parts, config)
     strategy, p = parts.strategy, parts
-    self._multi_worker = strategy_lib.is_multi_worker(strategy)
     with metrics_scope(strategy):
       self.train_metrics = train_metrics(p.task)
     # TensorFlow refuses its clock op under op determinism: no worker times with deterministic=True.
@@ -168,6 +174,7 @@ class SyncExecution(_Execution):
                                             config.jit_compile, clock, p.plan.input_pipelines)
     self._train_step, self._resident_fn = train_step, None
     self.step_memory = memory.StepPeak()  # the allocator's peak in train calls (summary.json memory_mb)
+    self._service_watch = service_watch.train_call_watch(config)  # a bound on waits for the tf.data service
     self._read_out = steps.CallReadOut(strategy, self.train_metrics, clock)
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter, self._read_out)
     collects = bool(p.task.eval_collect)
@@ -178,7 +185,7 @@ class SyncExecution(_Execution):
     self._iterator, self._start_step, self._norms = None, None, None  # the input starts at the first call
 
   def train(self, num_steps):
-    with service_watch.during_train_call(self.config):  # a bound on waits for the tf.data service
+    with self._service_watch():
       if self._resident_fn is None and self._iterator is None:  # at the first call: a finished run or an evaluator
         self._start_train_input()                                # never places or starts the train input
       with self.step_memory.measured():  # the steps, not the placing of a device-resident input
@@ -228,7 +235,7 @@ class SyncExecution(_Execution):
     data_on_devices = resident_lib.ResidentTrainData(
         strategy, p.source, self.config.data, global_batch_size=p.plan.global_batch_size,
         steps_per_epoch=p.plan.steps_per_epoch, seed=self.config.seed,
-        num_workers=input_pipelines(strategy, p.role), worker_index=p.role.worker_index if self._multi_worker else 0)
+        num_workers=p.plan.input_pipelines, worker_index=p.role.worker_index if self._multi_worker else 0)
     self._resident_fn = steps.make_resident_train_fn(strategy, self._train_step, p.step_counter, data_on_devices,
                                                      self._read_out)
 
@@ -278,16 +285,18 @@ class SyncExecution(_Execution):
                              **_preemption_settings(self.config))
 
   def _distribute(self, make_dataset):
-    return distribute_dataset(self.parts.strategy, self.parts.plan.global_batch_size, make_dataset)
+    return distribute_dataset(self.parts.strategy, self.parts.plan.global_batch_size, make_dataset,
+                              self._multi_worker)
 
 
-def distribute_dataset(strategy, global_batch, make_dataset):
+def distribute_dataset(strategy, global_batch, make_dataset, per_worker=None):
   """make_dataset(batch_size, num_shards, shard_index, local_replicas) -> this pipeline's tf.data.Dataset.
 
   One worker: one pipeline batched by the global batch, split across replicas by tf.distribute.
   Several workers: one pipeline per worker (its shard), batched per replica; each local replica takes one batch.
+  per_worker: whether the strategy is multi-worker (None: asks it).
   """
-  if not strategy_lib.is_multi_worker(strategy):
+  if not (strategy_lib.is_multi_worker(strategy) if per_worker is None else per_worker):
     return strategy.experimental_distribute_dataset(make_dataset(global_batch, 1, 0, 1))
 
   def dataset_fn(context):

@@ -2,7 +2,7 @@
 arrival). TensorFlow waits for a lost data worker or dispatcher without a bound, and its wait does not return to
 Python, so neither a timeout nor SIGTERM could end it: a thread watches instead.
 
-While a train call runs (`during_train_call`), the run ends with one line and the preemption exit code (a rerun
+While a train call runs (`train_call_watch`), the run ends with one line and the preemption exit code (a rerun
 resumes from the last checkpoint) when
 - no batch came for data.service_timeout_seconds, or
 - a signal (preemption.signals, Ctrl-C) came (during the call, or between calls) and no batch for max(10 s, 3 x the
@@ -80,8 +80,8 @@ class ServiceWatch:
     os._exit(code)  # the main thread is inside TensorFlow's wait, which Python cannot interrupt
 
 
-def during_train_call(config):
-  """Context for one train call: a ServiceWatch when data.service is set, else nothing."""
+def train_call_watch(config):
+  """A context factory for each train call: a ServiceWatch when data.service is set, else nothing."""
   if not config.data.service:
-    return contextlib.nullcontext()
-  return ServiceWatch(config.data.service, config.data.service_timeout_seconds, config.preemption.exit_code)
+    return contextlib.nullcontext
+  return lambda: ServiceWatch(config.data.service, config.data.service_timeout_seconds, config.preemption.exit_code)

@@ -74,6 +74,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
   sizes = [len(models[name].trainable_variables) for name in applied]
   lone = optimizers[trained[0]] if len(trained) == 1 and applied else None
   scales_loss = isinstance(lone, keras.optimizers.LossScaleOptimizer)
+  summed_here = bool(task.transforms_gradients and applied)
 
   def gradients_of(batch, micro_batch):
     ctx = new_context(micro_batch)
@@ -104,7 +105,6 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
 
   def compute(batch):
     grads, loss, per_example, logged = gradients(batch)
-    summed_here = task.transforms_gradients and applied
     if summed_here:
       unscale = lone.scale_loss(tf.constant(1.0)) if scales_loss else None
       grads, named = _transformed_sum(task, dict(zip(applied, sizes)), grads, new_context(), unscale)

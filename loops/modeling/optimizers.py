@@ -236,6 +236,12 @@ def set_constant_learning_rate(optimizer, learning_rate):
     inner.learning_rate = learning_rate
 
 
+def averages_weights(optimizer):
+  """Whether the optimizer keeps moving averages of the weights (optimizer.ema_decay > 0); False for None."""
+  inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
+  return bool(getattr(inner, "use_ema", False))
+
+
 def moving_averages(optimizer):
   """The optimizer's exponential moving averages of the trainable weights, or None when optimizer.ema_decay is 0."""
   inner = getattr(optimizer, "inner_optimizer", optimizer)  # under a LossScaleOptimizer
