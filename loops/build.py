@@ -91,6 +91,11 @@ def determinism_restored():
       private_apis.disable_op_determinism()
 
 
+def twin(config, parts):
+  """fn() -> a twin of the run's model (the warm start loads .h5 weights into it)."""
+  return lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
+
+
 def start_strategy(config, role):
   """config.strategy for this process; a multi-worker one once every peer answers, bounded by
   cluster.startup_timeout_seconds (loops/distribute/startup.py)."""

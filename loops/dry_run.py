@@ -117,7 +117,7 @@ def _init_line(config, parts, resumes_from):
   """What init.checkpoint would load (the same checks as the run: a refusal raises here)."""
   if resumes_from:
     return f"ignored: the run resumes from {resumes_from}"
-  return checkpoints_lib.Checkpoints.inspect_warm_start(config, parts)
+  return checkpoints_lib.Checkpoints.inspect_warm_start(config.init, parts, build_lib.twin(config, parts))
 
 
 def _residency_line(parts, config):

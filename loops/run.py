@@ -21,6 +21,7 @@ from typing import Any, Iterable, Optional
 
 from absl import logging
 
+from configs import settings as settings_lib
 from errors import ConfigError, config_error_within
 from loops import build as build_lib
 from loops import callbacks as callbacks_lib
@@ -84,6 +85,7 @@ def train_and_evaluate(config: Any, workdir: str, dry_run: bool = False,
 def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   wall_started = time.perf_counter()
   rules_lib.check(config)
+  settings = settings_lib.read(config)  # the bag read once; modules are handed the sections they use
   strategy_lib.configure_devices(config)
   role = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
                                   workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
@@ -110,7 +112,8 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
       cleanup.enter_context(workdir_lock.held(locked.rstrip("/"), role.is_chief or role.is_evaluator))
     resume = resume_lib.decide(config, workdir, trains=not (role.is_evaluator or predicting))
     parts = build_lib.build(config, role, kept=resume.kept)
-    named_callbacks = callbacks_lib.load_user(config, callback_objects)
+    named_callbacks = callbacks_lib.load_user(config, settings.run.callbacks, settings.sweep, settings.checkpoint,
+                                              settings.eval, callback_objects)
     rules_lib.check_callbacks(named_callbacks)
     user_callbacks = [callback for _, callback in named_callbacks]
     if dry_run:
@@ -121,18 +124,20 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
       return evaluate_once.run(config, workdir, parts, chosen)
     if role.is_evaluator:
       return sidecar.Sidecar(config, workdir, parts).run()
-    return _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume)
+    return _train(config, settings, workdir, parts, user_callbacks, wall_started, cleanup, resume)
 
 
-def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume):
+def _train(config, settings, workdir, parts, user_callbacks, wall_started, cleanup, resume):
   role = parts.role
-  checkpoints = checkpoints_lib.Checkpoints.for_run(config, workdir, parts)
+  checkpoints = checkpoints_lib.Checkpoints.for_run(settings.checkpoint, settings.init, settings.run.strategy, workdir,
+                                                    parts, build_lib.twin(config, parts))
   cleanup.callback(checkpoints.close)
   execution = execution_lib.make(parts, config)  # its train input starts at its first call's (the restored) step
   nan_guard = NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,
                        log=logging.warning)
   run = callbacks_lib.Run(config, workdir, parts, execution, checkpoints, wall_started)
-  observers, saving = callbacks_lib.make(run, callbacks_lib.OBSERVERS), callbacks_lib.make(run, callbacks_lib.SAVING)
+  observers = callbacks_lib.make(run, settings, callbacks_lib.OBSERVERS)
+  saving = callbacks_lib.make(run, settings, callbacks_lib.SAVING)
   restored = checkpoints.restore_run(observers + saving, user_callbacks, execution.preemption)
   preemption = restored.preemption
   cleanup.callback(preemption.close)
@@ -141,7 +146,8 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
   if restored.warm_start_table:
     writer.info("%s", restored.warm_start_table)
   cleanup.callback(writer.close)
-  trackers = tracking.start(config, workdir, parts.plan, role)
+  tags = tracking.run_tags(settings.task, settings.run, settings.sweep, parts.plan, role)
+  trackers = tracking.start(settings.tracking, tags, writers.flatten(config), workdir, role)
   if trackers:
     cleanup.push(trackers.on_exit)
     writer.track(trackers)

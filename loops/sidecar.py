@@ -87,7 +87,8 @@ class Sidecar:
     if self.tracking_started:
       return
     self.tracking_started = True
-    trackers = tracking.start_evaluator(self.config, self.workdir)
+    trackers = tracking.start_evaluator(self.config.tracking, self.config.task.name, writers.flatten(self.config),
+                                        self.workdir)
     if trackers:
       self.cleanup.push(trackers.on_exit)
       self.writer.track(trackers)
