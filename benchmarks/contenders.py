@@ -83,7 +83,8 @@ class Contenders:
     self.strategy = strategy_lib.build(config, cluster.ClusterRole())
     keras.utils.set_random_seed(config.seed)
     self.source = data.load(config.data)
-    self.plan = plan_lib.derive(config, self.strategy.num_replicas_in_sync, self.source.train_size)
+    self.plan = plan_lib.derive(config.train, config.optimizer, self.strategy.num_replicas_in_sync,
+                                self.source.train_size)
     self.input_shape = data.output_shape(self.source, config.data)
     self.loss_fn = losses.build(config.loss)
     self.steps_per_call = self.plan.steps_per_loop

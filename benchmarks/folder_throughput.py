@@ -78,7 +78,7 @@ def main(argv):
   keras.utils.set_random_seed(config.seed)
   cases, load_seconds = load_cases(config)
   folder_config, folder = cases["streamed"]
-  plan = plan_lib.derive(config, strategy.num_replicas_in_sync, folder.train_size)
+  plan = plan_lib.derive(config.train, config.optimizer, strategy.num_replicas_in_sync, folder.train_size)
   with strategy.scope():
     reference = model_lib.model_function(config.model.name)(tuple(data.output_shape(folder, folder_config)),
                                                              int(folder.num_classes), **dict(config.model.kwargs))

@@ -157,7 +157,7 @@ def main(argv):
   synthetic = data_config(config, name="synthetic")
   synthetic.synthetic.update(image_shape=records_source.image_shape, num_classes=records_source.num_classes,
                              train_examples=records_source.train_size, eval_examples=records_source.eval_size)
-  plan = plan_lib.derive(config, strategy.num_replicas_in_sync, records_source.train_size)
+  plan = plan_lib.derive(config.train, config.optimizer, strategy.num_replicas_in_sync, records_source.train_size)
   with strategy.scope():
     reference = model_lib.model_function(config.model.name)(tuple(records_source.image_shape),
                                                              int(records_source.num_classes),

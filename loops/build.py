@@ -93,7 +93,8 @@ def determinism_restored():
 
 def twin(config, parts):
   """fn() -> a twin of the run's model (the warm start loads .h5 weights into it)."""
-  return lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
+  return lambda: model_lib.build_model(config.model, config.mixed_precision, parts.input_shape,
+                                       parts.source.num_classes)
 
 
 def start_strategy(config, role):
@@ -123,8 +124,8 @@ def build(config, role, kept=None, strategy=None):
   keras.utils.set_random_seed(config.seed)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
-  source = data.load(config.data, *task_lib.streams_of(config))
-  plan = plan_lib.derive(config, strategy.num_replicas_in_sync, source.train_size,
+  source = data.load(config.data, *task_lib.streams_of(config.task.name))
+  plan = plan_lib.derive(config.train, config.optimizer, strategy.num_replicas_in_sync, source.train_size,
                          num_input_pipelines=execution.input_pipelines(strategy, role),
                          epoch_steps=lambda global_batch: data.steps_per_epoch(source, config.data, global_batch),
                          kept=kept)
@@ -142,7 +143,7 @@ def build(config, role, kept=None, strategy=None):
     made = metrics_lib.build(tuple(config.eval.metrics), source.num_classes) if classification else []
   rules.check_metrics(made, tuple(config.eval.metrics))
   classification_metrics = {name: m for name, m in metrics_lib.by_name(made).items() if name != metrics_lib.LOSS}
-  task = task_lib.load(config, loss_fn, classification_metrics)
+  task = task_lib.load(config, config.task, loss_fn, classification_metrics)
   element_spec = _element_spec(source, input_shape)
   learning_rates = {}
   models, optimizers_by_model, step_counter = _build_trainables(config, strategy, plan, task, element_spec,
@@ -230,7 +231,8 @@ def _build_trainables(config, strategy, plan, task, element_spec, num_classes, l
   with strategy.scope():
     context = task_lib.BuildContext(
         config, element_spec, num_classes,
-        make_model=lambda: model_lib.build_model(config, tuple(element_spec[0].shape), _known(num_classes, config)),
+        make_model=lambda: model_lib.build_model(config.model, config.mixed_precision, tuple(element_spec[0].shape),
+                                                 _known(num_classes, config)),
         make_optimizer=lambda **overrides: _make_optimizer(config, plan, made_rates, overrides))
     with remat_lib.scope(config.model):  # Keras marks the layers built inside (model.remat)
       models = dict(task.build_models(context))

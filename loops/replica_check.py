@@ -480,7 +480,9 @@ def steps_for(config):
   if config.check.steps:
     return config.check.steps
   from loops import task as task_lib  # pylint: disable=import-outside-toplevel
-  return max(STEPS, task_lib.update_span(config))
+  from loops.task import rules as task_rules  # pylint: disable=import-outside-toplevel
+  task_rules.check_task_settings(config)
+  return max(STEPS, task_lib.update_span(config.task.name))
 
 
 OTHER_STRATEGIES = {
@@ -518,7 +520,8 @@ def cause_of(config, steps, comparison):
   if cause:
     return cause
   finding, task = locate(config, steps, comparison)
-  return named_cause(finding, first_difference.described(finding, task, config, step), comparison.built.suspects,
+  sentence = first_difference.described(finding, task, config.loss.name, config.task.name, step)
+  return named_cause(finding, sentence, comparison.built.suspects,
                      lambda kind: compare(config, steps, (kind,)).verdict.passed)
 
 

@@ -110,7 +110,8 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
     if not dry_run:  # before anything is built, restored or written: a second run on this workdir stops here
       locked = posixpath.join(workdir, "eval" if role.is_evaluator else "predictions" if predicting else "")
       cleanup.enter_context(workdir_lock.held(locked.rstrip("/"), role.is_chief or role.is_evaluator))
-    resume = resume_lib.decide(config, workdir, trains=not (role.is_evaluator or predicting))
+    resume = resume_lib.decide(config, workdir, trains=not (role.is_evaluator or predicting),
+                               accept_changes=settings.resume.accept_changes)
     parts = build_lib.build(config, role, kept=resume.kept)
     named_callbacks = callbacks_lib.load_user(config, settings.run.callbacks, settings.sweep, settings.checkpoint,
                                               settings.eval, callback_objects)
