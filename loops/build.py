@@ -172,7 +172,7 @@ def _take_compiled(config, strategy, task, model, element_spec, made):
   keras_fit.check_one_loss(model)  # before its outputs are asked for 'logits'
   labels = tf.zeros([2, *element_spec[1].shape], element_spec[1].dtype)
   outputs, _ = classification_lib.forward(model, tf.zeros([2, *element_spec[0].shape], element_spec[0].dtype), False)
-  loss_fn = keras_fit.loss_for_run(config, model, labels, outputs)
+  loss_fn = keras_fit.loss_for_run(config.loss, config.data, model, labels, outputs)
   if loss_fn is not None:
     task.loss_fn = loss_fn
   with execution.metrics_scope(strategy):
@@ -250,7 +250,8 @@ def _build_trainables(config, strategy, plan, task, element_spec, num_classes, l
     for name, optimizer in optimizers_by_model.items():
       learning_rates[name] = made_rates.get(id(optimizer), plan.learning_rate)
     for name, model in models.items():
-      keras_fit.warn_unused_compile(name, model, config, loss_taken=config.task.name == task_lib.BUILT_IN,
+      keras_fit.warn_unused_compile(name, model, config.optimizer, (config.jit_compile, config.train.steps_per_loop),
+                                    loss_taken=config.task.name == task_lib.BUILT_IN,
                                     trained_by=optimizers_by_model.get(name))
     rules.check_optimizers(task, models, optimizers_by_model, config.mixed_precision == "float16")
     for name, optimizer in optimizers_by_model.items():

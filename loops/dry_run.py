@@ -121,7 +121,7 @@ def _init_line(config, parts, resumes_from):
 
 
 def _residency_line(parts, config):
-  residency = execution_lib.residency(parts, config)
+  residency = execution_lib.residency(parts, config.data)
   if residency.resident:
     block = resident_lib.block_bytes(parts.source, config.data, parts.plan.per_replica_batch_size,
                                      parts.plan.steps_per_loop)

@@ -25,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from configs import settings as settings_lib
 from errors import ConfigError, first_line
 from loops import build as build_lib
 from loops import rules as rules_lib
@@ -115,7 +116,8 @@ class Side:
     _turn_off(self.parts, turn_off)
     self.variables = _named_variables(self.parts)
     self.paths = {key: f"{key[0]}: {v.path}" for key, v in self.variables.items()}
-    self.execution = execution_lib.make(self.parts, config)
+    settings = settings_lib.read(config)
+    self.execution = execution_lib.make(self.parts, settings.data, settings.run, settings.preemption)
 
   def state(self):
     return {key: v.numpy().copy() for key, v in self.variables.items()}

@@ -3,7 +3,7 @@
   rules.check(config)            every setting, before anything is built or written (loops/rules.py)
   rules.check_role(config, role) the strategy against the cluster and the devices
   build.build(config, role)      strategy, data, plan, model, optimizer, loss, metrics, checkpoint
-  execution.make(parts, config)  how this strategy family trains and evaluates (loops/distribute/)
+  execution.make(parts, ...)     how this strategy family trains and evaluates (loops/distribute/)
   Checkpoints.restore_run(...)   the latest or the warm start, callback state, the preemption handler, learning
                                  rates, in that order (loops/persist/checkpoints.py)
   Loop(...).run()                the sequence (loops/core/loop.py); built-in and user callbacks do the rest
@@ -95,7 +95,7 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   rules_lib.check_role(config, role)
   chosen = evaluate_once.chosen(workdir, config.eval.checkpoint) if role.is_evaluator and config.eval.checkpoint else None
   predicting = config.mode == "predict" and not role.is_evaluator
-  chosen = predict_lib.chosen(config, workdir) if predicting else chosen
+  chosen = predict_lib.chosen(settings.predict.checkpoint, workdir) if predicting else chosen
   if role.is_distributed and not dry_run:
     startup.check_port_free(role)
   if role.is_distributed and dry_run:  # the plan needs the strategy, which starts with every peer
@@ -104,7 +104,7 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
                     "one machine's share with --config.cluster.source=local --config.strategy=mirrored",
                     role.worker_index, role.num_workers,
                     ", ".join(role.cluster.get("worker", [])), config.cluster.startup_timeout_seconds)
-  if execution_lib.serve_if_server(config, role):
+  if execution_lib.serve_if_server(settings.run.strategy, role):
     return None
   with contextlib.ExitStack() as cleanup:
     if not dry_run:  # before anything is built, restored or written: a second run on this workdir stops here
@@ -120,12 +120,19 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
     if dry_run:
       return dry_run_lib.report(config, workdir, parts, user_callbacks)
     if predicting:
-      return predict_lib.run(config, workdir, parts, chosen)
+      return predict_lib.run(settings.predict, settings.data, settings.task.name, workdir, parts, chosen)
     if chosen:
-      return evaluate_once.run(config, workdir, parts, chosen)
+      return evaluate_once.run(settings.data.eval_split, workdir, parts, chosen,
+                               lambda: _execution(parts, settings))
     if role.is_evaluator:
-      return sidecar.Sidecar(config, workdir, parts).run()
+      return sidecar.Sidecar(config, workdir, parts, _execution(parts, settings), settings.checkpoint,
+                             settings.eval, settings.tracking, settings.task.name).run()
     return _train(config, settings, workdir, parts, user_callbacks, wall_started, cleanup, resume)
+
+
+def _execution(parts, settings):
+  """How this strategy family trains and evaluates (loops/distribute/execution.py), given its sections."""
+  return execution_lib.make(parts, settings.data, settings.run, settings.preemption)
 
 
 def _train(config, settings, workdir, parts, user_callbacks, wall_started, cleanup, resume):
@@ -133,7 +140,7 @@ def _train(config, settings, workdir, parts, user_callbacks, wall_started, clean
   checkpoints = checkpoints_lib.Checkpoints.for_run(settings.checkpoint, settings.init, settings.run.strategy, workdir,
                                                     parts, build_lib.twin(config, parts))
   cleanup.callback(checkpoints.close)
-  execution = execution_lib.make(parts, config)  # its train input starts at its first call's (the restored) step
+  execution = _execution(parts, settings)  # its train input starts at its first call's (the restored) step
   nan_guard = NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,
                        log=logging.warning)
   run = callbacks_lib.Run(config, workdir, parts, execution, checkpoints, wall_started)

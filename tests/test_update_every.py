@@ -7,6 +7,7 @@ before step 1 on one replica too, and update_every itself is checked."""
 import numpy as np
 import pytest
 
+from configs import settings
 from errors import ConfigError
 from loops import build as build_lib
 from loops import rules as rules_lib
@@ -32,7 +33,8 @@ def steps_changing(config, steps):
   rules_lib.check(config)
   strategy_lib.configure_devices(config)
   parts = build_lib.build(config, cluster.ClusterRole())
-  execution = execution_lib.make(parts, config)
+  read = settings.read(config)
+  execution = execution_lib.make(parts, read.data, read.run, read.preemption)
   weights = lambda model: np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
   before = {name: weights(model) for name, model in parts.models.items()}
   changed = {name: [] for name in parts.models}

@@ -80,8 +80,9 @@ class ServiceWatch:
     os._exit(code)  # the main thread is inside TensorFlow's wait, which Python cannot interrupt
 
 
-def during_train_call(config):
-  """Context for one train call: a ServiceWatch when data.service is set, else nothing."""
-  if not config.data.service:
+def during_train_call(data_settings, preemption):
+  """Context for one train call: a ServiceWatch when data.service is set, else nothing (the data and preemption
+  settings)."""
+  if not data_settings.service:
     return contextlib.nullcontext()
-  return ServiceWatch(config.data.service, config.data.service_timeout_seconds, config.preemption.exit_code)
+  return ServiceWatch(data_settings.service, data_settings.service_timeout_seconds, preemption.exit_code)

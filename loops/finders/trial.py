@@ -6,6 +6,7 @@ import posixpath
 
 import tensorflow as tf
 
+from configs import settings as settings_lib
 from errors import ConfigError
 from loops import build as build_lib
 from loops import rules as rules_lib
@@ -55,7 +56,8 @@ def role_of(config, workdir=None):
 def start(config, role):
   """(parts, execution) of a fresh run of `config` (the model is newly initialised: nothing is restored)."""
   parts = build_lib.build(config, role)
-  return parts, execution_lib.make(parts, config)
+  settings = settings_lib.read(config)  # the throw-away run's settings, read once as a run reads them
+  return parts, execution_lib.make(parts, settings.data, settings.run, settings.preemption)
 
 
 def output_dir(workdir, name):
