@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import data
+from configs import settings as settings_lib
 from errors import ConfigError
 from data import mixing
 from loops import rules
@@ -100,8 +101,9 @@ def twin(config, parts):
 def start_strategy(config, role):
   """config.strategy for this process; a multi-worker one once every peer answers, bounded by
   cluster.startup_timeout_seconds (loops/distribute/startup.py)."""
-  with startup.bounded_start(role, config.cluster.startup_timeout_seconds):
-    return strategy_lib.build(config, role)
+  settings = settings_lib.read(config)
+  with startup.bounded_start(role, settings.cluster.startup_timeout_seconds):
+    return strategy_lib.build(settings.run, settings.cluster, role)
 
 
 def build(config, role, kept=None, strategy=None):

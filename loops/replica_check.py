@@ -110,7 +110,7 @@ class Side:
 
   def __init__(self, config, turn_off=(), role=None, strategy=None):
     rules_lib.check(config)
-    strategy_lib.configure_devices(config)
+    strategy_lib.configure_devices(settings_lib.read(config).run)
     self.config = config
     self.parts = build_lib.build(config, role or cluster.ClusterRole(), strategy=strategy)
     _turn_off(self.parts, turn_off)
@@ -500,7 +500,7 @@ def run(config, steps=None, out=print):
   if config.strategy not in ("one_device", "mirrored"):
     out(f"note: strategy={config.strategy}: this check runs the same step on one_device and on mirrored x2 in "
         f"this process{OTHER_STRATEGIES.get(config.strategy, '')}")
-  strategy_lib.configure_devices(variant(config, 2, steps))  # both logical CPUs before TensorFlow starts
+  strategy_lib.configure_devices(settings_lib.read(variant(config, 2, steps)).run)  # both logical CPUs before TF starts
   rules_lib.check(variant(config, 2, steps))  # a setting the two-replica side refuses: one line, before training
   check_split(config)
   out(settings_line(config))

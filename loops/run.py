@@ -86,7 +86,7 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   wall_started = time.perf_counter()
   rules_lib.check(config)
   settings = settings_lib.read(config)  # the bag read once; modules are handed the sections they use
-  strategy_lib.configure_devices(config)
+  strategy_lib.configure_devices(settings.run)
   role = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
                                   workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
                                   k8s_port=config.cluster.k8s_port)

@@ -31,7 +31,7 @@ def wgan_gp(**overrides):
 def steps_changing(config, steps):
   """({model name: [steps whose update changed its weights]} over `steps` calls of one step each, the run's parts)."""
   rules_lib.check(config)
-  strategy_lib.configure_devices(config)
+  strategy_lib.configure_devices(settings.read(config).run)
   parts = build_lib.build(config, cluster.ClusterRole())
   read = settings.read(config)
   execution = execution_lib.make(parts, read.data, read.run, read.preemption)

@@ -17,6 +17,7 @@ import keras
 import tensorflow as tf
 
 import data
+from configs import settings as settings_lib
 from errors import ConfigError
 from loops.core import batch_search
 from loops.distribute import strategy as strategy_lib
@@ -119,7 +120,8 @@ def find_batch_size(config, workdir):
   on_gpu = trial.replicas_on_gpu(config)  # the replicas' devices, not the machine's
   role = trial.role_of(config, workdir)
   out = trial.output_dir(workdir, OUT)
-  replicas = strategy_lib.build(config, role).num_replicas_in_sync
+  settings = settings_lib.read(config)
+  replicas = strategy_lib.build(settings.run, settings.cluster, role).num_replicas_in_sync
   train_size = data.load(config.data).train_size
   maximum = min(f.max_per_replica_batch, train_size // replicas)  # at least one step per epoch
   maximum -= maximum % f.granularity

@@ -43,7 +43,7 @@ def role_of(config, workdir=None):
   """This process's cluster.ClusterRole, checked against the strategy (after the devices are configured); `workdir` holds
   the address exchange of ranks started by an MPI launcher, as in a run."""
   rules_lib.check(config)
-  strategy_lib.configure_devices(config)
+  strategy_lib.configure_devices(settings_lib.read(config).run)
   role = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
                                   workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
                                   k8s_port=config.cluster.k8s_port)
