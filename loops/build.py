@@ -98,6 +98,14 @@ def twin(config, parts):
                                        parts.source.num_classes)
 
 
+def cluster_role(cluster_settings, workdir):
+  """This process's cluster.ClusterRole from its environment, where the cluster settings say to look; `workdir`
+  holds the address exchange of ranks started by an MPI launcher."""
+  return cluster.from_environment(source=cluster_settings.source, slurm_port_base=cluster_settings.slurm_port_base,
+                                  workdir=workdir, startup_timeout_seconds=cluster_settings.startup_timeout_seconds,
+                                  k8s_port=cluster_settings.k8s_port)
+
+
 def start_strategy(config, role):
   """config.strategy for this process; a multi-worker one once every peer answers, bounded by
   cluster.startup_timeout_seconds (loops/distribute/startup.py)."""

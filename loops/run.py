@@ -87,14 +87,13 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   rules_lib.check(config)
   settings = settings_lib.read(config)  # the bag read once; modules are handed the sections they use
   strategy_lib.configure_devices(settings.run)
-  role = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
-                                  workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
-                                  k8s_port=config.cluster.k8s_port)
-  if config.mode == "evaluate" and not role.is_evaluator:
+  role = build_lib.cluster_role(settings.cluster, workdir)
+  run, evaluation = settings.run, settings.eval
+  if run.mode == "evaluate" and not role.is_evaluator:
     role = cluster.ClusterRole(type="evaluator", cluster=role.cluster)
   rules_lib.check_role(config, role)
-  chosen = evaluate_once.chosen(workdir, config.eval.checkpoint) if role.is_evaluator and config.eval.checkpoint else None
-  predicting = config.mode == "predict" and not role.is_evaluator
+  chosen = evaluate_once.chosen(workdir, evaluation.checkpoint) if role.is_evaluator and evaluation.checkpoint else None
+  predicting = run.mode == "predict" and not role.is_evaluator
   chosen = predict_lib.chosen(settings.predict.checkpoint, workdir) if predicting else chosen
   if role.is_distributed and not dry_run:
     startup.check_port_free(role)
@@ -103,7 +102,7 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
                     "waits for them (at most cluster.startup_timeout_seconds=%g s); start the others too, or dry-run "
                     "one machine's share with --config.cluster.source=local --config.strategy=mirrored",
                     role.worker_index, role.num_workers,
-                    ", ".join(role.cluster.get("worker", [])), config.cluster.startup_timeout_seconds)
+                    ", ".join(role.cluster.get("worker", [])), settings.cluster.startup_timeout_seconds)
   if execution_lib.serve_if_server(settings.run.strategy, role):
     return None
   with contextlib.ExitStack() as cleanup:
@@ -141,7 +140,7 @@ def _train(config, settings, workdir, parts, user_callbacks, wall_started, clean
                                                     parts, build_lib.twin(config, parts))
   cleanup.callback(checkpoints.close)
   execution = _execution(parts, settings)  # its train input starts at its first call's (the restored) step
-  nan_guard = NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,
+  nan_guard = NanGuard(settings.nan_policy.mode, settings.nan_policy.max_retries, checkpoints, execution,
                        log=logging.warning)
   run = callbacks_lib.Run(config, workdir, parts, execution, checkpoints, wall_started)
   observers = callbacks_lib.make(run, settings, callbacks_lib.OBSERVERS)
@@ -167,7 +166,7 @@ def _train(config, settings, workdir, parts, user_callbacks, wall_started, clean
   state.summary.update(restored.warm_start_counts)
   ordered = callbacks_lib.assemble([nan_guard, *observers], user_callbacks, [preemption, *saving])
   loop = loop_lib.Loop(execution, ordered, state, steps_per_loop=parts.plan.steps_per_loop,
-                       eval_every_steps=config.eval.every_steps, nan_guard=nan_guard, user_callbacks=user_callbacks,
+                       eval_every_steps=settings.eval.every_steps, nan_guard=nan_guard, user_callbacks=user_callbacks,
                        on_error=None if strategy_lib.is_multi_worker(parts.strategy) else checkpoints.save_on_error)
   try:
     return dict(loop.run().summary)
