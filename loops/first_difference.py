@@ -265,7 +265,8 @@ def described(finding, task, loss_name, task_name, step):
             f"for the replica's rows (noise or augmentation not keyed per example: draw with ctx.normal or "
             f"ctx.keyed_draws)")
   if finding.kind == "loss":
-    return (f"every layer's output agrees {at}; {finding.where} differs: {loss_source(task, loss_name, task_name)} reduces over "
+    source = loss_source(task, loss_name, task_name)
+    return (f"every layer's output agrees {at}; {finding.where} differs: {source} reduces over "
             f"the replica's own rows (see loops/task/context.py: ctx.average, ctx.all_gather, ctx.sum_over_replicas)")
   return (f"every layer's output and the loss agree {at}; the gradients differ: the step changes them before the "
           f"cross-replica sum (clipping or normalizing the replica's gradients, SAM's epsilon from them)")

@@ -164,7 +164,8 @@ def located(comparison, config, steps):
             f"{comparison.verdict.first_step}: the gradients are changed before the cross-replica sum, or the "
             f"difference comes from the workers themselves (what each reads, a state kept per process)")
   return "on 2 replicas of this process: " + replica_check.named_cause(
-      finding, first_difference.described(finding, task, config, comparison.verdict.first_step),
+      finding, first_difference.described(finding, task, config.loss.name, config.task.name,
+                                           comparison.verdict.first_step),
       comparison.built.suspects, lambda kind: replica_check.compare(config, steps, (kind,)).verdict.passed)
 
 
