@@ -10,6 +10,7 @@ import keras
 import tensorflow as tf
 
 import data
+from configs import settings
 from data import resident as resident_lib
 from loops import plan as plan_lib
 from loops.core import plugins
@@ -79,11 +80,13 @@ class Contenders:
 
   def __init__(self, config, window_calls):
     self.config, self.window_calls = config, window_calls
-    strategy_lib.configure_devices(config)
-    self.strategy = strategy_lib.build(config, cluster.ClusterRole())
+    read = settings.read(config)
+    strategy_lib.configure_devices(read.run)
+    self.strategy = strategy_lib.build(read.run, read.cluster, cluster.ClusterRole())
     keras.utils.set_random_seed(config.seed)
     self.source = data.load(config.data)
-    self.plan = plan_lib.derive(config, self.strategy.num_replicas_in_sync, self.source.train_size)
+    self.plan = plan_lib.derive(config.train, config.optimizer, self.strategy.num_replicas_in_sync,
+                                self.source.train_size)
     self.input_shape = data.output_shape(self.source, config.data)
     self.loss_fn = losses.build(config.loss)
     self.steps_per_call = self.plan.steps_per_loop

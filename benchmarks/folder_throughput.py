@@ -27,6 +27,7 @@ import keras
 from ml_collections import config_flags
 import tensorflow as tf
 
+from configs import settings
 from benchmarks import windows as timed
 import data
 from loops import command_line
@@ -73,12 +74,13 @@ def main(argv):
   config = _CONFIG.value
   if _MAKE.value:
     timed.make_folder(_FOLDER.value, _MAKE.value, _SIZE.value)
-  strategy_lib.configure_devices(config)
-  strategy = strategy_lib.build(config, cluster.ClusterRole())
+  read = settings.read(config)
+  strategy_lib.configure_devices(read.run)
+  strategy = strategy_lib.build(read.run, read.cluster, cluster.ClusterRole())
   keras.utils.set_random_seed(config.seed)
   cases, load_seconds = load_cases(config)
   folder_config, folder = cases["streamed"]
-  plan = plan_lib.derive(config, strategy.num_replicas_in_sync, folder.train_size)
+  plan = plan_lib.derive(config.train, config.optimizer, strategy.num_replicas_in_sync, folder.train_size)
   with strategy.scope():
     reference = model_lib.model_function(config.model.name)(tuple(data.output_shape(folder, folder_config)),
                                                              int(folder.num_classes), **dict(config.model.kwargs))

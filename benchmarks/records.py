@@ -35,6 +35,7 @@ from ml_collections import config_flags
 import numpy as np
 import tensorflow as tf
 
+from configs import settings
 from benchmarks import windows as timed
 import data
 from data import prepare as prepare_lib
@@ -137,8 +138,9 @@ def main(argv):
   if _MAKE.value:
     timed.make_folder(_FOLDER.value, _MAKE.value, _SIZE.value, classes=2)
   outs = {fmt: prepared(config, fmt) for fmt in ("jpeg", "raw")}
-  strategy_lib.configure_devices(config)
-  strategy = strategy_lib.build(config, cluster.ClusterRole())
+  read = settings.read(config)
+  strategy_lib.configure_devices(read.run)
+  strategy = strategy_lib.build(read.run, read.cluster, cluster.ClusterRole())
   keras.utils.set_random_seed(config.seed)
   batch = config.train.global_batch_size
   cases = {"folder": data_config(config)}
@@ -157,7 +159,7 @@ def main(argv):
   synthetic = data_config(config, name="synthetic")
   synthetic.synthetic.update(image_shape=records_source.image_shape, num_classes=records_source.num_classes,
                              train_examples=records_source.train_size, eval_examples=records_source.eval_size)
-  plan = plan_lib.derive(config, strategy.num_replicas_in_sync, records_source.train_size)
+  plan = plan_lib.derive(config.train, config.optimizer, strategy.num_replicas_in_sync, records_source.train_size)
   with strategy.scope():
     reference = model_lib.model_function(config.model.name)(tuple(records_source.image_shape),
                                                              int(records_source.num_classes),

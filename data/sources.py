@@ -42,7 +42,7 @@ def _named_splits(name, splits, data_config, strict=True):
   place."""
   chosen = []
   for key, place in (("train_split", "train"), ("eval_split", "test")):
-    split = data_config[key]
+    split = getattr(data_config, key)
     if split not in splits and strict:
       raise ConfigError(f"data.{key}='{split}': dataset '{name}' has the splits {', '.join(splits)}")
     chosen.append(splits.get(split, splits[place]))

@@ -14,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import data
+from configs import settings as settings_lib
 from errors import ConfigError
 from data import mixing
 from loops import rules
@@ -91,11 +92,26 @@ def determinism_restored():
       private_apis.disable_op_determinism()
 
 
+def twin(config, parts):
+  """fn() -> a twin of the run's model (the warm start loads .h5 weights into it)."""
+  return lambda: model_lib.build_model(config.model, config.mixed_precision, parts.input_shape,
+                                       parts.source.num_classes)
+
+
+def cluster_role(cluster_settings, workdir):
+  """This process's cluster.ClusterRole from its environment, where the cluster settings say to look; `workdir`
+  holds the address exchange of ranks started by an MPI launcher."""
+  return cluster.from_environment(source=cluster_settings.source, slurm_port_base=cluster_settings.slurm_port_base,
+                                  workdir=workdir, startup_timeout_seconds=cluster_settings.startup_timeout_seconds,
+                                  k8s_port=cluster_settings.k8s_port)
+
+
 def start_strategy(config, role):
   """config.strategy for this process; a multi-worker one once every peer answers, bounded by
   cluster.startup_timeout_seconds (loops/distribute/startup.py)."""
-  with startup.bounded_start(role, config.cluster.startup_timeout_seconds):
-    return strategy_lib.build(config, role)
+  settings = settings_lib.read(config)
+  with startup.bounded_start(role, settings.cluster.startup_timeout_seconds):
+    return strategy_lib.build(settings.run, settings.cluster, role)
 
 
 def build(config, role, kept=None, strategy=None):
@@ -118,8 +134,8 @@ def build(config, role, kept=None, strategy=None):
   keras.utils.set_random_seed(config.seed)
   if config.deterministic:
     tf.config.experimental.enable_op_determinism()
-  source = data.load(config.data, *task_lib.streams_of(config))
-  plan = plan_lib.derive(config, strategy.num_replicas_in_sync, source.train_size,
+  source = data.load(config.data, *task_lib.streams_of(config.task.name))
+  plan = plan_lib.derive(config.train, config.optimizer, strategy.num_replicas_in_sync, source.train_size,
                          num_input_pipelines=execution.input_pipelines(strategy, role),
                          epoch_steps=lambda global_batch: data.steps_per_epoch(source, config.data, global_batch),
                          kept=kept)
@@ -137,7 +153,7 @@ def build(config, role, kept=None, strategy=None):
     made = metrics_lib.build(tuple(config.eval.metrics), source.num_classes) if classification else []
   rules.check_metrics(made, tuple(config.eval.metrics))
   classification_metrics = {name: m for name, m in metrics_lib.by_name(made).items() if name != metrics_lib.LOSS}
-  task = task_lib.load(config, loss_fn, classification_metrics)
+  task = task_lib.load(config, config.task, loss_fn, classification_metrics)
   element_spec = _element_spec(source, input_shape)
   learning_rates = {}
   models, optimizers_by_model, step_counter = _build_trainables(config, strategy, plan, task, element_spec,
@@ -166,7 +182,7 @@ def _take_compiled(config, strategy, task, model, element_spec, made):
   keras_fit.check_one_loss(model)  # before its outputs are asked for 'logits'
   labels = tf.zeros([2, *element_spec[1].shape], element_spec[1].dtype)
   outputs, _ = classification_lib.forward(model, tf.zeros([2, *element_spec[0].shape], element_spec[0].dtype), False)
-  loss_fn = keras_fit.loss_for_run(config, model, labels, outputs)
+  loss_fn = keras_fit.loss_for_run(config.loss, config.data, model, labels, outputs)
   if loss_fn is not None:
     task.loss_fn = loss_fn
   with execution.metrics_scope(strategy):
@@ -225,7 +241,8 @@ def _build_trainables(config, strategy, plan, task, element_spec, num_classes, l
   with strategy.scope():
     context = task_lib.BuildContext(
         config, element_spec, num_classes,
-        make_model=lambda: model_lib.build_model(config, tuple(element_spec[0].shape), _known(num_classes, config)),
+        make_model=lambda: model_lib.build_model(config.model, config.mixed_precision, tuple(element_spec[0].shape),
+                                                 _known(num_classes, config)),
         make_optimizer=lambda **overrides: _make_optimizer(config, plan, made_rates, overrides))
     with remat_lib.scope(config.model):  # Keras marks the layers built inside (model.remat)
       models = dict(task.build_models(context))
@@ -243,7 +260,8 @@ def _build_trainables(config, strategy, plan, task, element_spec, num_classes, l
     for name, optimizer in optimizers_by_model.items():
       learning_rates[name] = made_rates.get(id(optimizer), plan.learning_rate)
     for name, model in models.items():
-      keras_fit.warn_unused_compile(name, model, config, loss_taken=config.task.name == task_lib.BUILT_IN,
+      keras_fit.warn_unused_compile(name, model, config.optimizer, (config.jit_compile, config.train.steps_per_loop),
+                                    loss_taken=config.task.name == task_lib.BUILT_IN,
                                     trained_by=optimizers_by_model.get(name))
     rules.check_optimizers(task, models, optimizers_by_model, config.mixed_precision == "float16")
     for name, optimizer in optimizers_by_model.items():

@@ -117,11 +117,11 @@ def _init_line(config, parts, resumes_from):
   """What init.checkpoint would load (the same checks as the run: a refusal raises here)."""
   if resumes_from:
     return f"ignored: the run resumes from {resumes_from}"
-  return checkpoints_lib.Checkpoints.inspect_warm_start(config, parts)
+  return checkpoints_lib.Checkpoints.inspect_warm_start(config.init, parts, build_lib.twin(config, parts))
 
 
 def _residency_line(parts, config):
-  residency = execution_lib.residency(parts, config)
+  residency = execution_lib.residency(parts, config.data)
   if residency.resident:
     block = resident_lib.block_bytes(parts.source, config.data, parts.plan.per_replica_batch_size,
                                      parts.plan.steps_per_loop)

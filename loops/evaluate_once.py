@@ -13,7 +13,6 @@ from absl import logging
 import tensorflow as tf
 
 from errors import ConfigError
-from loops.distribute import execution as execution_lib
 from loops.persist import checkpoints as checkpoints_lib
 from loops.persist import writers
 from loops.persist.writers import format_values
@@ -62,12 +61,13 @@ def _path(path, key):
   return (int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else -1), path
 
 
-def run(config, workdir, parts, selection):
-  """Evaluates the checkpoint `selection` ((step, path) of chosen) once; returns its results with the step."""
+def run(eval_split, workdir, parts, selection, make_execution):
+  """Evaluates the checkpoint `selection` ((step, path) of chosen) once on `eval_split` (data.eval_split) through
+  make_execution() (loops/distribute/execution.make); returns its results with the step."""
   step, path = selection
   restore_chosen(parts, path)
-  results = execution_lib.make(parts, config).evaluate()
-  record = {"checkpoint": path, "step": step, "split": config.data.eval_split, **results}
+  results = make_execution().evaluate()
+  record = {"checkpoint": path, "step": step, "split": eval_split, **results}
   eval_dir = posixpath.join(workdir, "eval")
   writer = writers.Writer(eval_dir)
   try:
@@ -75,7 +75,7 @@ def run(config, workdir, parts, selection):
     writer.write_json(f"checkpoint-{step}.json", record)
   finally:
     writer.close()
-  logging.info("evaluated %s (step %d) on the '%s' split: %s; written to %s", path, step, config.data.eval_split,
+  logging.info("evaluated %s (step %d) on the '%s' split: %s; written to %s", path, step, eval_split,
                format_values(results), posixpath.join(eval_dir, f"checkpoint-{step}.json"))
   return record
 

@@ -227,13 +227,13 @@ def _judged(name, one, two, floor, minimum, margin, kind=None):
   return Finding(kind, one.shown.get(name, name), place=name, difference=difference, explained=explained)
 
 
-def loss_source(task, config):
-  """Where the loss is written: the config's loss function (the built-in classification) or the task's method,
-  with its file and line."""
+def loss_source(task, loss_name, task_name):
+  """Where the loss is written: the loss function `loss_name` (loss.name, for the built-in classification, task.name
+  `task_name`) or the task's method, with its file and line."""
   if task.writes_step:
     return _source(type(task).train_step, f"{type(task).__name__}.train_step")
-  if config.loss.name and config.task.name == "classification":
-    return f"the loss {config.loss.name}"
+  if loss_name and task_name == "classification":
+    return f"the loss {loss_name}"
   return _source(type(task).per_example_loss, f"{type(task).__name__}.per_example_loss")
 
 
@@ -255,8 +255,8 @@ LAYER_KINDS = {
 }
 
 
-def described(finding, task, config, step):
-  """The sentence a FAIL names for a Finding."""
+def described(finding, task, loss_name, task_name, step):
+  """The sentence a FAIL names for a Finding (loss_name, task_name: loss.name and task.name)."""
   at = f"at step {step}"
   if finding.kind in LAYER_KINDS:
     return f"the sides part first at {finding.where} {at}: {LAYER_KINDS[finding.kind]}"
@@ -265,7 +265,8 @@ def described(finding, task, config, step):
             f"for the replica's rows (noise or augmentation not keyed per example: draw with ctx.normal or "
             f"ctx.keyed_draws)")
   if finding.kind == "loss":
-    return (f"every layer's output agrees {at}; {finding.where} differs: {loss_source(task, config)} reduces over "
+    source = loss_source(task, loss_name, task_name)
+    return (f"every layer's output agrees {at}; {finding.where} differs: {source} reduces over "
             f"the replica's own rows (see loops/task/context.py: ctx.average, ctx.all_gather, ctx.sum_over_replicas)")
   return (f"every layer's output and the loss agree {at}; the gradients differ: the step changes them before the "
           f"cross-replica sum (clipping or normalizing the replica's gradients, SAM's epsilon from them)")

@@ -27,15 +27,15 @@ class Plan:
     return self.total_steps / self.steps_per_epoch
 
 
-def derive(config, replicas, train_size, num_input_pipelines=1, epoch_steps=None, kept=None):
-  """The Plan for `replicas` replicas and a train split of `train_size` examples (arithmetic only).
+def derive(train, optimizer, replicas, train_size, num_input_pipelines=1, epoch_steps=None, kept=None):
+  """The Plan from the `train` and `optimizer` settings for `replicas` replicas and a train split of `train_size`
+  examples (arithmetic only).
 
   epoch_steps: fn(global batch) -> steps per epoch, when the data decides it (record files: data/records.py);
   default train_size // global batch.
   kept: {'global_batch_size', 'learning_rate'} a resumed run keeps from its record (loops/resume.py), whatever
   the replica count now is.
   """
-  train = config.train
   if kept:
     global_batch = kept["global_batch_size"]
   elif train.global_batch_size is not None:
@@ -52,6 +52,6 @@ def derive(config, replicas, train_size, num_input_pipelines=1, epoch_steps=None
       total_steps=int(total),
       steps_per_loop=train.steps_per_loop,
       learning_rate=(kept["learning_rate"] if kept
-                     else optimizers.scaled_learning_rate(config.optimizer, global_batch, replicas)),
+                     else optimizers.scaled_learning_rate(optimizer, global_batch, replicas)),
       grad_accum_steps=train.grad_accum_steps,
       input_pipelines=num_input_pipelines)

@@ -29,28 +29,32 @@ KEY = "predict.checkpoint"
 LOG_EVERY_SECONDS = 10.0
 
 
-def chosen(config, workdir):
-  """(step, path) of the checkpoint predict.checkpoint names; one line naming what there is otherwise."""
-  return evaluate_once.chosen(workdir, config.predict.checkpoint, KEY)
+def chosen(checkpoint, workdir):
+  """(step, path) of the checkpoint `checkpoint` (predict.checkpoint) names; one line naming what there is
+  otherwise."""
+  return evaluate_once.chosen(workdir, checkpoint, KEY)
 
 
-def run(config, workdir, parts, selection):
-  """Predicts every example with the checkpoint `selection` ((step, path)); returns the manifest (chief)."""
+def run(predict, data_settings, task_name, workdir, parts, selection):
+  """Predicts every example with the checkpoint `selection` ((step, path)); returns the manifest (chief).
+
+  predict, data_settings: those settings; task_name: task.name."""
   step, path = selection
   evaluate_once.restore_chosen(parts, path, KEY)
-  source, paths, name = _input(config, parts)
-  files = predictions.Files(posixpath.join(workdir, "predictions", f"{name}-{step}"), config.predict.rows_per_file,
-                            {"checkpoint": path, "step": step, "input": _described(config),
+  source, paths, name = _input(predict, data_settings, parts)
+  files = predictions.Files(posixpath.join(workdir, "predictions", f"{name}-{step}"), predict.rows_per_file,
+                            {"checkpoint": path, "step": step, "input": _described(predict, data_settings),
                              "examples": source.eval_size})
   chief = parts.role.is_chief
   done = _agreed(parts, files.start() if chief else 0)
   if done >= source.eval_size:
-    logging.info("predictions of %s for %s are complete in %s", path, _described(config), files.directory)
+    logging.info("predictions of %s for %s are complete in %s", path, _described(predict, data_settings),
+                 files.directory)
     return files.manifest() if chief else None
-  labels = config.task.name == task_lib.BUILT_IN and not config.predict.input
+  labels = task_name == task_lib.BUILT_IN and not predict.input
   started = time.perf_counter()
   with _progress(chief, source.eval_size, done) as show, execution_lib.averaged_weights(parts):
-    for index, columns in _rows(parts, config, source, done, labels):
+    for index, columns in _rows(parts, data_settings, source, done, labels):
       if paths is not None:
         columns["path"] = paths[index]
       if chief:
@@ -72,11 +76,11 @@ def _predicting_workers(parts):
   return 1 if execution_lib.asynchronous(parts.strategy) else max(parts.role.num_workers, 1)
 
 
-def _input(config, parts):
+def _input(predict, data_settings, parts):
   """(source whose eval split is predicted, the image paths or None, the directory's name)."""
-  where = config.predict.input
+  where = predict.input
   if not where:
-    return parts.source, None, _safe(f"{_data_name(config.data)}_{config.data.eval_split}")
+    return parts.source, None, _safe(f"{_data_name(data_settings)}_{data_settings.eval_split}")
   source, paths = data.image_files(parts.source, where)
   folder = where.rstrip("/") if tf.io.gfile.isdir(where) else posixpath.dirname(where)
   return source, np.array(paths), _safe(posixpath.basename(folder) or "input")
@@ -89,8 +93,8 @@ def _data_name(data_config):
   return data_config.name.split(":")[-1]
 
 
-def _described(config):
-  return config.predict.input or f"{config.data.name}:{config.data.eval_split}"
+def _described(predict, data_settings):
+  return predict.input or f"{data_settings.name}:{data_settings.eval_split}"
 
 
 def _safe(name):
@@ -106,14 +110,14 @@ def _agreed(parts, done):
   return int(round(float(total)))
 
 
-def _rows(parts, config, source, start, labels):
+def _rows(parts, data_settings, source, start, labels):
   """(index, {name: numpy rows}) per global batch from `start`, padding dropped, in input order."""
   p = parts
   step_fn = steps.make_predict_step(p.task, p.models, p.plan.global_batch_size, p.step_counter,
                                     p.plan.input_pipelines, labels)
 
   def dataset(batch, shards, shard, local):
-    return data.eval_dataset(source, config.data, batch_size=batch, num_shards=shards, shard_index=shard,
+    return data.eval_dataset(source, data_settings, batch_size=batch, num_shards=shards, shard_index=shard,
                              local_replicas=local, start=start, indexed=True)
 
   if execution_lib.asynchronous(p.strategy):  # the parameter-server coordinator predicts itself

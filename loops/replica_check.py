@@ -25,6 +25,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from configs import settings as settings_lib
 from errors import ConfigError, first_line
 from loops import build as build_lib
 from loops import rules as rules_lib
@@ -109,13 +110,14 @@ class Side:
 
   def __init__(self, config, turn_off=(), role=None, strategy=None):
     rules_lib.check(config)
-    strategy_lib.configure_devices(config)
+    strategy_lib.configure_devices(settings_lib.read(config).run)
     self.config = config
     self.parts = build_lib.build(config, role or cluster.ClusterRole(), strategy=strategy)
     _turn_off(self.parts, turn_off)
     self.variables = _named_variables(self.parts)
     self.paths = {key: f"{key[0]}: {v.path}" for key, v in self.variables.items()}
-    self.execution = execution_lib.make(self.parts, config)
+    settings = settings_lib.read(config)
+    self.execution = execution_lib.make(self.parts, settings.data, settings.run, settings.preemption)
 
   def state(self):
     return {key: v.numpy().copy() for key, v in self.variables.items()}
@@ -480,7 +482,9 @@ def steps_for(config):
   if config.check.steps:
     return config.check.steps
   from loops import task as task_lib  # pylint: disable=import-outside-toplevel
-  return max(STEPS, task_lib.update_span(config))
+  from loops.task import rules as task_rules  # pylint: disable=import-outside-toplevel
+  task_rules.check_task_settings(config)
+  return max(STEPS, task_lib.update_span(config.task.name))
 
 
 OTHER_STRATEGIES = {
@@ -496,7 +500,7 @@ def run(config, steps=None, out=print):
   if config.strategy not in ("one_device", "mirrored"):
     out(f"note: strategy={config.strategy}: this check runs the same step on one_device and on mirrored x2 in "
         f"this process{OTHER_STRATEGIES.get(config.strategy, '')}")
-  strategy_lib.configure_devices(variant(config, 2, steps))  # both logical CPUs before TensorFlow starts
+  strategy_lib.configure_devices(settings_lib.read(variant(config, 2, steps)).run)  # both logical CPUs before TF starts
   rules_lib.check(variant(config, 2, steps))  # a setting the two-replica side refuses: one line, before training
   check_split(config)
   out(settings_line(config))
@@ -518,7 +522,8 @@ def cause_of(config, steps, comparison):
   if cause:
     return cause
   finding, task = locate(config, steps, comparison)
-  return named_cause(finding, first_difference.described(finding, task, config, step), comparison.built.suspects,
+  sentence = first_difference.described(finding, task, config.loss.name, config.task.name, step)
+  return named_cause(finding, sentence, comparison.built.suspects,
                      lambda kind: compare(config, steps, (kind,)).verdict.passed)
 
 

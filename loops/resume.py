@@ -1,7 +1,7 @@
 """What a resume may change: the run's recorded starts against the config it is given (loops/persist/starts.py).
 
-  decide(config, workdir, trains)   before anything is built: refuses an unaccepted change of the optimisation
-                                    (one line), returns what the plan keeps (global batch, peak learning rate)
+  decide(config, workdir, trains, accept_changes)  before anything is built: refuses an unaccepted change of the
+                                    optimisation (one line), returns what the plan keeps (global batch, peak lr)
   record(...)                       once the checkpoint is restored: logs what changed, appends this start
 """
 
@@ -31,13 +31,14 @@ def config_values(config: Any) -> dict:
   return starts.flatten(json.loads(config.to_json_best_effort()))
 
 
-def decide(config: Any, workdir: str, trains: bool) -> Resume:
+def decide(config: Any, workdir: str, trains: bool, accept_changes: bool) -> Resume:
   """Compares config with the workdir's last start, when there is a checkpoint to resume.
 
   Args:
-    config: the resolved config of this run.
+    config: the resolved config of this run (the record: every key's value).
     workdir: the run's workdir.
     trains: this process trains (an evaluator only keeps the recorded plan; it never refuses).
+    accept_changes: resume.accept_changes.
 
   Raises:
     ConfigError: a setting of the optimisation or the data changed and resume.accept_changes is False.
@@ -46,7 +47,7 @@ def decide(config: Any, workdir: str, trains: bool) -> Resume:
   if recorded is None or not checkpoints_lib.index_paths(posixpath.join(workdir, "checkpoints")):
     return Resume()
   refused, accepted = starts.compare(starts.flatten(recorded["config"]), config_values(config))
-  if refused and trains and not config.resume.accept_changes:
+  if refused and trains and not accept_changes:
     raise ConfigError(f"{workdir} holds a run trained with other settings: {starts.describe(refused)}; to train on "
                       "with the new values pass --config.resume.accept_changes=True, to start over use a new "
                       "--workdir")

@@ -3,7 +3,7 @@
   rules.check(config)            every setting, before anything is built or written (loops/rules.py)
   rules.check_role(config, role) the strategy against the cluster and the devices
   build.build(config, role)      strategy, data, plan, model, optimizer, loss, metrics, checkpoint
-  execution.make(parts, config)  how this strategy family trains and evaluates (loops/distribute/)
+  execution.make(parts, ...)     how this strategy family trains and evaluates (loops/distribute/)
   Checkpoints.restore_run(...)   the latest or the warm start, callback state, the preemption handler, learning
                                  rates, in that order (loops/persist/checkpoints.py)
   Loop(...).run()                the sequence (loops/core/loop.py); built-in and user callbacks do the rest
@@ -21,6 +21,7 @@ from typing import Any, Iterable, Optional
 
 from absl import logging
 
+from configs import settings as settings_lib
 from errors import ConfigError, config_error_within
 from loops import build as build_lib
 from loops import callbacks as callbacks_lib
@@ -84,16 +85,16 @@ def train_and_evaluate(config: Any, workdir: str, dry_run: bool = False,
 def _train_and_evaluate(config, workdir, dry_run, callback_objects):
   wall_started = time.perf_counter()
   rules_lib.check(config)
-  strategy_lib.configure_devices(config)
-  role = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
-                                  workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
-                                  k8s_port=config.cluster.k8s_port)
-  if config.mode == "evaluate" and not role.is_evaluator:
+  settings = settings_lib.read(config)  # the bag read once; modules are handed the sections they use
+  strategy_lib.configure_devices(settings.run)
+  role = build_lib.cluster_role(settings.cluster, workdir)
+  run, evaluation = settings.run, settings.eval
+  if run.mode == "evaluate" and not role.is_evaluator:
     role = cluster.ClusterRole(type="evaluator", cluster=role.cluster)
   rules_lib.check_role(config, role)
-  chosen = evaluate_once.chosen(workdir, config.eval.checkpoint) if role.is_evaluator and config.eval.checkpoint else None
-  predicting = config.mode == "predict" and not role.is_evaluator
-  chosen = predict_lib.chosen(config, workdir) if predicting else chosen
+  chosen = evaluate_once.chosen(workdir, evaluation.checkpoint) if role.is_evaluator and evaluation.checkpoint else None
+  predicting = run.mode == "predict" and not role.is_evaluator
+  chosen = predict_lib.chosen(settings.predict.checkpoint, workdir) if predicting else chosen
   if role.is_distributed and not dry_run:
     startup.check_port_free(role)
   if role.is_distributed and dry_run:  # the plan needs the strategy, which starts with every peer
@@ -101,38 +102,49 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
                     "waits for them (at most cluster.startup_timeout_seconds=%g s); start the others too, or dry-run "
                     "one machine's share with --config.cluster.source=local --config.strategy=mirrored",
                     role.worker_index, role.num_workers,
-                    ", ".join(role.cluster.get("worker", [])), config.cluster.startup_timeout_seconds)
-  if execution_lib.serve_if_server(config, role):
+                    ", ".join(role.cluster.get("worker", [])), settings.cluster.startup_timeout_seconds)
+  if execution_lib.serve_if_server(settings.run.strategy, role):
     return None
   with contextlib.ExitStack() as cleanup:
     if not dry_run:  # before anything is built, restored or written: a second run on this workdir stops here
       locked = posixpath.join(workdir, "eval" if role.is_evaluator else "predictions" if predicting else "")
       cleanup.enter_context(workdir_lock.held(locked.rstrip("/"), role.is_chief or role.is_evaluator))
-    resume = resume_lib.decide(config, workdir, trains=not (role.is_evaluator or predicting))
+    resume = resume_lib.decide(config, workdir, trains=not (role.is_evaluator or predicting),
+                               accept_changes=settings.resume.accept_changes)
     parts = build_lib.build(config, role, kept=resume.kept)
-    named_callbacks = callbacks_lib.load_user(config, callback_objects)
+    named_callbacks = callbacks_lib.load_user(config, settings.run.callbacks, settings.sweep, settings.checkpoint,
+                                              settings.eval, callback_objects)
     rules_lib.check_callbacks(named_callbacks)
     user_callbacks = [callback for _, callback in named_callbacks]
     if dry_run:
       return dry_run_lib.report(config, workdir, parts, user_callbacks)
     if predicting:
-      return predict_lib.run(config, workdir, parts, chosen)
+      return predict_lib.run(settings.predict, settings.data, settings.task.name, workdir, parts, chosen)
     if chosen:
-      return evaluate_once.run(config, workdir, parts, chosen)
+      return evaluate_once.run(settings.data.eval_split, workdir, parts, chosen,
+                               lambda: _execution(parts, settings))
     if role.is_evaluator:
-      return sidecar.Sidecar(config, workdir, parts).run()
-    return _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume)
+      return sidecar.Sidecar(config, workdir, parts, _execution(parts, settings), settings.checkpoint,
+                             settings.eval, settings.tracking, settings.task.name).run()
+    return _train(config, settings, workdir, parts, user_callbacks, wall_started, cleanup, resume)
 
 
-def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume):
+def _execution(parts, settings):
+  """How this strategy family trains and evaluates (loops/distribute/execution.py), given its sections."""
+  return execution_lib.make(parts, settings.data, settings.run, settings.preemption)
+
+
+def _train(config, settings, workdir, parts, user_callbacks, wall_started, cleanup, resume):
   role = parts.role
-  checkpoints = checkpoints_lib.Checkpoints.for_run(config, workdir, parts)
+  checkpoints = checkpoints_lib.Checkpoints.for_run(settings.checkpoint, settings.init, settings.run.strategy, workdir,
+                                                    parts, build_lib.twin(config, parts))
   cleanup.callback(checkpoints.close)
-  execution = execution_lib.make(parts, config)  # its train input starts at its first call's (the restored) step
-  nan_guard = NanGuard(config.nan_policy.mode, config.nan_policy.max_retries, checkpoints, execution,
+  execution = _execution(parts, settings)  # its train input starts at its first call's (the restored) step
+  nan_guard = NanGuard(settings.nan_policy.mode, settings.nan_policy.max_retries, checkpoints, execution,
                        log=logging.warning)
   run = callbacks_lib.Run(config, workdir, parts, execution, checkpoints, wall_started)
-  observers, saving = callbacks_lib.make(run, callbacks_lib.OBSERVERS), callbacks_lib.make(run, callbacks_lib.SAVING)
+  observers = callbacks_lib.make(run, settings, callbacks_lib.OBSERVERS)
+  saving = callbacks_lib.make(run, settings, callbacks_lib.SAVING)
   restored = checkpoints.restore_run(observers + saving, user_callbacks, execution.preemption)
   preemption = restored.preemption
   cleanup.callback(preemption.close)
@@ -141,7 +153,8 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
   if restored.warm_start_table:
     writer.info("%s", restored.warm_start_table)
   cleanup.callback(writer.close)
-  trackers = tracking.start(config, workdir, parts.plan, role)
+  tags = tracking.run_tags(settings.task, settings.run, settings.sweep, parts.plan, role)
+  trackers = tracking.start(settings.tracking, tags, writers.flatten(config), workdir, role)
   if trackers:
     cleanup.push(trackers.on_exit)
     writer.track(trackers)
@@ -153,7 +166,7 @@ def _train(config, workdir, parts, user_callbacks, wall_started, cleanup, resume
   state.summary.update(restored.warm_start_counts)
   ordered = callbacks_lib.assemble([nan_guard, *observers], user_callbacks, [preemption, *saving])
   loop = loop_lib.Loop(execution, ordered, state, steps_per_loop=parts.plan.steps_per_loop,
-                       eval_every_steps=config.eval.every_steps, nan_guard=nan_guard, user_callbacks=user_callbacks,
+                       eval_every_steps=settings.eval.every_steps, nan_guard=nan_guard, user_callbacks=user_callbacks,
                        on_error=None if strategy_lib.is_multi_worker(parts.strategy) else checkpoints.save_on_error)
   try:
     return dict(loop.run().summary)

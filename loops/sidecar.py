@@ -16,7 +16,6 @@ from absl import logging
 
 from errors import ConfigError
 from loops.callbacks.checkpointing import BestCheckpoint
-from loops.distribute import execution as execution_lib
 from loops.persist import checkpoints as checkpoints_lib
 from loops.persist import tracking
 from loops.persist import writers
@@ -36,16 +35,24 @@ def is_final(workdir, step):
 
 
 class Sidecar:
-  """Evaluates a training run's checkpoints as they appear; run() returns the summary of what it evaluated."""
+  """Evaluates a training run's checkpoints as they appear; run() returns the summary of what it evaluated.
 
-  def __init__(self, config, workdir, parts):
+  Args:
+    config: the resolved config bag, as a record only (eval/config.json, the tracker's params).
+    workdir, parts, execution: the run's (loops/build.Parts, loops/distribute/execution).
+    checkpoint, evaluation, tracking_settings: the checkpoint, eval and tracking settings.
+    task_name: task.name.
+  """
+
+  def __init__(self, config, workdir, parts, execution, checkpoint, evaluation, tracking_settings, task_name):
     self.config, self.workdir, self.parts = config, workdir, parts
+    self.evaluation, self.tracking_settings, self.task_name = evaluation, tracking_settings, task_name
     self.checkpoint_dir = posixpath.join(workdir, "checkpoints")
     self.eval_dir = posixpath.join(workdir, "eval")
     self.writer = writers.Writer(self.eval_dir)
-    self.execution = execution_lib.make(parts, config)
+    self.execution = execution
     best = checkpoints_lib.Series(self.eval_dir, parts.checkpoint, parts.step_counter, 1, True, subdir="best")
-    self.best = BestCheckpoint(self.eval_dir, best, config.checkpoint.best_metric, config.checkpoint.best_mode, True,
+    self.best = BestCheckpoint(self.eval_dir, best, checkpoint.best_metric, checkpoint.best_mode, True,
                                self.execution.averaged_weights)
     done = read_json(posixpath.join(self.eval_dir, PROGRESS)) or {}
     self.last_step, self.final, self.results = done.get("step", -1), done.get("final", False), done.get("eval", {})
@@ -62,7 +69,7 @@ class Sidecar:
 
   def _watch(self):
     """Evaluates each new checkpoint until the final one; ConfigError after sidecar_timeout_seconds without one."""
-    poll, timeout = self.config.eval.sidecar_poll_seconds, self.config.eval.sidecar_timeout_seconds
+    poll, timeout = self.evaluation.sidecar_poll_seconds, self.evaluation.sidecar_timeout_seconds
     waited_since, said_at = time.monotonic(), None
     while not self.final:
       pending = [(s, p) for s, p in checkpoints_lib.steps_of(self.checkpoint_dir) if s > self.last_step]
@@ -87,7 +94,8 @@ class Sidecar:
     if self.tracking_started:
       return
     self.tracking_started = True
-    trackers = tracking.start_evaluator(self.config, self.workdir)
+    trackers = tracking.start_evaluator(self.tracking_settings, self.task_name, writers.flatten(self.config),
+                                        self.workdir)
     if trackers:
       self.cleanup.push(trackers.on_exit)
       self.writer.track(trackers)

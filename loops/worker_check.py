@@ -38,6 +38,7 @@ import traceback
 import numpy as np
 import tensorflow as tf
 
+from configs import settings as settings_lib
 from errors import ConfigError, first_line
 from launch import local
 from loops import build as build_lib
@@ -82,7 +83,8 @@ def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
   for config in configs:
     refuse_asynchronous(config)
   counts = [steps or replica_check.steps_for(config) for config in configs]
-  strategy_lib.configure_devices(replica_check.variant(configs[0], 2, counts[0]))  # where a FAIL is located
+  # where a FAIL is located
+  strategy_lib.configure_devices(settings_lib.read(replica_check.variant(configs[0], 2, counts[0])).run)
   ones = [one_device(config, n) for config, n in zip(configs, counts)]
   twos = [two_workers(config, n) for config, n in zip(configs, counts)]
   for config in ones + twos:
@@ -162,7 +164,8 @@ def located(comparison, config, steps):
             f"{comparison.verdict.first_step}: the gradients are changed before the cross-replica sum, or the "
             f"difference comes from the workers themselves (what each reads, a state kept per process)")
   return "on 2 replicas of this process: " + replica_check.named_cause(
-      finding, first_difference.described(finding, task, config, comparison.verdict.first_step),
+      finding, first_difference.described(finding, task, config.loss.name, config.task.name,
+                                           comparison.verdict.first_step),
       comparison.built.suspects, lambda kind: replica_check.compare(config, steps, (kind,)).verdict.passed)
 
 
@@ -386,7 +389,7 @@ def worker_main(argv):
   for n, config in enumerate(load_configs(directory)):
     rules_lib.check_role(config, role)
     if strategy is None:
-      strategy_lib.configure_devices(config)
+      strategy_lib.configure_devices(settings_lib.read(config).run)
       strategy = build_lib.start_strategy(config, role)
     side = replica_check.Side(config, role=role, strategy=strategy)
     for k in range(config.train.steps):

@@ -176,7 +176,7 @@ def test_kill_9_during_asynchronous_writes_keeps_the_previous_checkpoint_and_the
 def test_async_saves_are_used_only_with_the_strategies_they_are_verified_on(strategy, async_save, used):
   c = tiny_config(async_save)
   c.strategy = strategy
-  assert async_saves.async_save_enabled(c) is used
+  assert async_saves.async_save_enabled(c.checkpoint.async_save, c.strategy) is used
 
 
 def test_the_benchmark_measures_both_modes_on_a_small_model(tmp_path):

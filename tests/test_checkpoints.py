@@ -101,22 +101,26 @@ def _seen(parts, stopping):
 def test_the_owner_restores_the_latest_else_warm_starts_then_callbacks_preemption_and_learning_rates_last(
     tmp_path, caplog):
   from errors import ConfigError
+  from configs import settings
   from tests.conftest import load_config
   config = load_config("digits_cnn")
   config.checkpoint.best_metric = ""
   config.init.checkpoint = str(tmp_path / "no-such-run")
+  read = settings.read(config)
+  owner = lambda parts: checkpoints_lib.Checkpoints.for_run(read.checkpoint, read.init, read.run.strategy,
+                                                            str(tmp_path), parts, twin=None)
   first = run_parts(0.1)
   never = lambda _: pytest.fail("the preemption handler was made after a refusal")
   with pytest.raises(ConfigError, match="init.checkpoint .*no-such-run' does not exist"):
-    checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), first).restore_run([], [], never)  # a new run
-  saves = checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), first)
+    owner(first).restore_run([], [], never)  # a new run
+  saves = owner(first)
   checkpoints_lib.attach(first.checkpoint, [_stopping(0.5)], [])
   first.step_counter.assign(7)
   saves.save(7, wait=True)
   saves.close()
 
   resumed, stopping, made = run_parts(0.5), _stopping(0.9), []
-  checkpoints = checkpoints_lib.Checkpoints.for_run(config, str(tmp_path), resumed)
+  checkpoints = owner(resumed)
   handler = lambda owner: made.append((owner, _seen(resumed, stopping))) or "watcher"
   restored = checkpoints.restore_run([stopping], [], handler)
   assert restored.path.endswith("ckpt-7") and (restored.warm_start_table, restored.warm_start_counts) == ("", {})

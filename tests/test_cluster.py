@@ -246,6 +246,13 @@ def _config(strategy):
   return c
 
 
+def _sections(config):
+  """(the run settings, the cluster settings): what strategy.build takes."""
+  from configs import settings
+  read = settings.read(config)
+  return read.run, read.cluster
+
+
 WITH_MASTER_AND_EVALUATOR = {"cluster": {"master": ["m:2222"], "worker": ["w:2222"], "ps": ["p:2223"],
                                          "evaluator": ["e:2222"]}, "environment": "cloud"}
 
@@ -265,7 +272,7 @@ def test_strategies_get_the_parsed_cluster(monkeypatch, strategy_name, tf_name, 
                                               "environment": "cloud"}))
   _capture(monkeypatch, tf_name)
   with pytest.raises(_Captured) as got:
-    strategy.build(_config(strategy_name), cluster.from_environment())
+    strategy.build(*_sections(_config(strategy_name)), cluster.from_environment())
   passed, resolver_type, resolver_index, rpc = got.value.args
   assert passed == {("chief" if job == "master" else job): spec[job] for job in jobs if job != "evaluator"}
   assert (resolver_type, resolver_index, rpc) == ("chief" if task_type == "master" else task_type, index, "grpc")
@@ -278,18 +285,20 @@ def test_an_evaluator_evaluates_on_its_own_devices(monkeypatch, strategy_name):
   for name in ("MultiWorkerMirroredStrategy", "ParameterServerStrategy"):
     _capture(monkeypatch, name)  # joining the training cluster would raise _Captured
   task = cluster.from_environment(_env({**WITH_MASTER_AND_EVALUATOR, "task": {"type": "evaluator", "index": 0}}))
-  built = strategy.build(_config(strategy_name), task)
+  built = strategy.build(*_sections(_config(strategy_name)), task)
   assert isinstance(built, tf.distribute.OneDeviceStrategy) and built.num_replicas_in_sync == 1
 
 
 MWMS_FROM_ENVIRONMENT = """
 import json, os, sys
 from configs import base
+from configs import settings
 from loops.distribute import cluster
 from loops.distribute import strategy
 c = base.get_config()
 c.strategy = "multi_worker_mirrored"
-s = strategy.build(c, cluster.from_environment())
+read = settings.read(c)
+s = strategy.build(read.run, read.cluster, cluster.from_environment())
 r = s.cluster_resolver
 print(json.dumps([r.cluster_spec().as_dict(), r.task_type, r.task_id, s.extended._is_chief, s.num_replicas_in_sync]))
 """

@@ -96,7 +96,7 @@ def test_bad_normalisation_is_rejected():
   source = data.load(c.data)
   with pytest.raises(ValueError, match=r"data.mean and data.std need 1 values \(one per channel of dataset "
                                        r"'digits'\), got 3"):
-    rules.check_derived(c, plan_lib.derive(c, 1, source.train_size), source)
+    rules.check_derived(c, plan_lib.derive(c.train, c.optimizer, 1, source.train_size), source)
 
 
 @pytest.mark.parametrize("name, shape, classes", [
@@ -156,7 +156,7 @@ def test_too_few_examples_for_one_batch():
   c.train.global_batch_size = 2048
   source = data.load(c.data)
   with pytest.raises(ValueError, match="dataset 'digits' has 1437 train examples: fewer than one global batch of 2048"):
-    rules.check_derived(c, plan_lib.derive(c, 1, source.train_size), source)
+    rules.check_derived(c, plan_lib.derive(c.train, c.optimizer, 1, source.train_size), source)
 
 
 def test_sources_registry_names():

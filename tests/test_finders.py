@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from configs import settings
 from errors import ConfigError
 from loops import finders
 from loops.core import batch_search
@@ -221,9 +222,9 @@ def test_batch_size_on_a_gpu_machine_with_cpu_replicas_is_a_cpu_search(keys, tmp
   """The machine has a GPU (faked), the replicas are CPUs: the CPU rules hold (a memory budget), not GPU:0's."""
   from loops.finders import trial
   monkeypatch.setattr(trial, "has_gpu", lambda: True)
-  assert trial.replicas_on_gpu(load_config("digits_cnn"))
+  assert trial.replicas_on_gpu(settings.read(load_config("digits_cnn")).run)
   config = set_keys(load_config("digits_cnn"), keys)
-  assert not trial.replicas_on_gpu(config)
+  assert not trial.replicas_on_gpu(settings.read(config).run)
   with pytest.raises(ConfigError, match="needs a memory budget"):
     finders.find("batch_size", config, str(tmp_path))
 

@@ -51,12 +51,12 @@ def test_the_first_layer_beyond_its_floor_is_named_with_what_it_is_else_the_loss
 
 def test_what_a_fail_says_for_each_finding():
   Finding = first_difference.Finding
-  assert first_difference.described(Finding("batchnorm", "bn"), None, None, 3) == (
+  assert first_difference.described(Finding("batchnorm", "bn"), None, None, None, 3) == (
       "the sides part first at bn at step 3: BatchNormalization normalizing with each replica's own batch statistics "
       "(a difference by design, not a bug)")
-  assert first_difference.described(Finding("random", "m/sampling"), None, None, 1).startswith(
+  assert first_difference.described(Finding("random", "m/sampling"), None, None, None, 1).startswith(
       "the sides part first at m/sampling at step 1: it draws random values that are not keyed per example")
-  assert first_difference.described(Finding("gradients", ""), None, None, 2).startswith(
+  assert first_difference.described(Finding("gradients", ""), None, None, None, 2).startswith(
       "every layer's output and the loss agree at step 2; the gradients differ: ")
 
 

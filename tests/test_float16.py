@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from configs import settings
 from loops import build as build_lib
 from loops import run
 from loops.distribute import execution as execution_lib
@@ -58,7 +59,8 @@ def test_an_overflowing_step_is_skipped_and_the_loss_scale_halves(strategy, repl
                              "loss.kwargs.last_replica_only": last_replica_only})
   from loops.finders import trial
   parts = build_lib.build(config, trial.role_of(config))
-  execution = execution_lib.make(parts, config)
+  read = settings.read(config)
+  execution = execution_lib.make(parts, read.data, read.run, read.preemption)
   optimizer = parts.main_optimizer
   assert type(optimizer).__name__ == "LossScaleOptimizer"
   weights = lambda: [v.numpy().copy() for v in parts.main_model.trainable_variables]

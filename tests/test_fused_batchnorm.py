@@ -156,13 +156,14 @@ def test_a_masked_call_goes_through_keras_own_call():
 
 def test_the_run_fuses_unless_told_not_to_and_never_a_synchronized_layer():
   c = load_config("cifar_resnet20", "synthetic")
-  model = model_lib.build_model(c, (32, 32, 3), 10)
+  model = model_lib.build_model(c.model, c.mixed_precision, (32, 32, 3), 10)
   batchnorms = [l for l in model.layers if isinstance(l, keras.layers.BatchNormalization)]
   assert len(batchnorms) == 21 and all("call" in vars(l) for l in batchnorms)
   c.model.fused_batchnorm = False
-  assert not any("call" in vars(l) for l in model_lib.build_model(c, (32, 32, 3), 10).layers)
+  built = model_lib.build_model(c.model, c.mixed_precision, (32, 32, 3), 10)
+  assert not any("call" in vars(l) for l in built.layers)
   c.model.fused_batchnorm, c.model.sync_batchnorm = True, True
-  synced = model_lib.build_model(c, (32, 32, 3), 10)
+  synced = model_lib.build_model(c.model, c.mixed_precision, (32, 32, 3), 10)
   assert not any("call" in vars(l) for l in synced.layers if isinstance(l, keras.layers.BatchNormalization))
 
 

@@ -4,6 +4,7 @@ loops/core/ is pure Python, no two classes share a name, and every room is in WO
 import ast
 import os
 import re
+import tokenize
 
 import pytest
 
@@ -69,7 +70,9 @@ def test_inside_loops_every_import_points_down_the_rooms():
 
 
 def test_the_engine_reads_configs_base_in_two_places_only():
-  readers = sorted(path for path in python_files("loops") if any(m.startswith("configs") for m in ours(imported_modules(path))))
+  """configs/settings.py (the settings read once) aside, which any module may import."""
+  readers = sorted(path for path in python_files("loops")
+                   if any(m.startswith("configs.") and m != "configs.settings" for m in ours(imported_modules(path))))
   assert readers == [os.path.join("loops", "command_line.py"), os.path.join("loops", "persist", "starts.py")], readers
 
 
@@ -153,14 +156,41 @@ def test_a_member_of_a_cluster_is_a_process_and_task_means_the_users_task():
 BAG_SENTENCE = re.compile(r"The config bag is read in (\d+) modules \((\d+) distinct keys\)")
 
 
+def code_only(path):
+  """The file's code without its comments, docstrings and string literals (an f-string's expressions kept): a key
+  named in prose or a `--config.KEY` flag in a message is no read."""
+  with open(os.path.join(REPO, path), "rb") as f:
+    tokens = list(tokenize.tokenize(f.readline))
+  with open(os.path.join(REPO, path)) as f:
+    lines = f.read().splitlines(keepends=True)
+  offsets = [0]
+  for line in lines:
+    offsets.append(offsets[-1] + len(line))
+  text = list("".join(lines))
+  for token in tokens:
+    if token.type in (tokenize.COMMENT, tokenize.STRING):
+      first = offsets[token.start[0] - 1] + token.start[1]
+      last = offsets[token.end[0] - 1] + token.end[1]
+      quote = token.string[-1]
+      kept = ""
+      if token.type == tokenize.STRING and "f" in token.string[:token.string.index(quote)].lower():
+        kept = " ".join(re.findall(r"\{([^{}]*)\}", token.string))
+      text[first:last] = list(kept.ljust(last - first))
+  return "".join(text)
+
+
 def config_readers():
-  """{module: the config keys it reads as config.KEY}: the modules of the product that read the bag itself."""
+  """{module: the config keys it reads}: the modules of the product that read the bag itself (config.KEY), or that
+  read a whole Settings object's sections (settings.SECTION.KEY: the bag under another name; configs/settings.py
+  aside). A module given its sections (checkpoint.keep) reads no bag."""
   from configs import base
   groups = set(base.get_config().keys())
   readers = {}
   for path in [p for folder in ("loops", "data", "models", "launch") for p in python_files(folder)] + ["main.py"]:
-    read = {key for key in re.findall(r"\bconfig\.([a-z_]+(?:\.[a-z_]+)*)", open(os.path.join(REPO, path)).read())
-            if key.split(".")[0] in groups}
+    text = code_only(path)
+    read = {key for key in re.findall(r"\bconfig\.([a-z_]+(?:\.[a-z_]+)*)", text) if key.split(".")[0] in groups}
+    read |= {key.removeprefix("run.") for key in re.findall(r"\bsettings\.([a-z_]+\.[a-z_]+)", text)
+             if key.split(".")[0] in groups | {"run"}}
     if read:
       readers[path] = read
   return readers
@@ -172,4 +202,4 @@ def test_workspace_states_how_many_modules_read_the_config_bag():
   assert stated, f"WORKSPACE.md lacks the sentence {BAG_SENTENCE.pattern!r}"
   measured = (len(readers), len(set().union(*readers.values())))
   assert measured == tuple(map(int, stated.groups())), f"WORKSPACE.md states {stated.groups()}, measured {measured}"
-  assert "loops/run.py" in readers and "train.steps" in set().union(*readers.values())
+  assert "loops/rules.py" in readers and "train" in set().union(*readers.values())

@@ -24,7 +24,7 @@ def config_with(name, **kwargs):
 def test_a_model_by_import_path_gets_its_kwargs_and_its_outputs_are_named():
   c = config_with("examples.models:cnn_with_embedding", embedding_dim=5, reconstruct=True)
   rules.check(c)
-  model = model_lib.build_model(c, (8, 8, 1), 10)
+  model = model_lib.build_model(c.model, c.mixed_precision, (8, 8, 1), 10)
   logits, outputs = classification.forward(model, tf.zeros([2, 8, 8, 1]), training=False)
   assert logits.shape == (2, 10) and logits.dtype == tf.float32
   assert outputs["embedding"].shape == (2, 5) and outputs["reconstruction"].shape == (2, 8, 8, 1)
@@ -33,7 +33,8 @@ def test_a_model_by_import_path_gets_its_kwargs_and_its_outputs_are_named():
 
 
 def test_a_plain_output_is_the_logits():
-  model = model_lib.build_model(load_config("digits_cnn"), (8, 8, 1), 10)
+  digits = load_config("digits_cnn")
+  model = model_lib.build_model(digits.model, digits.mixed_precision, (8, 8, 1), 10)
   logits, outputs = classification.forward(model, tf.zeros([2, 8, 8, 1]), training=False)
   assert list(outputs) == ["logits"] and logits.shape == (2, 10)
   assert model_lib.logits_model(model) is model

@@ -12,22 +12,22 @@ from tests.conftest import load_config
 def test_per_replica_batch_and_steps_derive_from_the_final_global_batch():
   c = load_config("digits_cnn")
   c.train.global_batch_size = 128  # as a command-line override would
-  p = plan_lib.derive(c, replicas=2, train_size=1437)
+  p = plan_lib.derive(c.train, c.optimizer, replicas=2, train_size=1437)
   assert (p.global_batch_size, p.per_replica_batch_size, p.steps_per_epoch) == (128, 64, 11)
   assert p.total_steps == math.ceil(c.train.epochs * 11)
 
 
 def test_per_replica_batch_size_scales_with_replicas_unless_global_is_set():
   c = load_config("resnet50_mirrored")
-  assert plan_lib.derive(c, replicas=4, train_size=50_000).global_batch_size == 1024
+  assert plan_lib.derive(c.train, c.optimizer, replicas=4, train_size=50_000).global_batch_size == 1024
   c.train.global_batch_size = 512
-  assert plan_lib.derive(c, replicas=4, train_size=50_000).per_replica_batch_size == 128
+  assert plan_lib.derive(c.train, c.optimizer, replicas=4, train_size=50_000).per_replica_batch_size == 128
 
 
 def test_steps_override_epochs():
   c = load_config("digits_cnn")
   c.train.steps = 7
-  assert plan_lib.derive(c, replicas=1, train_size=1437).total_steps == 7
+  assert plan_lib.derive(c.train, c.optimizer, replicas=1, train_size=1437).total_steps == 7
 
 
 @pytest.mark.parametrize("rule, expected", [
@@ -35,7 +35,8 @@ def test_steps_override_epochs():
 def test_learning_rate_scaling_rules(rule, expected):
   c = load_config("digits_cnn")
   c.optimizer.learning_rate, c.optimizer.lr_scaling, c.train.global_batch_size = 0.1, rule, 512
-  assert plan_lib.derive(c, replicas=4, train_size=10_000).learning_rate == pytest.approx(expected, rel=1e-12)
+  derived = plan_lib.derive(c.train, c.optimizer, replicas=4, train_size=10_000)
+  assert derived.learning_rate == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -49,7 +50,7 @@ def test_what_only_the_replicas_and_data_reveal_is_one_clear_error(change, messa
   change(c)
   digits = types.SimpleNamespace(name="digits", train_size=1437, image_shape=(8, 8, 1), train_files=None)
   with pytest.raises(ConfigError, match=message):
-    rules.check_derived(c, plan_lib.derive(c, replicas=2, train_size=1437), digits)
+    rules.check_derived(c, plan_lib.derive(c.train, c.optimizer, replicas=2, train_size=1437), digits)
 
 
 def test_xla_is_refused_with_synchronized_batchnorm_on_several_replicas_only():

@@ -72,7 +72,7 @@ def test_constant_without_warmup_is_a_plain_float_and_bad_schedules_are_rejected
   source = types.SimpleNamespace(name="digits", train_size=1437, image_shape=(8, 8, 1), train_files=None, streams=None)
   with pytest.raises(ValueError, match="optimizer.warmup_epochs=60.0 gives 1320 warmup steps; it must be shorter "
                                        "than the run \\(1100 steps\\)"):
-    rules.check_derived(long_warmup, plan_lib.derive(long_warmup, 1, 1437), source)
+    rules.check_derived(long_warmup, plan_lib.derive(long_warmup.train, long_warmup.optimizer, 1, 1437), source)
 
 
 def test_the_learning_rate_logged_is_the_one_used(tiny_digits, tmp_path):

@@ -149,7 +149,7 @@ def restored(config, directory, input_shape=(8, 8, 1), num_classes=10):
   import tensorflow as tf
   from loops.modeling import model as model_lib
   from loops.modeling import optimizers
-  model = model_lib.build_model(config, input_shape, num_classes)
+  model = model_lib.build_model(config.model, config.mixed_precision, input_shape, num_classes)
   optimizer = optimizers.build(config.optimizer, 0.1)
   optimizer.build(model.trainable_variables)
   checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer, step=tf.Variable(0, dtype=tf.int64))

@@ -6,6 +6,7 @@ import pytest
 import tensorflow as tf
 
 import data
+from configs import settings
 from data import resident
 from loops import run
 from loops.distribute import strategy as strategy_lib
@@ -49,7 +50,7 @@ MIXES = {"mixup_alpha": 0.4, "cutmix_alpha": 1.0}
 def test_resident_batches_equal_the_host_pipelines_batch_for_batch(strategy_name, start, mixes):
   config = digits_config(**mixes)
   config.strategy, config.cpu_replicas = strategy_name, 2 if strategy_name == "mirrored" else 0
-  strategy = strategy_lib.build(config, role=_local_role())
+  strategy = _strategy(config)
   source = data.load(config.data)
   global_batch, steps_per_epoch = 64, source.train_size // 64
   steps = range(start, start + steps_per_epoch + 5)  # crosses an epoch boundary
@@ -61,6 +62,12 @@ def test_resident_batches_equal_the_host_pipelines_batch_for_batch(strategy_name
     np.testing.assert_array_equal(images, host_batch[0].numpy(), err_msg=f"images of step {step}")
   assert images.shape == (64, 12, 12, 1)
   assert labels.shape == ((64, 10) if mixes else (64,))  # mixed: soft labels
+
+
+def _strategy(config):
+  """strategy.build given the run and cluster settings of `config`, for this process alone."""
+  read = settings.read(config)
+  return strategy_lib.build(read.run, read.cluster, role=_local_role())
 
 
 def _local_role():
@@ -109,7 +116,7 @@ def test_calls_read_in_several_blocks_with_mixes_train_bit_identically_to_the_ho
   config = digits_config(**MIXES)
   config.strategy, config.cpu_replicas = "mirrored", 2
   source = data.load(config.data)
-  on_devices = resident.ResidentTrainData(strategy_lib.build(config, role=_local_role()), source, config.data,
+  on_devices = resident.ResidentTrainData(_strategy(config), source, config.data,
                                           global_batch_size=64, steps_per_epoch=22, seed=config.seed)
   assert on_devices.steps_per_block == 2
   host, host_dir = short_run(tmp_path, "host", 30, device_resident="off", **MIXES)
@@ -184,7 +191,7 @@ def test_two_mwms_workers_train_bit_identically_resident_or_not(tmp_path, mixes)
 def test_one_call_spanning_several_epochs_takes_each_steps_rows_of_its_own_epoch():
   config = digits_config()
   source = data.load(config.data)
-  strategy = strategy_lib.build(config, role=_local_role())
+  strategy = _strategy(config)
   steps_per_epoch = source.train_size // 64  # 22: a call of 50 steps from step 15 touches epochs 0, 1, 2 and 3
   on_devices = resident.ResidentTrainData(strategy, source, config.data, global_batch_size=64,
                                           steps_per_epoch=steps_per_epoch, seed=config.seed)

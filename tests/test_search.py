@@ -280,6 +280,7 @@ def test_a_pruned_trial_stays_pruned_when_rerun_with_a_longer_length(tmp_path):
   """A rerun of a sweep whose length grew starts every trial again: a pruned one stops at once, not trained on."""
   import optuna
   from configs import base
+  from configs import settings
   from loops.core.loop import State
 
   record = {"space": {"lr": "0.1"}, "metric": "eval/accuracy", "mode": "max", "search": "grid", "prune": "asha",
@@ -290,7 +291,8 @@ def test_a_pruned_trial_stays_pruned_when_rerun_with_a_longer_length(tmp_path):
   study.tell(trial, state=optuna.trial.TrialState.PRUNED)
   config = base.get_config()
   config.sweep.study, config.sweep.trial, config.sweep.settings = str(tmp_path / "study.log"), 0, "new"
-  callback = sweep_trial.SweepTrial(config)
+  read = settings.read(config)
+  callback = sweep_trial.SweepTrial(read.sweep, read.checkpoint, read.eval)
   state = State(step=30, total_steps=600, steps_per_epoch=10, is_chief=True, workdir=str(tmp_path), writer=None)
   callback.on_train_begin(state)
   assert state.stop_reason == "pruned at step 30 (value 0.25)" and callback.trial is None

@@ -334,7 +334,8 @@ def test_streamed_records_train_the_same_weights_on_one_device_two_replicas_and_
 
 
 def derived(config, source, workers=1):
-  return plan_lib.derive(config, workers, source.train_size, num_input_pipelines=workers,
+  return plan_lib.derive(config.train, config.optimizer, workers, source.train_size,
+                         num_input_pipelines=workers,
                          epoch_steps=lambda batch: data.steps_per_epoch(source, config.data, batch))
 
 

@@ -7,6 +7,7 @@ before step 1 on one replica too, and update_every itself is checked."""
 import numpy as np
 import pytest
 
+from configs import settings
 from errors import ConfigError
 from loops import build as build_lib
 from loops import rules as rules_lib
@@ -30,9 +31,10 @@ def wgan_gp(**overrides):
 def steps_changing(config, steps):
   """({model name: [steps whose update changed its weights]} over `steps` calls of one step each, the run's parts)."""
   rules_lib.check(config)
-  strategy_lib.configure_devices(config)
+  strategy_lib.configure_devices(settings.read(config).run)
   parts = build_lib.build(config, cluster.ClusterRole())
-  execution = execution_lib.make(parts, config)
+  read = settings.read(config)
+  execution = execution_lib.make(parts, read.data, read.run, read.preemption)
   weights = lambda model: np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
   before = {name: weights(model) for name, model in parts.models.items()}
   changed = {name: [] for name in parts.models}

@@ -31,10 +31,11 @@ def assemble(built_in_first, user, built_in_last):
   return [*built_in_first, *user, *built_in_last]
 
 
-def load_user(config, objects=()):
-  """[(name, callback)]: instances from config.callbacks ("package.module:factory", factory(config)), then
-  `objects` (passed by Python callers). loops/rules.py checks their hooks."""
-  made = [(name, plugins.load_callable(name, "callbacks", 1)(config)) for name in config.callbacks]
-  if config.sweep.settings or config.sweep.study:
-    made.append(("SweepTrial", SweepTrial(config)))
+def load_user(config, names, sweep, checkpoint, eval_settings, objects=()):
+  """[(name, callback)]: instances of `names` (the `callbacks` setting: "package.module:factory",
+  factory(config), the user's factories given the config bag), the sweep's trial, then `objects` (passed by Python
+  callers). loops/rules.py checks their hooks."""
+  made = [(name, plugins.load_callable(name, "callbacks", 1)(config)) for name in names]
+  if sweep.settings or sweep.study:
+    made.append(("SweepTrial", SweepTrial(sweep, checkpoint, eval_settings)))
   return made + [(type(obj).__name__, obj) for obj in objects]

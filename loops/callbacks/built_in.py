@@ -1,5 +1,5 @@
-"""The built-in callbacks of a training run, in their fixed order; each class's `for_run(run)` makes it from the
-settings it reads (None when they turn it off)."""
+"""The built-in callbacks of a training run, in their fixed order; each class's `for_run(run, *sections)` makes it
+from the settings sections it names in `READS` (configs/settings.py; None when they turn it off)."""
 
 import dataclasses
 from typing import Any
@@ -23,7 +23,7 @@ SAVING = (Checkpointing, Export, RunSummary)
 @dataclasses.dataclass(frozen=True)
 class Run:
   """What a built-in callback is made from."""
-  config: Any  # the resolved config
+  config: Any  # the resolved config bag, as a record only (Overview writes it); settings come as sections
   workdir: str
   parts: Any  # loops/build.Parts
   execution: Any  # loops/distribute/execution (train, evaluate, averaged_weights, gradient_norms)
@@ -31,6 +31,7 @@ class Run:
   wall_started: float  # time.perf_counter() when the run began
 
 
-def make(run, classes):
-  """[callback] of `classes` that the run's settings turn on, in order."""
-  return [c for c in (cls.for_run(run) for cls in classes) if c is not None]
+def make(run, settings, classes):
+  """[callback] of `classes` that the run's settings turn on, in order: each given the sections it READS."""
+  made = (cls.for_run(run, *(getattr(settings, name) for name in getattr(cls, "READS", ()))) for cls in classes)
+  return [c for c in made if c is not None]

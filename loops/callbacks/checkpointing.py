@@ -36,9 +36,11 @@ class Checkpointing(Callback):
     self.checkpoints, self.trigger, self.stopped_total_steps = checkpoints, Trigger(every_steps), stopped_total_steps
     self.checkpointed = {"stopped_total_steps": stopped_total_steps}
 
+  READS = ("checkpoint",)
+
   @classmethod
-  def for_run(cls, run):
-    return cls(run.checkpoints, run.config.checkpoint.every_steps)
+  def for_run(cls, run, checkpoint):
+    return cls(run.checkpoints, checkpoint.every_steps)
 
   def on_train_begin(self, state):
     stopped = int(self.stopped_total_steps.numpy())
@@ -92,11 +94,12 @@ class BestCheckpoint(Callback):
         saved = json.load(f)
       self.value, self.step = saved["value"], saved["step"]
 
+  READS = ("checkpoint",)
+
   @classmethod
-  def for_run(cls, run):
-    settings = run.config.checkpoint
-    return cls(run.workdir, run.checkpoints.best, settings.best_metric, settings.best_mode, run.parts.role.is_chief,
-               run.execution.averaged_weights)
+  def for_run(cls, run, checkpoint):
+    return cls(run.workdir, run.checkpoints.best, checkpoint.best_metric, checkpoint.best_mode,
+               run.parts.role.is_chief, run.execution.averaged_weights)
 
   def update(self, step, results, writer):
     """Saves and writes best.json through `writer` when results[metric] is the best so far; returns the record

@@ -29,9 +29,10 @@ class EarlyStopping(Callback):
     self.checkpointed = {"best": variable(math.nan, tf.float64), "best_step": variable(-1, tf.int64),
                          "evals_since": variable(0, tf.int64)}
 
+  READS = ("early_stopping",)
+
   @classmethod
-  def for_run(cls, run):
-    stopping = run.config.early_stopping
+  def for_run(cls, run, stopping):
     return cls(stopping.metric, stopping.mode, stopping.patience, stopping.min_delta) if stopping.metric else None
 
   def after_eval(self, state):

@@ -67,18 +67,20 @@ class Export(Callback):
     self.keras_file_problem = serving.keras_file_problem(model) if enabled else None
     self.serving_problem = serves.problem() if enabled else None
 
+  READS = ("run", "task", "data")
+
   @classmethod
-  def for_run(cls, run):
+  def for_run(cls, run, run_settings, task, data_settings):
     """The built-in classification serves raw images through the eval's preprocessing; a task serves its
     predict_step on its features (Task.serving_spec)."""
-    parts, config = run.parts, run.config
-    if config.task.name == task_lib.BUILT_IN:
-      serves = ClassifierServing(parts.main_model, data.eval_images(parts.source, config.data),
+    parts = run.parts
+    if task.name == task_lib.BUILT_IN:
+      serves = ClassifierServing(parts.main_model, data.eval_images(parts.source, data_settings),
                                  data.raw_image_spec(parts.source))
     else:
       serves = TaskServing(parts.task, parts.models, parts.task.serving_spec(parts.element_spec[0]))
-    return cls(parts.main_model, config.export, run.execution.averaged_weights, serves,
-               logits=config.task.name == task_lib.BUILT_IN, tflite=config.export_tflite)
+    return cls(parts.main_model, run_settings.export, run.execution.averaged_weights, serves,
+               logits=task.name == task_lib.BUILT_IN, tflite=run_settings.export_tflite)
 
   def on_train_begin(self, state):
     if self.serving_problem:

@@ -19,9 +19,11 @@ class Histograms(Callback):
     self.trigger, self.model, self.execution = Trigger(every_steps), model, execution
 
 
+  READS = ("summary",)
+
   @classmethod
-  def for_run(cls, run):
-    return cls(run.config.summary.histogram_every_steps, run.parts.main_model, run.execution)
+  def for_run(cls, run, summary):
+    return cls(summary.histogram_every_steps, run.parts.main_model, run.execution)
 
   def after_train_call(self, state):
     if not self.trigger.due(state.call_start_step, state.step):

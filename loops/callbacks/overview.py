@@ -1,5 +1,7 @@
 """Overview: at step 0, the resolved config as text, the HParams tab, grids of the first train and eval inputs."""
 
+import dataclasses
+
 import tensorflow as tf
 
 import data
@@ -14,22 +16,27 @@ class Overview(Callback):
     metric_tags: the eval result tags (the HParams tab's metrics).
     first_batches: fn() -> (train batch, eval batch); called only by a writer that writes, at most once;
       None when the inputs are not images.
+    hparams_experiment: summary.hparams_experiment (the HParams tab's experiment, else its session only).
   """
 
-  def __init__(self, config, metric_tags, first_batches):
+  def __init__(self, config, metric_tags, first_batches, hparams_experiment=True):
     self.config, self.metric_tags, self.first_batches, self._batches = config, metric_tags, first_batches, None
+    self.hparams_experiment = hparams_experiment
+
+  READS = ("data", "run", "summary")
 
   @classmethod
-  def for_run(cls, run):
-    parts, config = run.parts, run.config
+  def for_run(cls, run, data_settings, run_settings, summary):
+    parts = run.parts
     images = parts.source.image_shape is not None and isinstance(parts.element_spec[0], tf.TensorSpec)
-    return cls(config, parts.eval_tags, (lambda: _first_inputs(config, parts)) if images else None)
+    first = (lambda: _first_inputs(data_settings, run_settings.seed, parts)) if images else None
+    return cls(run.config, parts.eval_tags, first, summary.hparams_experiment)
 
   def on_train_begin(self, state):
     if state.step != 0:
       return
     state.writer.text(0, "config", "```\n" + str(self.config) + "\n```")
-    state.writer.hparams(self.config, self.metric_tags)
+    state.writer.hparams(self.config, self.metric_tags, self.hparams_experiment)
     if self.first_batches is not None:  # image inputs only
       state.writer.image_grid(0, "train/input_images", lambda: self._first_batches()[0])
       state.writer.image_grid(0, "eval/input_images", lambda: self._first_batches()[1])
@@ -39,11 +46,10 @@ class Overview(Callback):
     return self._batches
 
 
-def _first_inputs(config, parts):
+def _first_inputs(data_settings, seed, parts):
   """16 train and 16 eval inputs after preprocessing, from pipelines of their own (not the run's; local)."""
-  local = config.data.copy_and_resolve_references()
-  local.service = ""
+  local = dataclasses.replace(data_settings, service="")
   train = data.train_dataset(parts.source, local, batch_size=min(16, parts.plan.global_batch_size),
-                             steps_per_epoch=parts.plan.steps_per_epoch, seed=config.seed)
-  evaluation = data.eval_dataset(parts.source, config.data, batch_size=16)
+                             steps_per_epoch=parts.plan.steps_per_epoch, seed=seed)
+  evaluation = data.eval_dataset(parts.source, data_settings, batch_size=16)
   return next(iter(train)), next(iter(evaluation))

@@ -11,9 +11,11 @@ class ProfileTrace(Callback):
     self.range, self.steps_per_loop, self.tracing = tuple(profile_steps), steps_per_loop, False
     self.workers = workers
 
+  READS = ("summary",)
+
   @classmethod
-  def for_run(cls, run):
-    return cls(run.config.summary.profile_steps, run.parts.plan.steps_per_loop, run.parts.role.num_workers)
+  def for_run(cls, run, summary):
+    return cls(summary.profile_steps, run.parts.plan.steps_per_loop, run.parts.role.num_workers)
 
   def on_train_begin(self, state):
     self.on_call_end(state)

@@ -48,10 +48,11 @@ def make_pruner(kind, first_eval_step, total_steps):
 class SweepTrial(Callback):
   """Reports each eval to the sweep's Optuna trial, stops the run when pruned, tells the study the result."""
 
-  def __init__(self, config):
-    self.settings, self.path, self.number = config.sweep.settings, config.sweep.study, config.sweep.trial
-    self.metric, self.mode = config.checkpoint.best_metric, config.checkpoint.best_mode
-    self.every_steps = config.eval.every_steps
+  def __init__(self, sweep, checkpoint, eval_settings):
+    """sweep, checkpoint, eval_settings: those sections of the run's settings (configs/settings.py)."""
+    self.settings, self.path, self.number = sweep.settings, sweep.study, sweep.trial
+    self.metric, self.mode = checkpoint.best_metric, checkpoint.best_mode
+    self.every_steps = eval_settings.every_steps
     self.trial, self.pruned = None, None
 
   def on_train_begin(self, state):

@@ -24,9 +24,11 @@ class TrainLog(Callback):
     self.progress = self.bar = None
 
 
+  READS = ("summary",)
+
   @classmethod
-  def for_run(cls, run):
-    return cls(run.parts.optimizers, run.parts.plan.global_batch_size, run.config.summary.progress_bar,
+  def for_run(cls, run, summary):
+    return cls(run.parts.optimizers, run.parts.plan.global_batch_size, summary.progress_bar,
                progress_lib.throughput_unit(run.parts.source))
 
   def on_train_begin(self, state):

@@ -14,9 +14,10 @@ class WorkerMonitor(Callback):
     self.memory_usage, self.peaks, self.busy_totals, self.calls = memory_usage, {}, None, 0
 
 
+  READS = ("summary",)
+
   @classmethod
-  def for_run(cls, run):
-    summary = run.config.summary
+  def for_run(cls, run, summary):
     step_memory = getattr(run.execution, "step_memory", None)  # a train call's peak (SyncExecution)
     usage = (lambda: {**memory.usage_mb(), **step_memory.values()}) if step_memory else memory.usage_mb
     return cls(summary.straggler_fraction, summary.straggler_calls, usage)

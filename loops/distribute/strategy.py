@@ -30,14 +30,15 @@ def mirrored(devices):
   return tf.distribute.MirroredStrategy(devices)
 
 
-def configure_devices(config):
-  """Sets GPU memory growth, thread pools and `cpu_replicas` logical CPUs. Must run before TensorFlow initialises."""
+def configure_devices(run):
+  """Sets GPU memory growth, thread pools and `cpu_replicas` logical CPUs (`run`: the run settings, the top-level
+  keys). Must run before TensorFlow initialises."""
   for key, setter, getter in (
       ("intra_op_threads", tf.config.threading.set_intra_op_parallelism_threads,
        tf.config.threading.get_intra_op_parallelism_threads),
       ("inter_op_threads", tf.config.threading.set_inter_op_parallelism_threads,
        tf.config.threading.get_inter_op_parallelism_threads)):
-    threads = int(config[key])
+    threads = int(getattr(run, key))
     if threads and getter() != threads:
       try:
         setter(threads)
@@ -48,7 +49,7 @@ def configure_devices(config):
       tf.config.experimental.set_memory_growth(gpu, True)
     except RuntimeError:  # runtime already up: memory growth was set (or not) by an earlier run.
       pass
-  wanted = int(config.cpu_replicas)
+  wanted = int(run.cpu_replicas)
   if wanted == 0:
     return
   cpu = tf.config.list_physical_devices("CPU")[0]
@@ -68,30 +69,31 @@ def gpu_count():
   return len(tf.config.list_physical_devices("GPU"))
 
 
-def replica_devices(config):
-  """Devices that hold one replica each, for single-machine strategies."""
-  if config.cpu_replicas > 0:
-    return [f"/cpu:{i}" for i in range(config.cpu_replicas)]
+def replica_devices(run):
+  """Devices that hold one replica each, for single-machine strategies (`run`: the run settings)."""
+  if run.cpu_replicas > 0:
+    return [f"/cpu:{i}" for i in range(run.cpu_replicas)]
   gpus = tf.config.list_logical_devices("GPU")
-  if config.num_gpus is not None:
-    gpus = gpus[:config.num_gpus]
+  if run.num_gpus is not None:
+    gpus = gpus[:run.num_gpus]
   if gpus:
     return [g.name for g in gpus]
   return ["/cpu:0"]
 
 
-def build(config, role):
-  """Returns the tf.distribute.Strategy named by config.strategy for this process (checked by loops/rules.py)."""
-  name = config.strategy
+def build(run, cluster, role):
+  """Returns the tf.distribute.Strategy named by the `strategy` setting for this process (checked by
+  loops/rules.py); `run`, `cluster`: the run and cluster settings."""
+  name = run.strategy
   if role.is_evaluator and (name in MULTI_WORKER or name == "parameter_server"):
-    name = _evaluator_strategy(config, name)
+    name = _evaluator_strategy(run, name)
   if name in MULTI_WORKER:
-    return _multi_worker(config, role)
+    return _multi_worker(cluster, role)
   if name == "parameter_server":
     return parameter_server.build_strategy(role)
   if name == "tpu":
-    return _tpu(config)
-  devices = replica_devices(config)
+    return _tpu(cluster)
+  devices = replica_devices(run)
   if name == "one_device":
     strategy = tf.distribute.OneDeviceStrategy(devices[0])
   elif name == "mirrored":
@@ -105,20 +107,20 @@ def build(config, role):
   return strategy
 
 
-def _evaluator_strategy(config, training_name):
+def _evaluator_strategy(run, training_name):
   """An evaluator process never joins the training cluster's collectives: it evaluates on its own devices."""
-  name = "mirrored" if len(replica_devices(config)) > 1 else "one_device"
+  name = "mirrored" if len(replica_devices(run)) > 1 else "one_device"
   logging.info("evaluator process: %s on this machine's devices (the training cluster runs %s)", name, training_name)
   return name
 
 
-def _multi_worker(config, role):
+def _multi_worker(cluster, role):
   resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
       tf.train.ClusterSpec(role.cluster), task_type=role.type, task_id=role.index, rpc_layer="grpc",
       num_accelerators={"GPU": len(tf.config.list_physical_devices("GPU"))})
   options = tf.distribute.experimental.CommunicationOptions(
-      implementation=COLLECTIVES[config.cluster.collective], bytes_per_pack=int(config.cluster.bytes_per_pack),
-      timeout_seconds=config.cluster.collective_timeout_seconds)
+      implementation=COLLECTIVES[cluster.collective], bytes_per_pack=int(cluster.bytes_per_pack),
+      timeout_seconds=cluster.collective_timeout_seconds)
   private_apis.next_collective_keys(tf.distribute.MultiWorkerMirroredStrategy, next(_COLLECTIVE_KEY_BASES))
   try:
     strategy = tf.distribute.MultiWorkerMirroredStrategy(cluster_resolver=resolver, communication_options=options)
@@ -130,18 +132,18 @@ def _multi_worker(config, role):
                       "when it is imported; make them inside its functions") from None
   logging.info("strategy multi_worker_mirrored: process %s:%d of %d workers, %d replica(s) in sync, collective %s, "
                "bytes per pack %d", role.type, role.index, role.num_workers, strategy.num_replicas_in_sync,
-               config.cluster.collective, config.cluster.bytes_per_pack)
+               cluster.collective, cluster.bytes_per_pack)
   return strategy
 
 
-def _tpu(config):
+def _tpu(cluster):
   try:
-    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=config.cluster.tpu or None)
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=cluster.tpu or None)
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
   except Exception as e:  # ValueError (no TPU name), NotFoundError, ...: no TPU reachable.
     text = str(e).strip().splitlines()
-    raise ConfigError(f"strategy 'tpu' found no TPU (cluster.tpu='{config.cluster.tpu}'): "
+    raise ConfigError(f"strategy 'tpu' found no TPU (cluster.tpu='{cluster.tpu}'): "
                       f"{text[0] if text else type(e).__name__}") from None
   return tf.distribute.TPUStrategy(resolver)
 

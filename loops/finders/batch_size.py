@@ -113,14 +113,15 @@ def measure(config, role, per_replica, replicas, timed_steps, budget_gb, on_gpu)
   return Trial(per_replica, global_batch, fits, memory, timed_steps * global_batch / seconds, note, step_mb)
 
 
-def find_batch_size(config, workdir):
-  """The search for config's run (checked by loops/finders/rules.py); writes workdir/batch_size_find; returns a dict."""
-  f = config.find
-  on_gpu = trial.replicas_on_gpu(config)  # the replicas' devices, not the machine's
+def find_batch_size(config, f, run, cluster, data_settings, workdir):
+  """The search for config's run (checked by loops/finders/rules.py); writes workdir/batch_size_find; returns a dict.
+  f, run, cluster, data_settings: the find, run, cluster and data settings; config: the bag its throw-away runs
+  copy."""
+  on_gpu = trial.replicas_on_gpu(run)  # the replicas' devices, not the machine's
   role = trial.role_of(config, workdir)
   out = trial.output_dir(workdir, OUT)
-  replicas = strategy_lib.build(config, role).num_replicas_in_sync
-  train_size = data.load(config.data).train_size
+  replicas = strategy_lib.build(run, cluster, role).num_replicas_in_sync
+  train_size = data.load(data_settings).train_size
   maximum = min(f.max_per_replica_batch, train_size // replicas)  # at least one step per epoch
   maximum -= maximum % f.granularity
   if maximum < f.granularity:

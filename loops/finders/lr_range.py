@@ -104,9 +104,9 @@ def _ramp_every_optimizer(parts, f):
     inner.learning_rate = ExponentialRamp(f.lr_min * ratio, f.lr_max * ratio, f.lr_steps)
 
 
-def find_lr(config, workdir):
-  """The range test for config's run (checked by loops/finders/rules.py); writes workdir/lr_find; returns a dict."""
-  f = config.find
+def find_lr(config, f, optimizer_settings, workdir):
+  """The range test for config's run (checked by loops/finders/rules.py); writes workdir/lr_find; returns a dict.
+  f, optimizer_settings: the find and optimizer settings; config: the bag its throw-away run copies."""
   run_config = trial.throwaway_config(config, f.lr_steps)
   role = trial.role_of(run_config, workdir)
   out = trial.output_dir(workdir, OUT)
@@ -116,7 +116,7 @@ def find_lr(config, workdir):
   curve = run_ramp(execution, parts.main_optimizer, ramp, f)
   suggestion, lowest_lr = suggest(curve.learning_rates, curve.smoothed)
   # The flag is the configured rate: the run scales it by optimizer.lr_scaling for its batch and replicas.
-  scale = optimizers.scaled_learning_rate(_unit_lr(config.optimizer), parts.plan.global_batch_size,
+  scale = optimizers.scaled_learning_rate(_unit_lr(optimizer_settings), parts.plan.global_batch_size,
                                           parts.plan.replicas)
   result = {"rule": RULE, "suggested_lr": suggestion, "lowest_loss_lr": lowest_lr, "lr_scaling": scale,
             "flag_value": None if suggestion is None else suggestion / scale, "steps": len(curve.losses),
@@ -125,7 +125,7 @@ def find_lr(config, workdir):
   writer = writers.for_role(out, role.is_chief)
   if role.is_chief:
     _write(writer, out, curve, result)
-    _print(result, config.optimizer.lr_scaling)
+    _print(result, optimizer_settings.lr_scaling)
   return result
 
 
@@ -133,10 +133,8 @@ def _finite(values):
   return [value if math.isfinite(value) else None for value in values]  # strict JSON has no NaN
 
 
-def _unit_lr(opt_config):
-  unit = opt_config.copy_and_resolve_references()
-  unit.learning_rate = 1.0
-  return unit
+def _unit_lr(optimizer_settings):
+  return dataclasses.replace(optimizer_settings, learning_rate=1.0)
 
 
 def _write(writer, out, curve, result):

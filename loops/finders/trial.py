@@ -6,10 +6,10 @@ import posixpath
 
 import tensorflow as tf
 
+from configs import settings as settings_lib
 from errors import ConfigError
 from loops import build as build_lib
 from loops import rules as rules_lib
-from loops.distribute import cluster
 from loops.distribute import execution as execution_lib
 from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
@@ -19,10 +19,11 @@ def has_gpu():
   return bool(tf.config.list_physical_devices("GPU"))
 
 
-def replicas_on_gpu(config):
+def replicas_on_gpu(run):
   """Whether the run's replicas are GPUs (strategy.replica_devices), not merely whether the machine has one:
-  cpu_replicas > 0 or num_gpus=0 train on CPU. Reads physical devices only (the runtime is not started yet)."""
-  return config.cpu_replicas == 0 and config.num_gpus != 0 and has_gpu()
+  cpu_replicas > 0 or num_gpus=0 train on CPU (`run`: the run settings). Reads physical devices only (the runtime
+  is not started yet)."""
+  return run.cpu_replicas == 0 and run.num_gpus != 0 and has_gpu()
 
 
 def throwaway_config(config, steps, global_batch_size=None):
@@ -42,10 +43,9 @@ def role_of(config, workdir=None):
   """This process's cluster.ClusterRole, checked against the strategy (after the devices are configured); `workdir` holds
   the address exchange of ranks started by an MPI launcher, as in a run."""
   rules_lib.check(config)
-  strategy_lib.configure_devices(config)
-  role = cluster.from_environment(source=config.cluster.source, slurm_port_base=config.cluster.slurm_port_base,
-                                  workdir=workdir, startup_timeout_seconds=config.cluster.startup_timeout_seconds,
-                                  k8s_port=config.cluster.k8s_port)
+  settings = settings_lib.read(config)
+  strategy_lib.configure_devices(settings.run)
+  role = build_lib.cluster_role(settings.cluster, workdir)
   rules_lib.check_role(config, role)
   if role.is_distributed:
     startup.check_port_free(role)
@@ -55,7 +55,8 @@ def role_of(config, workdir=None):
 def start(config, role):
   """(parts, execution) of a fresh run of `config` (the model is newly initialised: nothing is restored)."""
   parts = build_lib.build(config, role)
-  return parts, execution_lib.make(parts, config)
+  settings = settings_lib.read(config)  # the throw-away run's settings, read once as a run reads them
+  return parts, execution_lib.make(parts, settings.data, settings.run, settings.preemption)
 
 
 def output_dir(workdir, name):

@@ -54,20 +54,21 @@ def describe(identifier):
   return getattr(identifier, "__name__", type(identifier).__name__)
 
 
-def loss_for_run(config, model, labels, outputs):
+def loss_for_run(loss, data_settings, model, labels, outputs):
   """The built-in classification's loss from compile(): the per-example compiled loss when loss.name is "" and
-  the model has one, else None (loss.name's loss trains; one line when it overrides a compiled loss)."""
+  the model has one, else None (loss.name's loss trains; one line when it overrides a compiled loss). loss,
+  data_settings: the loss and data settings."""
   identifier = compiled_loss(model)
   if identifier is None:
     return None
-  if config.loss.name:
+  if loss.name:
     logging.warning("model '%s' was compiled with loss %s; the run trains loss.name=%r (the config's; loss.name='' "
-                    "trains the compiled one)", model.name, describe(identifier), config.loss.name)
+                    "trains the compiled one)", model.name, describe(identifier), loss.name)
     return None
-  if config.loss.label_smoothing or dict(config.loss.kwargs):
+  if loss.label_smoothing or dict(loss.kwargs):
     raise ConfigError(f"loss.label_smoothing/loss.kwargs configure loss.name's loss; model '{model.name}' trains "
                       f"its compiled {describe(identifier)}: set them in compile(), or name a loss.name")
-  if config.data.mixup_alpha or config.data.cutmix_alpha:
+  if data_settings.mixup_alpha or data_settings.cutmix_alpha:
     raise ConfigError(f"data.mixup_alpha/cutmix_alpha give soft labels [batch, classes]; the compiled "
                       f"{describe(identifier)} of model '{model.name}' takes the data's labels: set "
                       f"loss.name='sparse_categorical_crossentropy' (it takes both) or turn mixing off")
@@ -189,22 +190,22 @@ def warn_unused_overrides(name, model):
   return overridden
 
 
-def warn_unused_compile(name, model, config, loss_taken, trained_by=None):
+def warn_unused_compile(name, model, run_optimizer, step_keys, loss_taken, trained_by=None):
   """One warning line for every setting compile() gave that this run does not use, with what the run uses: the
   optimizer (another class, or its settings that differ from the run's optimizer `trained_by`), run_eagerly,
   jit_compile and steps_per_execution (the config's keys govern them), the loss and metrics of a task model (a Task
   trains its own loss); loss_taken: the built-in classification takes the compiled loss and metrics of the model
-  named "model"."""
+  named "model". run_optimizer: the optimizer settings; step_keys: (jit_compile, train.steps_per_loop)."""
   if not getattr(model, "compiled", False):
     return None
   unused = []
   optimizer = getattr(model, "optimizer", None)
-  if optimizer is not None and type(optimizer).__name__.lower() != config.optimizer.name:
-    unused.append(f"optimizer {type(optimizer).__name__} (optimizer.name={config.optimizer.name!r}, learning_rate "
-                  f"{config.optimizer.learning_rate:g} trains it)")
+  if optimizer is not None and type(optimizer).__name__.lower() != run_optimizer.name:
+    unused.append(f"optimizer {type(optimizer).__name__} (optimizer.name={run_optimizer.name!r}, learning_rate "
+                  f"{run_optimizer.learning_rate:g} trains it)")
   elif optimizer is not None and trained_by is not None:
     unused += optimizer_settings(optimizer, getattr(trained_by, "inner_optimizer", trained_by))
-  unused += _step_settings(model, private_apis.compile_arguments(model), config)
+  unused += _step_settings(model, private_apis.compile_arguments(model), *step_keys)
   if not loss_taken and (compiled_loss(model) is not None or compiled_metrics(model)):
     unused.append("loss and metrics (the task's per_example_loss/train_step and eval_step are used)")
   if unused:
@@ -234,19 +235,19 @@ def _shown(value):
   return f"{value:.6g}" if isinstance(value, float) else repr(value)
 
 
-def _step_settings(model, arguments, config):
+def _step_settings(model, arguments, jit_compile, steps_per_loop):
   """compile()'s run_eagerly (or the model's), jit_compile and steps_per_execution when given, with the config key
   that rules."""
   unused = []
   if arguments.get("run_eagerly") or getattr(model, "run_eagerly", False) is True:
     unused.append("run_eagerly=True (the step always runs as a tf.function: a Python error in it names its line "
                   "with --debug)")
-  if arguments.get("jit_compile") not in (None, "auto", bool(config.jit_compile)):
+  if arguments.get("jit_compile") not in (None, "auto", bool(jit_compile)):
     unused.append(f"jit_compile={arguments['jit_compile']} (--config.jit_compile={bool(arguments['jit_compile'])} "
                   "sets it)")
-  if arguments.get("steps_per_execution", 1) not in (1, config.train.steps_per_loop):
+  if arguments.get("steps_per_execution", 1) not in (1, steps_per_loop):
     unused.append(f"steps_per_execution={arguments['steps_per_execution']} (train.steps_per_loop="
-                  f"{config.train.steps_per_loop} is what a call runs)")
+                  f"{steps_per_loop} is what a call runs)")
   return unused
 
 

@@ -43,24 +43,24 @@ def model_function(name):
   return models.get(name)
 
 
-def build_model(config, input_shape, num_classes):
-  """The model under config.mixed_precision's Keras dtype policy (restored afterwards: it is global); its
-  BatchNormalization layers synchronized over all replicas when model.sync_batchnorm, the others run through the
-  fused kernel when model.fused_batchnorm (loops/modeling/fused_batchnorm.py). Call in strategy.scope()."""
-  if (config.mixed_precision and not tf.config.list_physical_devices("GPU")
-      and emulated_on_cpu(config.mixed_precision, cpu_flags())):
-    logging.warning(CPU_MIXED_PRECISION_WARNING, config.mixed_precision,
-                    "/".join(NATIVE_CPU_FLAGS[config.mixed_precision]))
+def build_model(model_settings, mixed_precision, input_shape, num_classes):
+  """The model of the `model` settings under the Keras dtype policy of `mixed_precision` (restored afterwards: it
+  is global); its BatchNormalization layers synchronized over all replicas when model.sync_batchnorm, the others
+  run through the fused kernel when model.fused_batchnorm (loops/modeling/fused_batchnorm.py). Call in
+  strategy.scope()."""
+  if (mixed_precision and not tf.config.list_physical_devices("GPU")
+      and emulated_on_cpu(mixed_precision, cpu_flags())):
+    logging.warning(CPU_MIXED_PRECISION_WARNING, mixed_precision, "/".join(NATIVE_CPU_FLAGS[mixed_precision]))
   previous = keras.mixed_precision.dtype_policy()
-  if config.mixed_precision:
-    keras.mixed_precision.set_dtype_policy(MIXED_PRECISION_POLICIES[config.mixed_precision])
+  if mixed_precision:
+    keras.mixed_precision.set_dtype_policy(MIXED_PRECISION_POLICIES[mixed_precision])
   try:
-    model = model_function(config.model.name)(tuple(input_shape), int(num_classes), **dict(config.model.kwargs))
+    model = model_function(model_settings.name)(tuple(input_shape), int(num_classes), **dict(model_settings.kwargs))
   finally:
     keras.mixed_precision.set_dtype_policy(previous)
   if not isinstance(model, keras.Model):
-    raise ConfigError(f"model '{config.model.name}' returned {type(model).__name__}, not a keras.Model")
-  configure_batchnorm(model, config.model)
+    raise ConfigError(f"model '{model_settings.name}' returned {type(model).__name__}, not a keras.Model")
+  configure_batchnorm(model, model_settings)
   return model
 
 

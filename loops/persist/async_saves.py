@@ -11,12 +11,13 @@ from loops import private_apis
 ASYNC_STRATEGIES = ("one_device", "mirrored", "multi_worker_mirrored")
 
 
-def async_save_enabled(config):
-  """Whether this run's periodic saves are asynchronous: checkpoint.async_save and a strategy it is used with."""
-  if not config.checkpoint.async_save:
+def async_save_enabled(async_save, strategy):
+  """Whether this run's periodic saves are asynchronous: checkpoint.async_save and a strategy (its name) it is used
+  with."""
+  if not async_save:
     return False
-  if config.strategy not in ASYNC_STRATEGIES:
-    logging.info("checkpoint.async_save: not used with strategy=%s (blocking saves; used with %s)", config.strategy,
+  if strategy not in ASYNC_STRATEGIES:
+    logging.info("checkpoint.async_save: not used with strategy=%s (blocking saves; used with %s)", strategy,
                  ", ".join(ASYNC_STRATEGIES))
     return False
   return True

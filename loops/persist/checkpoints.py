@@ -19,7 +19,6 @@ import tensorflow as tf
 
 from errors import ConfigError, first_line
 from loops import private_apis
-from loops.modeling import model as model_lib
 from loops.modeling import optimizers as optimizers_lib
 from loops.persist import async_saves, init_checkpoint, workdir_lock
 
@@ -56,22 +55,24 @@ class Checkpoints:
   Args:
     workdir, checkpoint, step_counter, keep, is_chief, async_save: as `Series` (workdir/checkpoints).
     best: whether the best checkpoint is kept (checkpoint.best_metric set).
-    config, parts: the run's config and loops/build.Parts (for the warm start and the learning rates).
+    init, parts, twin: the run's `init` settings, loops/build.Parts and fn() -> a twin of the run's model (for the
+      warm start and the learning rates).
   """
 
-  def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, async_save=False, best=False, config=None,
-               parts=None):
-    self.checkpoint, self._config, self._parts = checkpoint, config, parts
+  def __init__(self, workdir, checkpoint, step_counter, keep, is_chief, async_save=False, best=False, init=None,
+               parts=None, twin=None):
+    self.checkpoint, self._init, self._parts, self._twin = checkpoint, init, parts, twin
     self.series = Series(workdir, checkpoint, step_counter, keep, is_chief, async_save=async_save)
     self.best = Series(workdir, checkpoint, step_counter, 1, is_chief, subdir="best") if best else None
     self.restored = None  # the path restore_run() resumed from
 
   @classmethod
-  def for_run(cls, config, workdir, parts):
-    """The training run's checkpoints (`parts`: loops/build.Parts)."""
-    return cls(workdir, parts.checkpoint, parts.step_counter, config.checkpoint.keep, parts.role.is_chief,
-               async_save=async_saves.async_save_enabled(config), best=bool(config.checkpoint.best_metric),
-               config=config, parts=parts)
+  def for_run(cls, checkpoint, init, strategy, workdir, parts, twin):
+    """The training run's checkpoints: `checkpoint` and `init` settings, the strategy's name, loops/build.Parts,
+    fn() -> a twin of the run's model (the warm start loads .h5 weights into it)."""
+    return cls(workdir, parts.checkpoint, parts.step_counter, checkpoint.keep, parts.role.is_chief,
+               async_save=async_saves.async_save_enabled(checkpoint.async_save, strategy),
+               best=bool(checkpoint.best_metric), init=init, parts=parts, twin=twin)
 
   directory = property(lambda self: self.series.directory)
   last_saved_step = property(lambda self: self.series.last_saved_step)
@@ -119,15 +120,15 @@ class Checkpoints:
     return damage
 
   @staticmethod
-  def inspect_warm_start(config, parts):
+  def inspect_warm_start(init, parts, twin):
     """--dry_run: '<source>: <counts>' of what init.checkpoint would load, read with the run's checks (a refusal
     raises here), nothing assigned."""
-    source, _, result = init_checkpoint.inspect(config.init, parts.main_model, _twin(config, parts))
+    source, _, result = init_checkpoint.inspect(init, parts.main_model, twin)
     return f"{source.description}: {result.counts()}"
 
   def _warm_start(self):
     """init.checkpoint into a new run's model: (its table or "", its counts)."""
-    init = self._config.init if self._config else None
+    init = self._init
     if not init or not init.checkpoint:
       return "", {}
     if self.restored:
@@ -136,7 +137,7 @@ class Checkpoints:
       return "", {}
     parts = self._parts
     return init_checkpoint.warm_start(init, parts.main_model, parts.main_optimizer, parts.strategy,
-                                      _twin(self._config, parts))
+                                      self._twin)
 
   def _reset_learning_rates(self):
     """This run's learning rates over the restored ones."""
@@ -307,11 +308,6 @@ class Series:
     finally:
       if self._temporary:
         shutil.rmtree(self._temporary, ignore_errors=True)
-
-
-def _twin(config, parts):
-  """A function making a twin of the run's model (the warm start loads .h5 weights into it)."""
-  return lambda: model_lib.build_model(config, parts.input_shape, parts.source.num_classes)
 
 
 def _restore(checkpoint, path):

@@ -3,8 +3,9 @@
 unreachable or crashing tracker never holds up, slows or ends a train call.
 
   check_settings(config.tracking)      before anything is trained or written
-  start(config, workdir, plan, role)   the chief's Trackers (None elsewhere, or when no tracker is configured)
-  start_evaluator(config, workdir)     the sidecar evaluator's: a run of its own beside the training's
+  start(tracking, tags, params, workdir, role)  the chief's Trackers (None elsewhere, or when none is configured)
+  start_evaluator(tracking, task_name, params, workdir)  the sidecar evaluator's: a run of its own beside the
+                                                          training's
   Trackers.metrics / params / tags     the values the writer writes (loops/persist/writers.py forwards them)
   Trackers.json_artifact / export      summary.json, best.json, the export
   Trackers.close(status)               the tracker process sends what is queued (at most close_timeout_seconds)
@@ -65,43 +66,46 @@ def check_settings(tracking):
 
 
 def configured_in(tracking):
-  """{kind: setting} of the trackers `tracking` (config.tracking) turns on."""
-  return {kind: tracking[kind] for kind in KINDS if tracking[kind]}
+  """{kind: setting} of the trackers `tracking` (the tracking settings) turns on."""
+  return {kind: getattr(tracking, kind) for kind in KINDS if getattr(tracking, kind)}
 
 
-def start(config, workdir, plan, role):
-  """The chief's Trackers for this run (resuming the tracker runs recorded in the workdir), or None."""
-  kinds = configured_in(config.tracking)
+def start(tracking, tags, params, workdir, role):
+  """The chief's Trackers for this run (resuming the tracker runs recorded in the workdir), or None.
+
+  tracking: the tracking settings; tags: `run_tags`; params: the flattened config (writers.flatten)."""
+  kinds = configured_in(tracking)
   if not kinds or not role.is_chief:
     return None
   recorded = writers.read_json(posixpath.join(workdir, FILE)) or {}
-  trackers = Trackers(workdir, config.tracking.close_timeout_seconds, config.tracking.log_export)
+  trackers = Trackers(workdir, tracking.close_timeout_seconds, tracking.log_export)
   for kind, setting in kinds.items():
     previous = recorded.get(kind) or {}
     run_id = previous.get("run_id") if previous.get("setting") == setting else None
-    trackers.add(kind, setting, _options(kind, config, workdir, setting), run_id)
-  trackers.tags(run_tags(config, plan, role))
-  trackers.params(writers.flatten(config))  # at every start: a value changed since is tagged 'changed.<key>'
+    trackers.add(kind, setting, _options(kind, tracking, workdir, setting), run_id)
+  trackers.tags(tags)
+  trackers.params(params)  # at every start: a value changed since is tagged 'changed.<key>'
   return trackers
 
 
 EVALUATOR_SUFFIX = "-evaluator"
 
 
-def start_evaluator(config, workdir):
+def start_evaluator(tracking, task_name, params, workdir):
   """The sidecar evaluator's Trackers (None when no tracker is configured): a tracker run of its own, named after
   the workdir + EVALUATOR_SUFFIX (MLflow: a child of the training's run when workdir/tracking.json names it; W&B: in
   the sweep's group, else in a group named after the workdir, beside the training's run). Its run ids are kept in
-  workdir/eval/tracking.json, so a restarted evaluator continues its run. Two processes never write one run."""
-  kinds = configured_in(config.tracking)
+  workdir/eval/tracking.json, so a restarted evaluator continues its run. Two processes never write one run.
+  tracking: the tracking settings; params: the flattened config (writers.flatten)."""
+  kinds = configured_in(tracking)
   if not kinds:
     return None
   eval_dir = posixpath.join(workdir, "eval")
   recorded = writers.read_json(posixpath.join(eval_dir, FILE)) or {}
   training = writers.read_json(posixpath.join(workdir, FILE)) or {}
-  trackers = Trackers(eval_dir, config.tracking.close_timeout_seconds)
+  trackers = Trackers(eval_dir, tracking.close_timeout_seconds)
   for kind, setting in kinds.items():
-    options = _options(kind, config, workdir, setting)
+    options = _options(kind, tracking, workdir, setting)
     options["run_name"] += EVALUATOR_SUFFIX
     trained = training.get(kind) or {}
     if kind == "mlflow" and trained.get("setting") == setting:
@@ -112,18 +116,18 @@ def start_evaluator(config, workdir):
     previous = recorded.get(kind) or {}
     trackers.add(kind, setting, options, previous.get("run_id") if previous.get("setting") == setting else None)
   commit = git_commit()
-  trackers.tags({"task": config.task.name, "role": "evaluator", **({"git_commit": commit} if commit else {})})
-  trackers.params(writers.flatten(config))
+  trackers.tags({"task": task_name, "role": "evaluator", **({"git_commit": commit} if commit else {})})
+  trackers.params(params)
   return trackers
 
 
-def _options(kind, config, workdir, setting):
+def _options(kind, tracking, workdir, setting):
   """The keyword arguments of the tracker's class (tracker_process.KINDS)."""
   run_name = posixpath.basename(workdir.rstrip("/"))
   if kind == "mlflow":
-    return {"uri": setting, "experiment": config.tracking.experiment or experiment_of(workdir), "run_name": run_name,
-            "parent_run": config.tracking.parent_run}
-  return {"project": setting, "run_name": run_name, "group": config.tracking.group, "workdir": workdir}
+    return {"uri": setting, "experiment": tracking.experiment or experiment_of(workdir), "run_name": run_name,
+            "parent_run": tracking.parent_run}
+  return {"project": setting, "run_name": run_name, "group": tracking.group, "workdir": workdir}
 
 
 def experiment_of(workdir):
@@ -133,15 +137,16 @@ def experiment_of(workdir):
   return posixpath.basename(parent) or "Default"
 
 
-def run_tags(config, plan, role):
-  """What a run is, for filtering in a tracker: task, strategy, replicas, workers, the git commit."""
-  tags = {"task": config.task.name, "strategy": config.strategy, "replicas": str(plan.replicas),
+def run_tags(task, run, sweep, plan, role):
+  """What a run is, for filtering in a tracker: task, strategy, replicas, workers, the git commit (`task`, `run`,
+  `sweep`: those settings sections)."""
+  tags = {"task": task.name, "strategy": run.strategy, "replicas": str(plan.replicas),
           "workers": str(role.num_workers)}
   commit = git_commit()
   if commit:
     tags["git_commit"] = commit
-  if config.sweep.settings:
-    tags["sweep.settings"] = config.sweep.settings
+  if sweep.settings:
+    tags["sweep.settings"] = sweep.settings
   return tags
 
 

@@ -57,7 +57,7 @@ class NullWriter:
   def text(self, step, tag, markdown):
     pass
 
-  def hparams(self, config, metric_tags):
+  def hparams(self, config, metric_tags, experiment=True):
     pass
 
   def image_grid(self, step, tag, make_batch, max_images=16):
@@ -157,12 +157,13 @@ class Writer(NullWriter):
     with self._events.as_default(step=step):
       tf.summary.text(tag, markdown)
 
-  def hparams(self, config, metric_tags):
+  def hparams(self, config, metric_tags, experiment=True):
     """The HParams tab: every config value as an hparam, the eval scalars as its metrics (the experiment unless
-    summary.hparams_experiment is off: a sweep's trial, whose experiment the sweep writes at its directory)."""
+    `experiment` (summary.hparams_experiment) is off: a sweep's trial, whose experiment the sweep writes at its
+    directory)."""
     values = flatten(config)
     with self._events.as_default(step=0):
-      if config.summary.hparams_experiment:
+      if experiment:
         hparams_api.hparams_config(hparams=[hparams_api.HParam(name) for name in values],
                                    metrics=[hparams_api.Metric(tag) for tag in metric_tags])
       hparams_api.hparams(values)

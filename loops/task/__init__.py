@@ -11,18 +11,19 @@ from loops.task.context import StepContext
 from loops.task.interface import BuildContext, Task
 
 from loops.task import update_every
-from loops.task.rules import BUILT_IN, check_task_settings
+from loops.task.rules import BUILT_IN
 
 
-def load(config, loss_fn, metrics):
+def load(config, task_settings, loss_fn, metrics):
   """The run's task: the built-in classification (loss_fn and metrics from the config), or task.name's class
-  built with task.kwargs. Checked by loops/task/rules.py's check_task_settings first."""
-  cls = task_class(config.task.name)
-  if config.task.name == BUILT_IN:
+  built with task.kwargs (`task_settings`: the task settings; `config`: the bag, the task's `config` attribute).
+  Checked by loops/task/rules.py's check_task_settings first."""
+  cls = task_class(task_settings.name)
+  if task_settings.name == BUILT_IN:
     task = cls(loss_fn, metrics)
   else:
-    kwargs = dict(config.task.kwargs)
-    plugins.check_call(cls, (), kwargs, "task.kwargs", config.task.name)
+    kwargs = dict(task_settings.kwargs)
+    plugins.check_call(cls, (), kwargs, "task.kwargs", task_settings.name)
     task = cls(**kwargs)
     task.kwargs = kwargs
     if task.streams != cls.streams or task.eval_stream != cls.eval_stream:
@@ -43,18 +44,17 @@ def task_class(name):
   return cls
 
 
-def update_span(config):
+def update_span(task_name):
   """Steps after which the updates of task.name's Task.update_every repeat (the least common multiple of its
-  periods, 1 for none), from the class (checked first: one line for a bad task.name or update_every)."""
-  check_task_settings(config)
-  return update_every.span(task_class(config.task.name).update_every)
+  periods, 1 for none), from the class (check_task_settings first: one line for a bad task.name or update_every)."""
+  return update_every.span(task_class(task_name).update_every)
 
 
-def streams_of(config):
+def streams_of(task_name):
   """(Task.streams, Task.eval_stream) of task.name's class ({}, None for the built-in): what data.load reads."""
-  if config.task.name == BUILT_IN:
+  if task_name == BUILT_IN:
     return {}, None
-  cls = task_class(config.task.name)
+  cls = task_class(task_name)
   return dict(cls.streams), cls.eval_stream
 
 
