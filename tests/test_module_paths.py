@@ -2,7 +2,11 @@
 (compiled functions run eagerly, so every Python frame shows) records, whenever gradients are applied, an eval
 metric is updated and a checkpoint is saved, the project modules on the Python stack and every project module whose
 code ran since the loop (loops/core/loop.py) handed over to the next module on that stack. Each count is the number
-of distinct modules over every such moment of the run, which the sentence in "The path of a run" must state."""
+of distinct modules over every such moment of the run, which the sentence in "The path of a run" must state.
+
+The same run follows the settings from loops/run.py's train_and_evaluate: every call of a project function given the
+config bag, a group of it (a ConfigDict) or a configs/settings.py section; consecutive calls in one module are one
+stay, a stay in a module visited before is a return. WORKSPACE's "Settings" section must state those numbers."""
 
 import json
 import os
@@ -17,12 +21,15 @@ from tests.conftest import REPO
 SENTENCE = re.compile(r"From `?main\.py`?, following a train step opens (\d+) modules, an eval (\d+), a save (\d+)"
                       r".*?The modules on the stack alone: (\d+), (\d+) and (\d+)\.")
 WHAT = ("a train step", "an eval", "a save")
+WALK = re.compile(r"Followed from `?train_and_evaluate`?, the settings make (\d+) stays in (\d+) modules \((\d+) "
+                  r"returns")
 
 # Run as `python -c RECORDER OUT ARGS...` from the repository: main.py with ARGS, the modules written to OUT.
 RECORDER = r"""
 import itertools, json, os, runpy, sys
 sys.path.insert(0, os.getcwd())
 import keras
+import ml_collections
 import tensorflow as tf
 
 OURS = ("main.py", "errors.py", "loops/", "data/", "models/", "configs/")
@@ -30,6 +37,7 @@ out = sys.argv[1]
 seen = {what: {"opened": set(), "stack": set()} for what in ("a train step", "an eval", "a save")}
 tf.config.run_functions_eagerly(True)
 sequence, entered, calls = itertools.count(), {}, []  # entered: id(frame) -> its call's number
+walk = []  # from train_and_evaluate on: the module of each call given the bag, a group of it or a settings section
 
 
 def ours(filename):
@@ -37,11 +45,20 @@ def ours(filename):
   return name if name.startswith(OURS) else None
 
 
+def carries_settings(value):
+  return isinstance(value, ml_collections.ConfigDict) or type(value).__module__ == "configs.settings"
+
+
 def profile(frame, event, arg):
   if event == "call":
     entered[id(frame)] = number = next(sequence)
-    if ours(frame.f_code.co_filename):
-      calls.append((number, ours(frame.f_code.co_filename)))
+    module, code = ours(frame.f_code.co_filename), frame.f_code
+    if module:
+      calls.append((number, module))
+      if walk or (module, code.co_name) == ("loops/run.py", "train_and_evaluate"):
+        given = [frame.f_locals.get(name) for name in code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]]
+        if not walk or any(carries_settings(value) for value in given):
+          walk.append(module)
 
 
 def moment(what):
@@ -76,8 +93,11 @@ try:
   runpy.run_path("main.py", run_name="__main__")
 finally:
   sys.setprofile(None)
+  stays = [module for i, module in enumerate(walk) if i == 0 or walk[i - 1] != module]
   with open(out, "w") as f:
-    json.dump({what: {kind: sorted(found) for kind, found in kinds.items()} for what, kinds in seen.items()}, f)
+    json.dump({**{what: {kind: sorted(found) for kind, found in kinds.items()} for what, kinds in seen.items()},
+               "the settings": {"stays": len(stays), "modules": len(set(stays)),
+                                "returns": sum(module in stays[:i] for i, module in enumerate(stays))}}, f)
 """
 
 
@@ -111,7 +131,8 @@ def test_the_sentence_is_read_and_a_missing_one_is_noticed():
 @pytest.mark.e2e  # trains a model in a process of its own (pytest.ini)
 def test_workspace_states_the_module_counts_a_run_measures(tmp_path):
   with open(os.path.join(REPO, "WORKSPACE.md")) as f:
-    stated = stated_counts(f.read())
+    text = f.read()
+  stated = stated_counts(text)
   assert stated, f"WORKSPACE.md lacks the sentence {SENTENCE.pattern!r} in 'The path of a run'"
   modules = measured_modules(str(tmp_path))
   for what in WHAT:
@@ -119,3 +140,9 @@ def test_workspace_states_the_module_counts_a_run_measures(tmp_path):
     assert set(modules[what]["opened"]) >= set(modules[what]["stack"])
   measured = {what: (len(modules[what]["opened"]), len(modules[what]["stack"])) for what in WHAT}
   assert measured == stated, f"WORKSPACE.md states {stated}, the run measures {modules}"
+  walk = WALK.search(" ".join(text.split()))
+  assert walk, f"WORKSPACE.md lacks the sentence {WALK.pattern!r} in 'Settings'"
+  followed = modules["the settings"]
+  assert followed["stays"] >= followed["modules"] >= 10 and followed["returns"] < followed["stays"], followed
+  assert tuple(map(int, walk.groups())) == (followed["stays"], followed["modules"], followed["returns"]), (
+      f"WORKSPACE.md states {walk.groups()}, the run measures {followed}")
