@@ -153,7 +153,8 @@ def _data(c):
   c.data.service = ""
   # The longest wait for the service (seconds): for its dispatcher to answer at the start, and for a batch while a
   # train call runs (a data worker lost); then one line and the preemption exit code (a rerun resumes). A signal
-  # (preemption.signals, Ctrl-C) during such a wait ends the run at once, without a save.
+  # (preemption.signals, Ctrl-C) during such a wait ends the run at once, without a save. Tracing the train call is
+  # not a wait; with jit_compile, XLA's compile in the first call is: set it above that.
   c.data.service_timeout_seconds = 120.0
   # Input-pipeline threads: None = auto (1 when training on CPU, so the pipeline does not compete with the
   # step's threads; tf.data's default pool with GPUs/TPUs), 0 = tf.data's default, N = a private pool of N.

@@ -139,7 +139,7 @@ def _train(config, settings, workdir, parts, user_callbacks, wall_started, clean
   checkpoints = checkpoints_lib.Checkpoints.for_run(settings.checkpoint, settings.init, settings.run.strategy, workdir,
                                                     parts, build_lib.twin(config, parts))
   cleanup.callback(checkpoints.close)
-  execution = _execution(parts, settings)  # its train input starts at its first call's (the restored) step
+  execution = _execution(parts, settings)  # its train input starts in Loop.run, at the restored step
   nan_guard = NanGuard(settings.nan_policy.mode, settings.nan_policy.max_retries, checkpoints, execution,
                        log=logging.warning)
   run = callbacks_lib.Run(config, workdir, parts, execution, checkpoints, wall_started)

@@ -153,6 +153,7 @@ def test_a_member_of_a_cluster_is_a_process_and_task_means_the_users_task():
       "every task", "evaluator task", "[launch] task"]
 
 
+NAME = r"[a-z_][a-z0-9_]*"  # a config key's part (cluster.k8s_port)
 BAG_SENTENCE = re.compile(r"The config bag is read in (\d+) modules \((\d+) distinct keys\)")
 
 
@@ -188,8 +189,8 @@ def config_readers():
   readers = {}
   for path in [p for folder in ("loops", "data", "models", "launch") for p in python_files(folder)] + ["main.py"]:
     text = code_only(path)
-    read = {key for key in re.findall(r"\bconfig\.([a-z_]+(?:\.[a-z_]+)*)", text) if key.split(".")[0] in groups}
-    read |= {key.removeprefix("run.") for key in re.findall(r"\bsettings\.([a-z_]+\.[a-z_]+)", text)
+    read = {key for key in re.findall(rf"\bconfig\.({NAME}(?:\.{NAME})*)", text) if key.split(".")[0] in groups}
+    read |= {key.removeprefix("run.") for key in re.findall(rf"\bsettings\.({NAME}\.{NAME})", text)
              if key.split(".")[0] in groups | {"run"}}
     if read:
       readers[path] = read

@@ -18,11 +18,15 @@ class FakeExecution:
   """Counts steps in Python; a call is non-finite when it covers a step in `nan_steps` (each fires `nan_times`)."""
 
   def __init__(self, step=0, nan_steps=(), nan_times=1, other_workers_stop=None):
-    self.step, self.calls, self.evals, self.rewinds = step, [], [], []
+    self.step, self.calls, self.evals, self.rewinds, self.starts = step, [], [], [], []
     self.nan_left = {s: nan_times for s in nan_steps}
     self.other_workers_stop = other_workers_stop  # (step, reason): another worker asks to stop at that step
 
+  def start_train(self):
+    self.starts.append(self.step)
+
   def train(self, num_steps):
+    assert self.starts, "a train call before start_train"
     start, self.step = self.step, self.step + num_steps
     self.calls.append((start, self.step))
     hit = [s for s, left in self.nan_left.items() if start < s <= self.step and left > 0]
@@ -114,6 +118,7 @@ def test_calls_end_on_every_eval_and_callback_boundary_that_is_not_a_multiple_of
   loop, state = make_loop(execution, [Recorder("ckpt", log, Trigger(40))], eval_every=30)
   loop.run()
   assert execution.calls == [(0, 30), (30, 40), (40, 50), (50, 60), (60, 80), (80, 90), (90, 100)]
+  assert execution.starts == [0]  # the input started once, before the first call
   assert execution.evals == [30, 60, 90, 100]  # periodic, then the final eval
   assert state.step == 100 and state.stop_reason is None
 
@@ -233,6 +238,7 @@ def test_a_stopped_run_remembers_it_and_a_rerun_trains_only_when_the_length_was_
                             total=total, steps_per_loop=10, workdir=str(tmp_path), writer=Writer())
     loop.run()
     assert bool(rerun.calls) == trains
+    assert rerun.starts == ([20] if trains else [])  # a finished run never starts its train input
     if not trains:
       assert state.stop_reason == "early stopping: eval/loss ..." and "not training further" in state.writer.said
       assert stopped.value == 100

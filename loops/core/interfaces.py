@@ -36,6 +36,9 @@ class Execution(Protocol):
   def step(self) -> int:
     """The global step (the framework's own counter, restored with the checkpoint)."""
 
+  def start_train(self) -> None:
+    """Starts the train input at the current step and prepares the train call (once, before the first call)."""
+
   def train(self, num_steps: int) -> TrainOutput:
     """Runs `num_steps` steps in one compiled call."""
 

@@ -166,6 +166,8 @@ class Loop:
   def _run(self) -> State:
     state = self.state
     self.callbacks.dispatch("on_train_begin", state)
+    if state.step < state.total_steps and not state.stop_reason:
+      self.execution.start_train()
     while state.step < state.total_steps and not state.stop_reason:
       if not self._train_call():
         continue  # rolled back: the call's results are discarded

@@ -185,12 +185,25 @@ class SyncExecution(_Execution):
     self._eval_data = self._distribute(lambda batch, shards, index, local: data.eval_dataset(
         p.source, data_settings, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
     self._sum_over_workers = steps.make_sum_over_workers(strategy, parts.role.num_workers)
-    self._iterator, self._start_step, self._norms = None, None, None  # the input starts at the first call
+    self._iterator, self._start_step, self._norms = None, None, None  # the input starts in start_train
+
+  def start_train(self):
+    """Starts the train input at the current (restored) step and traces the train call, before the first call: a
+    finished run or an evaluator never does. The trace does not count as waiting for the tf.data service."""
+    with self._service_watch():  # a signal while the dispatcher is probed ends the probe
+      self._start_train_input()
+    steps_arg = tf.constant(1, tf.int32)  # the call's length is a tensor: one trace serves every length
+    if tf.config.functions_run_eagerly():
+      return  # nothing is traced
+    if self._resident_fn is not None:
+      self._resident_fn.get_concrete_function(steps_arg)
+    else:
+      self._train_fn.get_concrete_function(self._iterator, steps_arg)
 
   def train(self, num_steps):
+    if self._resident_fn is None and self._iterator is None:  # not started by the loop (a direct call)
+      self.start_train()
     with self._service_watch():
-      if self._resident_fn is None and self._iterator is None:  # at the first call: a finished run or an evaluator
-        self._start_train_input()                                # never places or starts the train input
       with self.step_memory.measured():  # the steps, not the placing of a device-resident input
         if self._resident_fn is not None:
           read_out = self._resident_fn(tf.constant(num_steps, tf.int32))
@@ -253,7 +266,10 @@ class SyncExecution(_Execution):
     return self._eval_results(collected)
 
   def rewind(self, step):
-    self._iterator, self._start_step = None, step  # the next call zeroes the train metrics' sums itself
+    self._start_step = step  # the next call zeroes the train metrics' sums itself
+    if self._resident_fn is None:  # a device-resident input draws each step's batch from the step counter
+      self._iterator = None
+      self.start_train()
 
   def agree_on_stop(self, reason):
     """One scalar all-reduce across workers per call; the reason text is exchanged only when one stops."""
@@ -363,9 +379,13 @@ class ParameterServerExecution(_Execution):
     return iter(self._coordinator.create_per_worker_dataset(lambda: self._train_dataset(
         p.plan.global_batch_size, start_step, steps_per_epoch=p.plan.steps_per_epoch, decorrelate=True)))
 
+  def start_train(self):
+    """The per-worker datasets from the current (restored) step, before the first call."""
+    self._iterator = self._per_worker_input()
+
   def train(self, num_steps):
-    if self._iterator is None:
-      self._iterator = self._per_worker_input()
+    if self._iterator is None:  # not started by the loop (a direct call)
+      self.start_train()
     remote = [self._coordinator.schedule(self._worker_step, args=(self._iterator,)) for _ in range(num_steps)]
     self._coordinator.join()
     results = [r.fetch() for r in remote]
