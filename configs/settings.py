@@ -7,7 +7,8 @@ comes from its default (a placeholder's declared type, or None), its documentati
 the key's comment in configs/base.py, so a new key is still declared in that one file. Nested groups
 (`data.tfrecord`) are nested sections; the free-form `*.kwargs` groups are read-only mappings.
 
-The composer (loops/run.py, loops/build.py) hands each module the section(s) it uses, never the whole Settings.
+The composer (loops/run.py, loops/build.py) hands each module the section(s) it uses, never the whole Settings (but
+to loops/build.py's build_from and loops/dry_run.py's report, which make and report every part of a run).
 """
 
 import dataclasses

@@ -89,9 +89,9 @@ def worker_lost(error, step, checkpoint):
       f"{checkpoint or 'the start (no checkpoint yet)'}")
 
 
-def residency(parts, data_settings):
+def residency(parts):
   """data/resident.py's decision for this run (logged once by the caller that acts on it)."""
-  return resident_lib.decide(parts.source, data_settings, synchronous=not asynchronous(parts.strategy))
+  return resident_lib.decide(parts.source, parts.feed, synchronous=not asynchronous(parts.strategy))
 
 
 def averaged_weights(parts):
@@ -108,18 +108,19 @@ def averaged_weights_of(parts):
   return lambda: optimizers.averaged_weights(model, own)
 
 
-def make(parts, data_settings, run, preemption):
-  """How this run trains and evaluates: loops/build.Parts and the data, run and preemption settings."""
+def make(parts, run, preemption):
+  """How this run trains and evaluates: loops/build.Parts (its data feed, parts.feed) and the run and preemption
+  settings."""
   cls = ParameterServerExecution if asynchronous(parts.strategy) else SyncExecution
-  return cls(parts, data_settings, run, preemption)
+  return cls(parts, run, preemption)
 
 
 class _Execution:
   """What both families share: the step counter, eval results, train-metric read-out."""
 
-  def __init__(self, parts, data_settings, run, preemption):
-    self.parts, self.data_settings, self.run_settings = parts, data_settings, run
-    self.preemption_settings = preemption
+  def __init__(self, parts, run, preemption):
+    self.parts, self.feed, self.run_settings = parts, parts.feed, run
+    self._watched = {"signals": preemption.signals, "exit_code": preemption.exit_code}  # the PreemptionWatcher's
     self.train_metrics = None
     self.averaged_weights = averaged_weights_of(parts)
     self._multi_worker = strategy_lib.is_multi_worker(parts.strategy)
@@ -157,15 +158,15 @@ class _Execution:
 
   def _train_dataset(self, batch_size, start_step, **kwargs):
     p = self.parts
-    return data.train_dataset(p.source, self.data_settings, batch_size=batch_size, seed=self.run_settings.seed,
+    return data.train_dataset(p.source, self.feed, batch_size=batch_size, seed=self.run_settings.seed,
                               start_step=start_step, **kwargs)
 
 
 class SyncExecution(_Execution):
   """Synchronous strategies: a compiled loop of strategy.run steps, one reduction per call."""
 
-  def __init__(self, parts, data_settings, run, preemption):
-    super().__init__(parts, data_settings, run, preemption)
+  def __init__(self, parts, run, preemption):
+    super().__init__(parts, run, preemption)
     strategy, p = parts.strategy, parts
     with metrics_scope(strategy):
       self.train_metrics = train_metrics(p.task)
@@ -177,13 +178,14 @@ class SyncExecution(_Execution):
                                             run.jit_compile, clock, p.plan.input_pipelines)
     self._train_step, self._resident_fn = train_step, None
     self.step_memory = memory.StepPeak()  # the allocator's peak in train calls (summary.json memory_mb)
-    self._service_watch = service_watch.train_call_watch(data_settings, preemption)  # a bound on tf.data service waits
+    self._service_watch = service_watch.train_call_watch(  # a bound on tf.data service waits
+        self.feed.service, self.feed.service_timeout_seconds, preemption.exit_code)
     self._read_out = steps.CallReadOut(strategy, self.train_metrics, clock)
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter, self._read_out)
     collects = bool(p.task.eval_collect)
     self._eval_fn = (steps.make_collecting_eval_fn if collects else steps.make_eval_fn)(strategy, self._eval_step())
     self._eval_data = self._distribute(lambda batch, shards, index, local: data.eval_dataset(
-        p.source, data_settings, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
+        p.source, self.feed, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
     self._sum_over_workers = steps.make_sum_over_workers(strategy, parts.role.num_workers)
     self._iterator, self._start_step, self._norms = None, None, None  # the input starts at the first call
 
@@ -204,7 +206,7 @@ class SyncExecution(_Execution):
     try:
       return self._train_fn(self._iterator, tf.constant(num_steps, tf.int32))
     except tf.errors.OpError as e:
-      step, name = self.step, self.data_settings.name
+      step, name = self.step, self.feed.name
       if self.parts.source.input_fn is None:
         raise
       short = user_stream.short_epoch(e, name, step, self.parts.plan.steps_per_epoch)
@@ -228,15 +230,15 @@ class SyncExecution(_Execution):
     p, strategy = self.parts, self.parts.strategy
     if self._start_step is None:
       self._start_step = self.step  # made before the restore: the restored step
-    decision = residency(p, self.data_settings)
+    decision = residency(p)
     logging.info("train input: %s (%s)", "device-resident" if decision.resident else "host pipeline", decision.reason)
-    if self.data_settings.service:
-      logging.warning(data_service.LOG_LINE, self.data_settings.service)
+    if self.feed.service:
+      logging.warning(data_service.LOG_LINE, self.feed.service)
     if not decision.resident:
       self._iterator = iter(self._distribute(self._train_pipeline))
       return
     data_on_devices = resident_lib.ResidentTrainData(
-        strategy, p.source, self.data_settings, global_batch_size=p.plan.global_batch_size,
+        strategy, p.source, self.feed, global_batch_size=p.plan.global_batch_size,
         steps_per_epoch=p.plan.steps_per_epoch, seed=self.run_settings.seed,
         num_workers=p.plan.input_pipelines, worker_index=p.role.worker_index if self._multi_worker else 0)
     self._resident_fn = steps.make_resident_train_fn(strategy, self._train_step, p.step_counter, data_on_devices,
@@ -275,7 +277,7 @@ class SyncExecution(_Execution):
       return None  # a step-level task has no one loss to differentiate; the eval probe holds one stream only
     if self._norms is None:
       p = self.parts
-      probe = next(iter(data.eval_dataset(p.source, self.data_settings, batch_size=min(64, p.plan.global_batch_size))))
+      probe = next(iter(data.eval_dataset(p.source, self.feed, batch_size=min(64, p.plan.global_batch_size))))
       fn = steps.make_gradient_norms(p.strategy, p.task, p.models, p.plan.global_batch_size,
                                      p.step_counter)
       self._norms = lambda: fn(*probe[:2])
@@ -285,7 +287,7 @@ class SyncExecution(_Execution):
     """The run's PreemptionWatcher; called by Checkpoints.restore_run (its handler restores when made)."""
     use_flag = isinstance(self.parts.strategy, tf.distribute.TPUStrategy)  # the handler does not cover TPUs here
     return PreemptionWatcher(self.parts.strategy, self._multi_worker, checkpoints, use_flag,
-                             **_preemption_settings(self.preemption_settings))
+                             **self._watched)
 
   def _distribute(self, make_dataset):
     return distribute_dataset(self.parts.strategy, self.parts.plan.global_batch_size, make_dataset,
@@ -317,8 +319,8 @@ class ParameterServerExecution(_Execution):
   sums, added here after join(). The input cannot be rewound (per-worker datasets), so rules.py refuses rollback.
   """
 
-  def __init__(self, parts, data_settings, run, preemption):
-    super().__init__(parts, data_settings, run, preemption)
+  def __init__(self, parts, run, preemption):
+    super().__init__(parts, run, preemption)
     p = parts
     self.train_metrics = train_metrics(p.task)
     train_step = steps.make_task_train_step(p.task, p.models, p.optimizers, None,
@@ -342,7 +344,7 @@ class ParameterServerExecution(_Execution):
       return tf.concat([tf.reshape(tf.cast(part, tf.float32), [-1]) for part in parts], 0)
 
     self._worker_step = worker_step
-    self._run_eval = self._make_eval(data.eval_dataset(p.source, data_settings, batch_size=p.plan.global_batch_size))
+    self._run_eval = self._make_eval(data.eval_dataset(p.source, self.feed, batch_size=p.plan.global_batch_size))
 
   def _make_eval(self, eval_data):
     """fn() -> the collected values (or None): one pass over the eval set on the coordinator."""
@@ -393,9 +395,5 @@ class ParameterServerExecution(_Execution):
     return None
 
   def preemption(self, checkpoints):
-    return PreemptionWatcher(self.parts.strategy, False, checkpoints, use_flag=True,
-                             **_preemption_settings(self.preemption_settings))
+    return PreemptionWatcher(self.parts.strategy, False, checkpoints, use_flag=True, **self._watched)
 
-
-def _preemption_settings(preemption):
-  return {"signals": preemption.signals, "exit_code": preemption.exit_code}

@@ -54,10 +54,10 @@ def describe(identifier):
   return getattr(identifier, "__name__", type(identifier).__name__)
 
 
-def loss_for_run(loss, data_settings, model, labels, outputs):
+def loss_for_run(loss, feed, model, labels, outputs):
   """The built-in classification's loss from compile(): the per-example compiled loss when loss.name is "" and
   the model has one, else None (loss.name's loss trains; one line when it overrides a compiled loss). loss,
-  data_settings: the loss and data settings."""
+  feed: the loss settings and the data's feed (data.Feed: its mixup_alpha, cutmix_alpha)."""
   identifier = compiled_loss(model)
   if identifier is None:
     return None
@@ -68,7 +68,7 @@ def loss_for_run(loss, data_settings, model, labels, outputs):
   if loss.label_smoothing or dict(loss.kwargs):
     raise ConfigError(f"loss.label_smoothing/loss.kwargs configure loss.name's loss; model '{model.name}' trains "
                       f"its compiled {describe(identifier)}: set them in compile(), or name a loss.name")
-  if data_settings.mixup_alpha or data_settings.cutmix_alpha:
+  if feed.mixup_alpha or feed.cutmix_alpha:
     raise ConfigError(f"data.mixup_alpha/cutmix_alpha give soft labels [batch, classes]; the compiled "
                       f"{describe(identifier)} of model '{model.name}' takes the data's labels: set "
                       f"loss.name='sparse_categorical_crossentropy' (it takes both) or turn mixing off")
