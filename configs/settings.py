@@ -7,7 +7,8 @@ comes from its default (a placeholder's declared type, or None), its documentati
 the key's comment in configs/base.py, so a new key is still declared in that one file. Nested groups
 (`data.tfrecord`) are nested sections; the free-form `*.kwargs` groups are read-only mappings.
 
-The composer (loops/run.py, loops/build.py) hands each module the section(s) it uses, never the whole Settings.
+The composer (loops/run.py, loops/build.py) hands each module the section(s) it uses, never the whole Settings (but
+to loops/build.py's build_from and loops/dry_run.py's report, which make and report every part of a run).
 """
 
 import dataclasses
@@ -149,6 +150,25 @@ def _section(cls, values, path):
     else:
       made[field.name] = _frozen(value)
   return cls(**made)
+
+
+def replaced(section, path, **changes):
+  """`section` with `changes`, each checked as read() checks a value (one ConfigError line); path: its prefix
+  ("optimizer.")."""
+  kinds = {field.name: field.type for field in dataclasses.fields(section)}
+  for key, value in changes.items():
+    if key not in kinds:
+      raise ConfigError(f"config key {path}{key} is not a setting of configs/base.py")
+    kind = kinds[key]
+    if kind is Mapping[str, Any]:
+      changes[key] = types.MappingProxyType(dict(value))
+    elif dataclasses.is_dataclass(kind):
+      raise ConfigError(f"config key {path}{key} is {value!r}; expected a group of keys")
+    elif not _accepts(kind, value):
+      raise ConfigError(f"config key {path}{key} is {value!r} ({type(value).__name__}); expected {_type_name(kind)}")
+    else:
+      changes[key] = _frozen(value)
+  return dataclasses.replace(section, **changes)
 
 
 def read(config) -> Settings:

@@ -11,13 +11,13 @@ import tensorflow as tf
 _SALT_PARTNER, _SALT_CHOICE, _SALT_BETA_A, _SALT_BETA_B, _SALT_BOX = range(1, 6)
 
 
-def mixes(data_config):
-  return bool(data_config.mixup_alpha or data_config.cutmix_alpha)
+def mixes(data_settings):
+  return bool(data_settings.mixup_alpha or data_settings.cutmix_alpha)
 
 
-def make_mix(num_classes, data_config, seed):
+def make_mix(num_classes, data_settings, seed):
   """fn(images, labels, key) -> (mixed float32 images, soft labels [batch, num_classes]); None when both are off."""
-  mix_pairs = make_pair_mix(num_classes, data_config, seed)
+  mix_pairs = make_pair_mix(num_classes, data_settings.mixup_alpha, data_settings.cutmix_alpha, seed)
   if mix_pairs is None:
     return None
 
@@ -35,13 +35,13 @@ def partners(seed, key, size):
   return tf.random.experimental.stateless_shuffle(tf.range(size), seed=_seed(seed, _SALT_PARTNER, key))
 
 
-def make_pair_mix(num_classes, data_config, seed):
+def make_pair_mix(num_classes, mixup_alpha, cutmix_alpha, seed):
   """fn(images, labels, partner_images, partner_labels, key) -> (mixed images, soft labels): rows mixed with their
-  partners (any subset of a batch's rows, given their partners, mixes exactly as in the whole batch); None when
-  both are off."""
-  if not mixes(data_config):
+  partners (any subset of a batch's rows, given their partners, mixes exactly as in the whole batch), by
+  data.mixup_alpha and data.cutmix_alpha; None when both are off."""
+  if not (mixup_alpha or cutmix_alpha):
     return None
-  mixup_alpha, cutmix_alpha = float(data_config.mixup_alpha), float(data_config.cutmix_alpha)
+  mixup_alpha, cutmix_alpha = float(mixup_alpha), float(cutmix_alpha)
 
   @tf.autograph.experimental.do_not_convert
   def mix_pairs(images, labels, other_images, other_labels, key):

@@ -19,18 +19,18 @@ from data import user_stream
 _MAX_EPOCHS = 1 << 40  # the train stream is unbounded; the loop decides when to stop.
 
 
-def output_shape(source, data_config):
+def output_shape(source, data_settings):
   """Image shape after preprocessing (a user's arrays: their features' shape, or None for a nest)."""
   if source.image_shape is None:
     features = source.train.element_spec[0]
     return tuple(features.shape) if isinstance(features, tf.TensorSpec) else None
   height, width, channels = source.image_shape
-  if data_config.image_size:
-    height = width = int(data_config.image_size)
+  if data_settings.image_size:
+    height = width = int(data_settings.image_size)
   return (height, width, channels)
 
 
-def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shard_index=0, global_rows=None):
+def make_preprocess(source, data_settings, *, training, seed=0, num_shards=1, shard_index=0, global_rows=None):
   """Returns fn(images, labels, key, rows=None) -> (float32 images, labels) for a BATCH (vectorised).
 
   `key` (the global step of the batch) seeds its random flips: one draw per row of the GLOBAL batch, of which this
@@ -39,9 +39,9 @@ def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shar
   """
   if source.image_shape is None:  # a user's arrays (data/user_source.py): fed as they are
     return lambda features, targets, key, rows=None: (features, targets)
-  mean, std = data_config.mean, data_config.std
-  flip = training and data_config.random_flip
-  size = data_config.image_size
+  mean, std = data_settings.mean, data_settings.std
+  flip = training and data_settings.random_flip
+  size = data_settings.image_size
 
   @tf.autograph.experimental.do_not_convert
   def preprocess(images, labels, key, rows=None):
@@ -59,10 +59,10 @@ def make_preprocess(source, data_config, *, training, seed=0, num_shards=1, shar
   return preprocess
 
 
-def eval_images(source, data_config):
+def eval_images(source, data_settings):
   """fn(raw image batch) -> the images as the eval sees them (make_preprocess, training=False): eval_dataset and
   the serving export run it."""
-  preprocess = make_preprocess(source, data_config, training=False)
+  preprocess = make_preprocess(source, data_settings, training=False)
   return lambda images: preprocess(images, None, 0)[0]
 
 
@@ -98,14 +98,14 @@ def flip_draws(seed, key, rows):
   return tf.random.stateless_uniform([rows], seed=tf.stack([tf.constant(seed, tf.int64), tf.cast(key, tf.int64)]))
 
 
-def steps_per_epoch(source, data_config, global_batch):
+def steps_per_epoch(source, data_settings, global_batch):
   """Steps an epoch of the train split has at this global batch (record files: data/records.py's streams)."""
   if source.train_files is not None:
-    return records.steps_per_epoch(source.train_files, data_config.streams, global_batch)
+    return records.steps_per_epoch(source.train_files, data_settings.streams, global_batch)
   return source.train_size // global_batch
 
 
-def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, start_step=0,
+def train_dataset(source, data_settings, *, batch_size, steps_per_epoch, seed, start_step=0,
                   num_shards=1, shard_index=0, local_replicas=1, decorrelate=False):
   """Unbounded stream of (images, labels) batches of `batch_size`, from global step `start_step`.
 
@@ -124,25 +124,25 @@ def train_dataset(source, data_config, *, batch_size, steps_per_epoch, seed, sta
     return _finish(batches(source, batch_size=batch_size, steps_per_epoch=steps_per_epoch, seed=seed,
                            start_step=start_step, num_shards=num_shards, shard_index=shard_index,
                            local_replicas=local_replicas, decorrelate=decorrelate),
-                   data_config, service_pipeline=shard_index)
+                   data_settings, service_pipeline=shard_index)
   if source.train_files is not None:
-    return _finish(_streamed_batches(source, data_config, batch_size, seed, start_step, num_shards, shard_index,
-                                     local_replicas), data_config, service_pipeline=shard_index)
+    return _finish(_streamed_batches(source, data_settings, batch_size, seed, start_step, num_shards, shard_index,
+                                     local_replicas), data_settings, service_pipeline=shard_index)
   steps_per_epoch, start_step = steps_per_epoch * local_replicas, start_step * local_replicas  # a batch per replica
-  mix = mixing.make_mix(source.num_classes, data_config, seed)
+  mix = mixing.make_mix(source.num_classes, data_settings, seed)
   if mix is None:
-    preprocess = make_preprocess(source, data_config, training=True, seed=seed, num_shards=num_shards,
+    preprocess = make_preprocess(source, data_settings, training=True, seed=seed, num_shards=num_shards,
                                  shard_index=shard_index)
     ds = _batches(source, batch_size, steps_per_epoch, seed, start_step, num_shards, shard_index, decorrelate)
     ds = ds.map(preprocess, num_parallel_calls=tf.data.AUTOTUNE)
   else:
-    preprocess = make_preprocess(source, data_config, training=True, seed=seed)
+    preprocess = make_preprocess(source, data_settings, training=True, seed=seed)
     ds = _batches(source, batch_size * num_shards, steps_per_epoch, seed, start_step, 1, 0, decorrelate)
     ds = ds.map(lambda images, labels, key: mix(*preprocess(images, labels, key), key),
                 num_parallel_calls=tf.data.AUTOTUNE)
     if num_shards > 1:
       ds = ds.map(lambda images, labels: (images[shard_index::num_shards], labels[shard_index::num_shards]))
-  return _finish(ds, data_config, service_pipeline=shard_index)
+  return _finish(ds, data_settings, service_pipeline=shard_index)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -181,21 +181,21 @@ def _batches(source, batch_size, steps_per_epoch, seed, start_step, num_shards, 
   return ds.batch(batch_size, drop_remainder=True).map(lambda images, labels, keys: (images, labels, keys[0]))
 
 
-def _streamed_batches(source, data_config, batch_size, seed, start_step, num_shards, shard_index, local_replicas):
+def _streamed_batches(source, data_settings, batch_size, seed, start_step, num_shards, shard_index, local_replicas):
   """Record files: this pipeline's streams' rows of every step (decoded after the streams' order, shard and skip),
   flipped and mixed by their rows' places in the global batch, then one batch per local replica."""
   global_batch = batch_size * num_shards * local_replicas
-  ds = records.batches(source.train_files, streams=data_config.streams, global_batch=global_batch, seed=seed,
-                       window=data_config.shuffle_window, start_step=start_step, num_pipelines=num_shards,
+  ds = records.batches(source.train_files, streams=data_settings.streams, global_batch=global_batch, seed=seed,
+                       window=data_settings.shuffle_window, start_step=start_step, num_pipelines=num_shards,
                        pipeline_index=shard_index, decode=source.decode)
-  preprocess = make_preprocess(source, data_config, training=True, seed=seed, global_rows=global_batch)
-  mix = mixing.make_mix(source.num_classes, data_config, seed) or (lambda images, labels, _: (images, labels))
+  preprocess = make_preprocess(source, data_settings, training=True, seed=seed, global_rows=global_batch)
+  mix = mixing.make_mix(source.num_classes, data_settings, seed) or (lambda images, labels, _: (images, labels))
   ds = ds.map(lambda images, labels, rows, step: mix(*preprocess(images, labels, step, rows=rows), step),
               num_parallel_calls=tf.data.AUTOTUNE)
   return ds.unbatch().batch(batch_size, drop_remainder=True) if local_replicas > 1 else ds
 
 
-def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0, local_replicas=1, start=0,
+def eval_dataset(source, data_settings, *, batch_size, num_shards=1, shard_index=0, local_replicas=1, start=0,
                  indexed=False):
   """One pass over the eval split as (images, labels, weights) batches of `batch_size`.
 
@@ -205,7 +205,7 @@ def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0
   batch also holds each example's place in the split (int64, padding rows past the end), (images, labels,
   weights, index).
   """
-  preprocess = eval_images(source, data_config)  # the serving export's too
+  preprocess = eval_images(source, data_settings)  # the serving export's too
   global_batch = batch_size * num_shards * local_replicas
   size = source.eval_size - start
   padded_size = math.ceil(size / global_batch) * global_batch
@@ -221,7 +221,7 @@ def eval_dataset(source, data_config, *, batch_size, num_shards=1, shard_index=0
   # Sequences of different lengths: each replica's batch padded with zeros to its longest (never a plain batch()).
   ds = ds.padded_batch(batch_size, drop_remainder=True) if variable else ds.batch(batch_size, drop_remainder=True)
   ds = ds.map(lambda images, *rest: (preprocess(images), *rest), num_parallel_calls=tf.data.AUTOTUNE)
-  return _finish(ds, data_config)
+  return _finish(ds, data_settings)
 
 
 def _padding(source, variable):
@@ -245,31 +245,31 @@ def _decode_real(source, record, weight):
   return tf.cond(weight > 0, lambda: source.decode(record), lambda: tf.zeros(source.image_shape, tf.uint8))
 
 
-def pipeline_threads(data_config):
-  """Threads of the input pipeline's private pool; 0 = tf.data's shared default pool (all cores).
+def pipeline_threads(threads):
+  """Threads of the input pipeline's private pool for data.pipeline_threads (`threads`); 0 = tf.data's shared
+  default pool (all cores).
 
   data.pipeline_threads None (auto): 1 when the model trains on the CPU, where pipeline threads compete with
   the step's own threads (measured on 2 cores: digits 1.21x faster, real/synthetic 0.81 -> 0.98), else 0.
   """
-  threads = data_config.pipeline_threads
   if threads is None:
     accelerators = tf.config.list_logical_devices("GPU") + tf.config.list_logical_devices("TPU")
     return 0 if accelerators else 1
   return int(threads)
 
 
-def _finish(ds, data_config, service_pipeline=None):
+def _finish(ds, data_settings, service_pipeline=None):
   """Options (determinism, no auto-sharding, the pipeline's thread pool), the tf.data service for a train pipeline
   when data.service is set (data/service.py), prefetch."""
   options = tf.data.Options()
   options.deterministic = True
   options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
-  threads = pipeline_threads(data_config)
+  threads = pipeline_threads(data_settings.pipeline_threads)
   if threads:
     options.threading.private_threadpool_size = threads
     options.threading.max_intra_op_parallelism = 1
   ds = ds.with_options(options)
-  if service_pipeline is not None and data_config.service:
+  if service_pipeline is not None and data_settings.service:
     from data import service  # imported here: `python -m data.service` must not find itself imported by `data`
-    ds = service.distribute(ds, data_config.service, service_pipeline, data_config.service_timeout_seconds)
+    ds = service.distribute(ds, data_settings.service, service_pipeline, data_settings.service_timeout_seconds)
   return ds.prefetch(tf.data.AUTOTUNE)

@@ -31,9 +31,9 @@ class Residency:
   bytes_per_device: int  # the train split's images + labels (0 when streamed)
 
 
-def decide(source, data_config, *, synchronous):
+def decide(source, data_settings, *, synchronous):
   """Whether this run's train split lives on the devices (data.device_resident, data.device_resident_max_bytes)."""
-  mode = data_config.device_resident
+  mode = data_settings.device_resident
   if mode == "off":
     return Residency(False, "data.device_resident=off", 0)
   if source.input_fn is not None:
@@ -42,11 +42,11 @@ def decide(source, data_config, *, synchronous):
     return Residency(False, f"dataset '{source.name}' is a user's arrays (device residency is for images)", 0)
   if source.train_arrays is None:
     return Residency(False, f"dataset '{source.name}' is streamed (not held in memory)", 0)
-  if data_config.service:
-    return Residency(False, f"data.service={data_config.service} sends the train input through the tf.data service",
+  if data_settings.service:
+    return Residency(False, f"data.service={data_settings.service} sends the train input through the tf.data service",
                      0)
-  size = resident_bytes(source, data_config)
-  budget = int(data_config.device_resident_max_bytes)
+  size = resident_bytes(source, data_settings)
+  budget = int(data_settings.device_resident_max_bytes)
   blockers = [(size > budget, f"the train split ({size / 2**20:.1f} MiB) is larger than "
                               f"data.device_resident_max_bytes ({budget / 2**20:.1f} MiB)"),
               (not synchronous, "parameter-server workers read their own datasets")]
@@ -56,28 +56,28 @@ def decide(source, data_config, *, synchronous):
   return Residency(True, f"the train split ({size / 2**20:.1f} MiB) fits data.device_resident_max_bytes", size)
 
 
-def resident_bytes(source, data_config):
+def resident_bytes(source, data_settings):
   """Bytes per device: the split preprocessed once (float32 images after resize and normalisation) + labels."""
-  return len(source.train_arrays[1]) * _image_bytes(source, data_config) + np.asarray(source.train_arrays[1]).nbytes
+  return len(source.train_arrays[1]) * _image_bytes(source, data_settings) + np.asarray(source.train_arrays[1]).nbytes
 
 
-def block_steps(source, data_config, per_replica_batch):
+def block_steps(source, data_settings, per_replica_batch):
   """Steps whose images a replica gathers at once (their rows, and their mix partners with mixup/cutmix)."""
-  return max(1, BLOCK_MAX_BYTES // (per_replica_batch * _gathered_image_bytes(source, data_config)))
+  return max(1, BLOCK_MAX_BYTES // (per_replica_batch * _gathered_image_bytes(source, data_settings)))
 
 
-def block_bytes(source, data_config, per_replica_batch, steps_per_loop):
+def block_bytes(source, data_settings, per_replica_batch, steps_per_loop):
   """Bytes per device of the largest block a call gathers (beside the resident split)."""
-  steps = min(steps_per_loop, block_steps(source, data_config, per_replica_batch))
-  return steps * per_replica_batch * _gathered_image_bytes(source, data_config)
+  steps = min(steps_per_loop, block_steps(source, data_settings, per_replica_batch))
+  return steps * per_replica_batch * _gathered_image_bytes(source, data_settings)
 
 
-def _image_bytes(source, data_config):
-  return int(np.prod(pipeline.output_shape(source, data_config))) * 4  # float32
+def _image_bytes(source, data_settings):
+  return int(np.prod(pipeline.output_shape(source, data_settings))) * 4  # float32
 
 
-def _gathered_image_bytes(source, data_config):
-  return _image_bytes(source, data_config) * (2 if mixing.mixes(data_config) else 1)
+def _gathered_image_bytes(source, data_settings):
+  return _image_bytes(source, data_settings) * (2 if mixing.mixes(data_settings) else 1)
 
 
 class ResidentTrainData:
@@ -89,11 +89,11 @@ class ResidentTrainData:
   host pipeline's shard w::W handed in batches of B to its local replicas is exactly this).
   """
 
-  def __init__(self, strategy, source, data_config, *, global_batch_size, steps_per_epoch, seed, num_workers=1,
+  def __init__(self, strategy, source, data_settings, *, global_batch_size, steps_per_epoch, seed, num_workers=1,
                worker_index=0):
     images, labels = source.train_arrays
     # Scaled, resized and normalised once (not per step); only the flips and mixes, keyed per step, remain.
-    images = pipeline.make_preprocess(source, data_config, training=False)(images, labels, 0)[0]
+    images = pipeline.make_preprocess(source, data_settings, training=False)(images, labels, 0)[0]
     with strategy.scope():
       self.images = tf.Variable(images, trainable=False, name="resident_images")
       self.labels = tf.Variable(labels, trainable=False, name="resident_labels")
@@ -104,9 +104,10 @@ class ResidentTrainData:
     self.local_replicas = strategy.num_replicas_in_sync // num_workers
     self.groups = 1 if num_workers == 1 else self.local_replicas
     self.group_size = global_batch_size if num_workers == 1 else self.per_replica * num_workers
-    self.flips = data_config.random_flip
-    self.mix_pairs = mixing.make_pair_mix(source.num_classes, data_config, seed)
-    self.steps_per_block = block_steps(source, data_config, self.per_replica)
+    self.flips = data_settings.random_flip
+    self.mix_pairs = mixing.make_pair_mix(source.num_classes, data_settings.mixup_alpha, data_settings.cutmix_alpha,
+                                          seed)
+    self.steps_per_block = block_steps(source, data_settings, self.per_replica)
 
   @tf.autograph.experimental.do_not_convert
   def call_indices(self, first_step, num_steps):

@@ -140,18 +140,19 @@ def count_records(paths):
   return tuple(int(c) for c in counts.as_numpy_iterator())
 
 
-def split_files(data_config, split, manifest):
-  """(paths, counts) of one split."""
+def split_files(data_dir, split, manifest):
+  """(paths, counts) of one split of data.data_dir (`data_dir`: a prepared directory with its manifest, or a
+  {split} pattern when `manifest` is None)."""
   if manifest is not None:
     if split not in manifest["splits"]:
-      raise ConfigError(f"prepared dataset {data_config.data_dir} has no split '{split}'; it has "
+      raise ConfigError(f"prepared dataset {data_dir} has no split '{split}'; it has "
                         f"{', '.join(manifest['splits'])}")
     entry = manifest["splits"][split]
-    return tuple(posixpath.join(data_config.data_dir, f) for f in entry["files"]), tuple(entry["counts"])
-  pattern = data_config.data_dir.replace("{split}", split)
+    return tuple(posixpath.join(data_dir, f) for f in entry["files"]), tuple(entry["counts"])
+  pattern = data_dir.replace("{split}", split)
   paths = tuple(sorted(tf.io.gfile.glob(pattern)))
   if not paths:
-    raise FileNotFoundError(f"no TFRecord files match {pattern} (data.data_dir={data_config.data_dir} with "
+    raise FileNotFoundError(f"no TFRecord files match {pattern} (data.data_dir={data_dir} with "
                             f"{{split}}={split}); prepare a dataset with `python -m data.prepare --config=... "
                             f"--out=DIR` or point data.data_dir at DIR/{{split}}-* files")
   return paths, _counted(paths)
@@ -179,7 +180,7 @@ def tfrecord(data_config):
     if num_classes is None:
       raise ConfigError(f"data.tfrecord.num_classes must be set for TFRecord files without a manifest "
                         f"({data_config.data_dir}); `python -m data.prepare` writes one")
-  train, evaluation = (split_files(data_config, s, manifest) for s in (data_config.train_split,
+  train, evaluation = (split_files(data_config.data_dir, s, manifest) for s in (data_config.train_split,
                                                                          data_config.eval_split))
   parse = parser(settings.image_key, settings.label_key)
   _check_features(train[0], settings)
@@ -232,8 +233,9 @@ def _check_features(paths, settings):
   for serialized in tf.data.TFRecordDataset(list(paths[:1])).take(1).as_numpy_iterator():
     features = tf.train.Example.FromString(serialized).features.feature
     for key in ("image_key", "label_key"):
-      if settings[key] not in features:
-        raise ConfigError(f"data.tfrecord.{key}='{settings[key]}' is not a feature of the records in {paths[0]}; "
+      name = getattr(settings, key)
+      if name not in features:
+        raise ConfigError(f"data.tfrecord.{key}='{name}' is not a feature of the records in {paths[0]}; "
                           f"they have: {', '.join(sorted(features))}")
 
 

@@ -48,7 +48,7 @@ def source(data_config):
   if "{split}" not in data_config.data_dir:
     raise ConfigError(f"data.tfrecord.features reads a glob of TFRecord files with {{split}} for the split name "
                       f"(e.g. /data/set/{{split}}-*.tfrecord), got data.data_dir={data_config.data_dir}")
-  files = {split: tfrecord.split_files(data_config, name, None) for split, name in
+  files = {split: tfrecord.split_files(data_config.data_dir, name, None) for split, name in
            (("train", data_config.train_split), ("eval", data_config.eval_split))}
   for paths, _ in files.values():
     check_first_record(paths, spec)

@@ -54,7 +54,7 @@ def run(predict, data_settings, task_name, workdir, parts, selection):
   labels = task_name == task_lib.BUILT_IN and not predict.input
   started = time.perf_counter()
   with _progress(chief, source.eval_size, done) as show, execution_lib.averaged_weights(parts):
-    for index, columns in _rows(parts, data_settings, source, done, labels):
+    for index, columns in _rows(parts, source, done, labels):
       if paths is not None:
         columns["path"] = paths[index]
       if chief:
@@ -110,14 +110,14 @@ def _agreed(parts, done):
   return int(round(float(total)))
 
 
-def _rows(parts, data_settings, source, start, labels):
+def _rows(parts, source, start, labels):
   """(index, {name: numpy rows}) per global batch from `start`, padding dropped, in input order."""
   p = parts
   step_fn = steps.make_predict_step(p.task, p.models, p.plan.global_batch_size, p.step_counter,
                                     p.plan.input_pipelines, labels)
 
   def dataset(batch, shards, shard, local):
-    return data.eval_dataset(source, data_settings, batch_size=batch, num_shards=shards, shard_index=shard,
+    return data.eval_dataset(source, p.data_settings, batch_size=batch, num_shards=shards, shard_index=shard,
                              local_replicas=local, start=start, indexed=True)
 
   if execution_lib.asynchronous(p.strategy):  # the parameter-server coordinator predicts itself

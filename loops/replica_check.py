@@ -110,14 +110,14 @@ class Side:
 
   def __init__(self, config, turn_off=(), role=None, strategy=None):
     rules_lib.check(config)
-    strategy_lib.configure_devices(settings_lib.read(config).run)
+    settings = settings_lib.read(config)
+    strategy_lib.configure_devices(settings.run)
     self.config = config
-    self.parts = build_lib.build(config, role or cluster.ClusterRole(), strategy=strategy)
+    self.parts = build_lib.build_from(settings, config, role or cluster.ClusterRole(), strategy=strategy)
     _turn_off(self.parts, turn_off)
     self.variables = _named_variables(self.parts)
     self.paths = {key: f"{key[0]}: {v.path}" for key, v in self.variables.items()}
-    settings = settings_lib.read(config)
-    self.execution = execution_lib.make(self.parts, settings.data, settings.run, settings.preemption)
+    self.execution = execution_lib.make(self.parts, settings.run, settings.preemption)
 
   def state(self):
     return {key: v.numpy().copy() for key, v in self.variables.items()}

@@ -94,7 +94,7 @@ def check_derived(config, plan, source):
                       f"per-replica batch ({plan.per_replica_batch_size})")
   trains = config.mode == "train"  # an evaluation or a prediction reads no train batch
   data_rules.check_against_source(config.data, plan, source, trains)
-  warmup = optimizers.warmup_steps(config.optimizer, plan.steps_per_epoch)
+  warmup = optimizers.warmup_steps(config.optimizer.warmup_epochs, plan.steps_per_epoch)
   if trains and warmup > 0 and warmup >= plan.total_steps:
     raise ConfigError(f"optimizer.warmup_epochs={config.optimizer.warmup_epochs} gives {warmup} warmup steps; it "
                       f"must be shorter than the run ({plan.total_steps} steps)")

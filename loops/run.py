@@ -2,7 +2,7 @@
 
   rules.check(config)            every setting, before anything is built or written (loops/rules.py)
   rules.check_role(config, role) the strategy against the cluster and the devices
-  build.build(config, role)      strategy, data, plan, model, optimizer, loss, metrics, checkpoint
+  build.build_from(settings, ..) strategy, data, plan, model, optimizer, loss, metrics, checkpoint
   execution.make(parts, ...)     how this strategy family trains and evaluates (loops/distribute/)
   Checkpoints.restore_run(...)   the latest or the warm start, callback state, the preemption handler, learning
                                  rates, in that order (loops/persist/checkpoints.py)
@@ -111,13 +111,13 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
       cleanup.enter_context(workdir_lock.held(locked.rstrip("/"), role.is_chief or role.is_evaluator))
     resume = resume_lib.decide(config, workdir, trains=not (role.is_evaluator or predicting),
                                accept_changes=settings.resume.accept_changes)
-    parts = build_lib.build(config, role, kept=resume.kept)
+    parts = build_lib.build_from(settings, config, role, kept=resume.kept)
     named_callbacks = callbacks_lib.load_user(config, settings.run.callbacks, settings.sweep, settings.checkpoint,
                                               settings.eval, callback_objects)
     rules_lib.check_callbacks(named_callbacks)
     user_callbacks = [callback for _, callback in named_callbacks]
     if dry_run:
-      return dry_run_lib.report(config, workdir, parts, user_callbacks)
+      return dry_run_lib.report(settings, str(config), workdir, parts, user_callbacks)
     if predicting:
       return predict_lib.run(settings.predict, settings.data, settings.task.name, workdir, parts, chosen)
     if chosen:
@@ -131,13 +131,13 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
 
 def _execution(parts, settings):
   """How this strategy family trains and evaluates (loops/distribute/execution.py), given its sections."""
-  return execution_lib.make(parts, settings.data, settings.run, settings.preemption)
+  return execution_lib.make(parts, settings.run, settings.preemption)
 
 
 def _train(config, settings, workdir, parts, user_callbacks, wall_started, cleanup, resume):
   role = parts.role
   checkpoints = checkpoints_lib.Checkpoints.for_run(settings.checkpoint, settings.init, settings.run.strategy, workdir,
-                                                    parts, build_lib.twin(config, parts))
+                                                    parts, parts.twin)
   cleanup.callback(checkpoints.close)
   execution = _execution(parts, settings)  # its train input starts in Loop.run, at the restored step
   nan_guard = NanGuard(settings.nan_policy.mode, settings.nan_policy.max_retries, checkpoints, execution,

@@ -389,8 +389,9 @@ def worker_main(argv):
   for n, config in enumerate(load_configs(directory)):
     rules_lib.check_role(config, role)
     if strategy is None:
-      strategy_lib.configure_devices(settings_lib.read(config).run)
-      strategy = build_lib.start_strategy(config, role)
+      first = settings_lib.read(config)
+      strategy_lib.configure_devices(first.run)
+      strategy = build_lib.start_strategy(first.run, first.cluster, role)
     side = replica_check.Side(config, role=role, strategy=strategy)
     for k in range(config.train.steps):
       _, final = side.step(waited_for(starts_path(directory, n, k)))

@@ -60,7 +60,7 @@ def test_an_overflowing_step_is_skipped_and_the_loss_scale_halves(strategy, repl
   from loops.finders import trial
   parts = build_lib.build(config, trial.role_of(config))
   read = settings.read(config)
-  execution = execution_lib.make(parts, read.data, read.run, read.preemption)
+  execution = execution_lib.make(parts, read.run, read.preemption)
   optimizer = parts.main_optimizer
   assert type(optimizer).__name__ == "LossScaleOptimizer"
   weights = lambda: [v.numpy().copy() for v in parts.main_model.trainable_variables]

@@ -116,3 +116,19 @@ def test_a_section_per_group_and_run_for_the_top_level_keys():
   assert set(settings.SECTIONS) == groups | {"run"}
   assert {f.name for f in dataclasses.fields(settings.SECTIONS["run"])} == set(config.keys()) - groups
   assert settings.docs(settings.SECTIONS["checkpoint"])["keep"] == "how many periodic checkpoints to keep in workdir/checkpoints"
+
+
+def test_a_replaced_value_is_checked_as_read_checks_it():
+  """A task's ctx.optimizer(learning_rate=...) replaces optimizer settings: a wrong type is the same one line."""
+  read = settings.read(base.get_config())
+  optimizer = read.optimizer
+  changed = settings.replaced(optimizer, "optimizer.", learning_rate=1, name="adam")
+  assert (changed.learning_rate, changed.name, optimizer.name) == (1, "adam", base.get_config().optimizer.name)
+  model = settings.replaced(read.model, "model.", kwargs={"width": 8})
+  with pytest.raises(TypeError):
+    model.kwargs["width"] = 9  # a free-form group stays read-only
+  with pytest.raises(ConfigError) as raised:
+    settings.replaced(optimizer, "optimizer.", learning_rate="0.1")
+  assert str(raised.value) == "config key optimizer.learning_rate is '0.1' (str); expected float"
+  with pytest.raises(ConfigError, match=r"^config key optimizer.rate is not a setting of configs/base.py$"):
+    settings.replaced(optimizer, "optimizer.", rate=0.1)

@@ -34,7 +34,7 @@ def steps_changing(config, steps):
   strategy_lib.configure_devices(settings.read(config).run)
   parts = build_lib.build(config, cluster.ClusterRole())
   read = settings.read(config)
-  execution = execution_lib.make(parts, read.data, read.run, read.preemption)
+  execution = execution_lib.make(parts, read.run, read.preemption)
   weights = lambda model: np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
   before = {name: weights(model) for name, model in parts.models.items()}
   changed = {name: [] for name in parts.models}

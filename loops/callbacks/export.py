@@ -67,15 +67,15 @@ class Export(Callback):
     self.keras_file_problem = serving.keras_file_problem(model) if enabled else None
     self.serving_problem = serves.problem() if enabled else None
 
-  READS = ("run", "task", "data")
+  READS = ("run", "task")
 
   @classmethod
-  def for_run(cls, run, run_settings, task, data_settings):
+  def for_run(cls, run, run_settings, task):
     """The built-in classification serves raw images through the eval's preprocessing; a task serves its
     predict_step on its features (Task.serving_spec)."""
     parts = run.parts
     if task.name == task_lib.BUILT_IN:
-      serves = ClassifierServing(parts.main_model, data.eval_images(parts.source, data_settings),
+      serves = ClassifierServing(parts.main_model, data.eval_images(parts.source, parts.data_settings),
                                  data.raw_image_spec(parts.source))
     else:
       serves = TaskServing(parts.task, parts.models, parts.task.serving_spec(parts.element_spec[0]))

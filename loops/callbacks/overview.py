@@ -23,13 +23,13 @@ class Overview(Callback):
     self.config, self.metric_tags, self.first_batches, self._batches = config, metric_tags, first_batches, None
     self.hparams_experiment = hparams_experiment
 
-  READS = ("data", "run", "summary")
+  READS = ("run", "summary")
 
   @classmethod
-  def for_run(cls, run, data_settings, run_settings, summary):
+  def for_run(cls, run, run_settings, summary):
     parts = run.parts
     images = parts.source.image_shape is not None and isinstance(parts.element_spec[0], tf.TensorSpec)
-    first = (lambda: _first_inputs(data_settings, run_settings.seed, parts)) if images else None
+    first = (lambda: _first_inputs(parts, run_settings.seed)) if images else None
     return cls(run.config, parts.eval_tags, first, summary.hparams_experiment)
 
   def on_train_begin(self, state):
@@ -46,10 +46,10 @@ class Overview(Callback):
     return self._batches
 
 
-def _first_inputs(data_settings, seed, parts):
+def _first_inputs(parts, seed):
   """16 train and 16 eval inputs after preprocessing, from pipelines of their own (not the run's; local)."""
-  local = dataclasses.replace(data_settings, service="")
+  local = dataclasses.replace(parts.data_settings, service="")
   train = data.train_dataset(parts.source, local, batch_size=min(16, parts.plan.global_batch_size),
                              steps_per_epoch=parts.plan.steps_per_epoch, seed=seed)
-  evaluation = data.eval_dataset(parts.source, data_settings, batch_size=16)
+  evaluation = data.eval_dataset(parts.source, parts.data_settings, batch_size=16)
   return next(iter(train)), next(iter(evaluation))

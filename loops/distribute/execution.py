@@ -89,9 +89,9 @@ def worker_lost(error, step, checkpoint):
       f"{checkpoint or 'the start (no checkpoint yet)'}")
 
 
-def residency(parts, data_settings):
+def residency(parts):
   """data/resident.py's decision for this run (logged once by the caller that acts on it)."""
-  return resident_lib.decide(parts.source, data_settings, synchronous=not asynchronous(parts.strategy))
+  return resident_lib.decide(parts.source, parts.data_settings, synchronous=not asynchronous(parts.strategy))
 
 
 def averaged_weights(parts):
@@ -108,18 +108,19 @@ def averaged_weights_of(parts):
   return lambda: optimizers.averaged_weights(model, own)
 
 
-def make(parts, data_settings, run, preemption):
-  """How this run trains and evaluates: loops/build.Parts and the data, run and preemption settings."""
+def make(parts, run, preemption):
+  """How this run trains and evaluates: loops/build.Parts (with its data settings) and the run and preemption
+  settings."""
   cls = ParameterServerExecution if asynchronous(parts.strategy) else SyncExecution
-  return cls(parts, data_settings, run, preemption)
+  return cls(parts, run, preemption)
 
 
 class _Execution:
   """What both families share: the step counter, eval results, train-metric read-out."""
 
-  def __init__(self, parts, data_settings, run, preemption):
-    self.parts, self.data_settings, self.run_settings = parts, data_settings, run
-    self.preemption_settings = preemption
+  def __init__(self, parts, run, preemption):
+    self.parts, self.data_settings, self.run_settings = parts, parts.data_settings, run
+    self._watched = {"signals": preemption.signals, "exit_code": preemption.exit_code}  # the PreemptionWatcher's
     self.train_metrics = None
     self.averaged_weights = averaged_weights_of(parts)
     self._multi_worker = strategy_lib.is_multi_worker(parts.strategy)
@@ -164,8 +165,8 @@ class _Execution:
 class SyncExecution(_Execution):
   """Synchronous strategies: a compiled loop of strategy.run steps, one reduction per call."""
 
-  def __init__(self, parts, data_settings, run, preemption):
-    super().__init__(parts, data_settings, run, preemption)
+  def __init__(self, parts, run, preemption):
+    super().__init__(parts, run, preemption)
     strategy, p = parts.strategy, parts
     with metrics_scope(strategy):
       self.train_metrics = train_metrics(p.task)
@@ -177,13 +178,14 @@ class SyncExecution(_Execution):
                                             run.jit_compile, clock, p.plan.input_pipelines)
     self._train_step, self._resident_fn = train_step, None
     self.step_memory = memory.StepPeak()  # the allocator's peak in train calls (summary.json memory_mb)
-    self._service_watch = service_watch.train_call_watch(data_settings, preemption)  # a bound on tf.data service waits
+    self._service_watch = service_watch.train_call_watch(  # a bound on tf.data service waits
+        self.data_settings.service, self.data_settings.service_timeout_seconds, preemption.exit_code)
     self._read_out = steps.CallReadOut(strategy, self.train_metrics, clock)
     self._train_fn = steps.make_train_fn(strategy, train_step, p.step_counter, self._read_out)
     collects = bool(p.task.eval_collect)
     self._eval_fn = (steps.make_collecting_eval_fn if collects else steps.make_eval_fn)(strategy, self._eval_step())
     self._eval_data = self._distribute(lambda batch, shards, index, local: data.eval_dataset(
-        p.source, data_settings, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
+        p.source, self.data_settings, batch_size=batch, num_shards=shards, shard_index=index, local_replicas=local))
     self._sum_over_workers = steps.make_sum_over_workers(strategy, parts.role.num_workers)
     self._iterator, self._start_step, self._norms = None, None, None  # the input starts in start_train
 
@@ -241,7 +243,7 @@ class SyncExecution(_Execution):
     p, strategy = self.parts, self.parts.strategy
     if self._start_step is None:
       self._start_step = self.step  # made before the restore: the restored step
-    decision = residency(p, self.data_settings)
+    decision = residency(p)
     logging.info("train input: %s (%s)", "device-resident" if decision.resident else "host pipeline", decision.reason)
     if self.data_settings.service:
       logging.warning(data_service.LOG_LINE, self.data_settings.service)
@@ -301,7 +303,7 @@ class SyncExecution(_Execution):
     """The run's PreemptionWatcher; called by Checkpoints.restore_run (its handler restores when made)."""
     use_flag = isinstance(self.parts.strategy, tf.distribute.TPUStrategy)  # the handler does not cover TPUs here
     return PreemptionWatcher(self.parts.strategy, self._multi_worker, checkpoints, use_flag,
-                             **_preemption_settings(self.preemption_settings))
+                             **self._watched)
 
   def _distribute(self, make_dataset):
     return distribute_dataset(self.parts.strategy, self.parts.plan.global_batch_size, make_dataset,
@@ -333,8 +335,8 @@ class ParameterServerExecution(_Execution):
   sums, added here after join(). The input cannot be rewound (per-worker datasets), so rules.py refuses rollback.
   """
 
-  def __init__(self, parts, data_settings, run, preemption):
-    super().__init__(parts, data_settings, run, preemption)
+  def __init__(self, parts, run, preemption):
+    super().__init__(parts, run, preemption)
     p = parts
     self.train_metrics = train_metrics(p.task)
     train_step = steps.make_task_train_step(p.task, p.models, p.optimizers, None,
@@ -358,7 +360,8 @@ class ParameterServerExecution(_Execution):
       return tf.concat([tf.reshape(tf.cast(part, tf.float32), [-1]) for part in parts], 0)
 
     self._worker_step = worker_step
-    self._run_eval = self._make_eval(data.eval_dataset(p.source, data_settings, batch_size=p.plan.global_batch_size))
+    self._run_eval = self._make_eval(data.eval_dataset(p.source, self.data_settings,
+                                                      batch_size=p.plan.global_batch_size))
 
   def _make_eval(self, eval_data):
     """fn() -> the collected values (or None): one pass over the eval set on the coordinator."""
@@ -413,9 +416,5 @@ class ParameterServerExecution(_Execution):
     return None
 
   def preemption(self, checkpoints):
-    return PreemptionWatcher(self.parts.strategy, False, checkpoints, use_flag=True,
-                             **_preemption_settings(self.preemption_settings))
+    return PreemptionWatcher(self.parts.strategy, False, checkpoints, use_flag=True, **self._watched)
 
-
-def _preemption_settings(preemption):
-  return {"signals": preemption.signals, "exit_code": preemption.exit_code}

@@ -80,9 +80,9 @@ class ServiceWatch:
     os._exit(code)  # the main thread is inside TensorFlow's wait, which Python cannot interrupt
 
 
-def train_call_watch(data_settings, preemption):
-  """A context factory for each train call: a ServiceWatch when data.service is set, else nothing (the data and
-  preemption settings)."""
-  if not data_settings.service:
+def train_call_watch(service, timeout_seconds, exit_code):
+  """A context factory for each train call: a ServiceWatch when data.service (`service`) is set, else nothing
+  (data.service_timeout_seconds, preemption.exit_code)."""
+  if not service:
     return contextlib.nullcontext
-  return lambda: ServiceWatch(data_settings.service, data_settings.service_timeout_seconds, preemption.exit_code)
+  return lambda: ServiceWatch(service, timeout_seconds, exit_code)

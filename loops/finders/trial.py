@@ -54,9 +54,9 @@ def role_of(config, workdir=None):
 
 def start(config, role):
   """(parts, execution) of a fresh run of `config` (the model is newly initialised: nothing is restored)."""
-  parts = build_lib.build(config, role)
   settings = settings_lib.read(config)  # the throw-away run's settings, read once as a run reads them
-  return parts, execution_lib.make(parts, settings.data, settings.run, settings.preemption)
+  parts = build_lib.build_from(settings, config, role)
+  return parts, execution_lib.make(parts, settings.run, settings.preemption)
 
 
 def output_dir(workdir, name):

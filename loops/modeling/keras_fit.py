@@ -57,7 +57,7 @@ def describe(identifier):
 def loss_for_run(loss, data_settings, model, labels, outputs):
   """The built-in classification's loss from compile(): the per-example compiled loss when loss.name is "" and
   the model has one, else None (loss.name's loss trains; one line when it overrides a compiled loss). loss,
-  data_settings: the loss and data settings."""
+  data_settings: the loss and data settings (the data's mixup_alpha, cutmix_alpha)."""
   identifier = compiled_loss(model)
   if identifier is None:
     return None

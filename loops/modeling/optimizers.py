@@ -38,16 +38,16 @@ class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
     return {"target": self.target, "warmup_steps": self.warmup_steps, "after": self.after}
 
 
-def warmup_steps(opt_config, steps_per_epoch):
-  """Steps of linear warmup: optimizer.warmup_epochs in whole steps."""
-  return int(round(opt_config.warmup_epochs * steps_per_epoch))
+def warmup_steps(warmup_epochs, steps_per_epoch):
+  """Steps of linear warmup: optimizer.warmup_epochs (`warmup_epochs`) in whole steps."""
+  return int(round(warmup_epochs * steps_per_epoch))
 
 
 def learning_rate_schedule(opt_config, peak_lr, total_steps, steps_per_epoch):
   """A float (constant, no warmup) or a Keras schedule of the optimizer's update count (the settings are checked
   by loops/rules.py)."""
   name = opt_config.schedule
-  warmup = warmup_steps(opt_config, steps_per_epoch)
+  warmup = warmup_steps(opt_config.warmup_epochs, steps_per_epoch)
   if name == "cosine":
     return keras.optimizers.schedules.CosineDecay(
         initial_learning_rate=0.0 if warmup else peak_lr, decay_steps=max(total_steps - warmup, 1),
