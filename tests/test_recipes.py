@@ -77,6 +77,7 @@ def test_constant_without_warmup_is_a_plain_float_and_bad_schedules_are_rejected
 
 def test_the_learning_rate_logged_is_the_one_used(tiny_digits, tmp_path):
   tiny_digits.optimizer.schedule, tiny_digits.optimizer.warmup_epochs = "cosine", 0.5  # 11 warmup steps
+  tiny_digits.export = False  # read by its summaries (an export is 1-2 s a run)
   run.train_and_evaluate(tiny_digits, str(tmp_path))
   values, _ = scalars(str(tmp_path))
   lr = optimizers.learning_rate_schedule(tiny_digits.optimizer, 0.05, 20, 22)
@@ -109,6 +110,7 @@ def test_user_loss_gradients_agree_on_one_and_two_replicas(tiny_digits, tmp_path
   tiny_digits.optimizer.learning_rate, tiny_digits.optimizer.momentum = 1.0, 0.0
   tiny_digits.train.steps, tiny_digits.train.steps_per_loop = 1, 1
   tiny_digits.eval.every_steps = tiny_digits.checkpoint.every_steps = 0
+  tiny_digits.export = False  # compared by checkpoints (an export is 1-2 s a run)
   start = initial_weights()
   gradients = {}
   for name, replicas in (("one_device", 0), ("mirrored", 2)):
@@ -134,6 +136,7 @@ def test_a_reduced_user_loss_stops_the_run_with_the_contract(tiny_digits, tmp_pa
 @pytest.mark.e2e
 def test_gradient_accumulation_equals_one_larger_batch(tiny_digits, tmp_path):
   tiny_digits.train.steps, tiny_digits.eval.every_steps, tiny_digits.checkpoint.every_steps = 5, 0, 0
+  tiny_digits.export = False  # compared by checkpoints (an export is 1-2 s a run)
   weights = {}
   for k in (1, 4):
     tiny_digits.train.grad_accum_steps = k
@@ -160,6 +163,7 @@ def test_mixed_precision_and_xla_run_under_mirrored(mixed_precision, jit, tiny_d
 def test_xla_gives_the_same_losses_as_without(tiny_digits, tmp_path):
   tiny_digits.train.steps, tiny_digits.train.steps_per_loop = 6, 1
   tiny_digits.eval.every_steps = tiny_digits.checkpoint.every_steps = 0
+  tiny_digits.export = False  # compared by their losses (an export is 1-2 s a run)
   losses = {}
   for jit in (False, True):
     tiny_digits.jit_compile = jit

@@ -173,6 +173,7 @@ def nan_config(tiny_digits, monkeypatch, loss, call, mode, retries=3):
   tiny_digits.loss.kwargs = ml_collections.ConfigDict({"call": call})
   tiny_digits.eval.every_steps = 0
   tiny_digits.nan_policy.mode, tiny_digits.nan_policy.max_retries = mode, retries
+  tiny_digits.export = False  # no test of it reads an export (1-2 s a run)
   return tiny_digits
 
 
@@ -217,6 +218,7 @@ def test_resident_memory_does_not_grow_over_thousands_of_steps(tiny_digits, tmp_
   monkeypatch.setattr(progress_lib.Progress, "record", sampling_record)
   tiny_digits.train.steps, tiny_digits.train.steps_per_loop, tiny_digits.train.global_batch_size = 3000, 50, 16
   tiny_digits.eval.every_steps, tiny_digits.checkpoint.every_steps = 1000, 1000
+  tiny_digits.export = False  # after the last sample: nothing of it is measured
   run.train_and_evaluate(tiny_digits, str(tmp_path))
   assert len(samples) == 60
   warm = samples[9]  # after 500 steps, 1 eval-free stretch: tracing and pipeline buffers are in place
@@ -280,7 +282,7 @@ def test_a_kill_during_a_checkpoint_write_leaves_the_previous_one_restorable(tmp
 @pytest.mark.e2e
 def test_a_corrupt_latest_checkpoint_is_skipped_with_a_warning_and_the_one_before_restored(tiny_digits, tmp_path,
                                                                                             caplog):
-  tiny_digits.deterministic = True
+  tiny_digits.deterministic, tiny_digits.export = True, False  # compared by checkpoints: no export in 4 runs
   tiny_digits.eval.every_steps, tiny_digits.checkpoint.best_metric = 0, ""
   run.train_and_evaluate(tiny_digits, str(tmp_path / "ref"))  # 20 steps: ckpt-10, ckpt-20
   tiny_digits.train.steps = 10

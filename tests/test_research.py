@@ -31,7 +31,8 @@ def configured(name, arg=None, **overrides):
   c = load_config(name, arg)
   c.train.epochs = None
   c.train.steps, c.train.steps_per_loop = 6, 3
-  return set_keys(c, {**NO_PERIODIC, **overrides})
+  # no export (1-2 s a run): these runs are compared by their checkpoints, as mwms() says with --config.export=False
+  return set_keys(c, {**NO_PERIODIC, "export": False, **overrides})
 
 
 _ONE_DEVICE = {}  # a config's one-device weights: the uses_step run is one of two tests' (deterministic, 6 steps)

@@ -52,6 +52,7 @@ def test_an_evaluator_after_a_run_evaluates_each_checkpoint_once_and_matches_the
   from absl import logging as absl_logging
   absl_logging.set_verbosity(absl_logging.INFO)
   workdir = str(tmp_path / "w")
+  tiny_digits.export = False  # the evaluator is compared by its evals (an export is 1-2 s a run)
   trained = run.train_and_evaluate(tiny_digits, workdir)  # eval at 10 and 20, checkpoints at 10 and 20
   assert "train input: device-resident" in caplog.text
   caplog.clear()
