@@ -1,5 +1,6 @@
 """Shared test setup: two logical CPUs (before TensorFlow starts) so mirrored runs get 2 replicas in-process."""
 
+import fcntl
 import json
 import os
 import select
@@ -225,10 +226,18 @@ def pytest_sessionfinish(session):
 @pytest.fixture(scope="session")
 def quickstart_digits(tmp_path_factory):
   """The digits quickstart (configs/digits_cnn.py as it is: one device, 1 100 steps, exported) trained to the end
-  once per test process: (workdir, summary). tests/test_train.py's one-device run, tests/test_tasks.py's teacher."""
+  once per suite: (workdir, summary), read only. tests/test_train.py's one-device run, tests/test_tasks.py's
+  teacher: the first test process to need it trains it, another (an xdist worker) waits for it and reads it."""
   from loops import run
-  workdir = str(tmp_path_factory.mktemp("quickstart"))
-  return workdir, run.train_and_evaluate(load_config("digits_cnn"), workdir)
+  shared = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    shared = shared.parent  # this session's directory, common to its workers
+  workdir, summary = shared / "quickstart", shared / "quickstart_summary.json"
+  with open(shared / "quickstart.lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not summary.exists():
+      summary.write_text(json.dumps(run.train_and_evaluate(load_config("digits_cnn"), str(workdir))))
+  return str(workdir), json.loads(summary.read_text())
 
 
 @pytest.fixture(scope="module")
