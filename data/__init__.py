@@ -6,9 +6,8 @@ A leaf: imports only errors.py (the ground floor). The names below are imported 
 
 import importlib
 
-_WHERE = {"eval_dataset": "data.pipeline", "eval_images": "data.pipeline",
-          "output_shape": "data.pipeline", "raw_image_spec": "data.pipeline", "steps_per_epoch": "data.pipeline",
-          "train_dataset": "data.pipeline",
+_WHERE = {"eval_dataset": "data.pipeline", "eval_images": "data.pipeline", "output_shape": "data.pipeline",
+          "raw_image_spec": "data.pipeline", "steps_per_epoch": "data.pipeline", "train_dataset": "data.pipeline",
           "SOURCES": "data.sources", "image_files": "data.sources", "Source": "data.sources", "load": "data.sources"}
 
 __all__ = sorted(_WHERE)
