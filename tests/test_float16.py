@@ -16,6 +16,7 @@ from tests.conftest import load_config, set_keys
 def float16_digits(precision="float16", **keys):
   c = load_config("digits_cnn")
   c.mixed_precision = precision
+  c.model.name = "tests.fixtures.float16_models:one_conv"  # digits_cnn's float16 filter gradient: 1.2 s a step on CPU
   c.optimizer.name, c.optimizer.learning_rate = "adam", 0.003
   c.train.epochs, c.train.steps, c.train.steps_per_loop = None, 100, 50
   c.eval.every_steps = c.checkpoint.every_steps = 0
@@ -26,7 +27,7 @@ def float16_digits(precision="float16", **keys):
 @pytest.mark.parametrize("precision", ["float16", "bfloat16"])
 def test_mixed_precision_trains_digits(precision, tmp_path, caplog):
   summary = run.train_and_evaluate(float16_digits(precision), str(tmp_path))
-  assert summary["eval/accuracy"] >= 0.95  # measured after 100 steps: float16 0.972
+  assert summary["eval/accuracy"] >= 0.95  # measured after 100 steps: float16 0.964, bfloat16 0.964
   emulated = not tf.config.list_physical_devices("GPU") and model_lib.emulated_on_cpu(precision, model_lib.cpu_flags())
   warnings = [r.getMessage() for r in caplog.records if "without GPU" in r.getMessage()]
   assert len(warnings) == emulated, warnings
