@@ -87,7 +87,7 @@ class Contenders:
     self.source = data.load(config.data)
     self.plan = plan_lib.derive(config.train, config.optimizer, self.strategy.num_replicas_in_sync,
                                 self.source.train_size)
-    self.input_shape = data.output_shape(self.source, config.data)
+    self.input_shape = data.output_shape(self.source, config.data.image_size)
     self.loss_fn = losses.build(config.loss)
     self.steps_per_call = self.plan.steps_per_loop
     self.steps_per_window = self.steps_per_call * window_calls

@@ -15,9 +15,9 @@ def mixes(data_settings):
   return bool(data_settings.mixup_alpha or data_settings.cutmix_alpha)
 
 
-def make_mix(num_classes, data_settings, seed):
+def make_mix(num_classes, mixup_alpha, cutmix_alpha, seed):
   """fn(images, labels, key) -> (mixed float32 images, soft labels [batch, num_classes]); None when both are off."""
-  mix_pairs = make_pair_mix(num_classes, data_settings.mixup_alpha, data_settings.cutmix_alpha, seed)
+  mix_pairs = make_pair_mix(num_classes, mixup_alpha, cutmix_alpha, seed)
   if mix_pairs is None:
     return None
 

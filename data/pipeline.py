@@ -19,14 +19,15 @@ from data import user_stream
 _MAX_EPOCHS = 1 << 40  # the train stream is unbounded; the loop decides when to stop.
 
 
-def output_shape(source, data_settings):
-  """Image shape after preprocessing (a user's arrays: their features' shape, or None for a nest)."""
+def output_shape(source, image_size):
+  """Image shape after preprocessing to data.image_size (a user's arrays: their features' shape, or None for a
+  nest)."""
   if source.image_shape is None:
     features = source.train.element_spec[0]
     return tuple(features.shape) if isinstance(features, tf.TensorSpec) else None
   height, width, channels = source.image_shape
-  if data_settings.image_size:
-    height = width = int(data_settings.image_size)
+  if image_size:
+    height = width = int(image_size)
   return (height, width, channels)
 
 
@@ -129,7 +130,7 @@ def train_dataset(source, data_settings, *, batch_size, steps_per_epoch, seed, s
     return _finish(_streamed_batches(source, data_settings, batch_size, seed, start_step, num_shards, shard_index,
                                      local_replicas), data_settings, service_pipeline=shard_index)
   steps_per_epoch, start_step = steps_per_epoch * local_replicas, start_step * local_replicas  # a batch per replica
-  mix = mixing.make_mix(source.num_classes, data_settings, seed)
+  mix = mixing.make_mix(source.num_classes, data_settings.mixup_alpha, data_settings.cutmix_alpha, seed)
   if mix is None:
     preprocess = make_preprocess(source, data_settings, training=True, seed=seed, num_shards=num_shards,
                                  shard_index=shard_index)
@@ -189,7 +190,7 @@ def _streamed_batches(source, data_settings, batch_size, seed, start_step, num_s
                        window=data_settings.shuffle_window, start_step=start_step, num_pipelines=num_shards,
                        pipeline_index=shard_index, decode=source.decode)
   preprocess = make_preprocess(source, data_settings, training=True, seed=seed, global_rows=global_batch)
-  mix = mixing.make_mix(source.num_classes, data_settings, seed) or (lambda images, labels, _: (images, labels))
+  mix = mixing.make_mix(source.num_classes, data_settings.mixup_alpha, data_settings.cutmix_alpha, seed) or (lambda images, labels, _: (images, labels))
   ds = ds.map(lambda images, labels, rows, step: mix(*preprocess(images, labels, step, rows=rows), step),
               num_parallel_calls=tf.data.AUTOTUNE)
   return ds.unbatch().batch(batch_size, drop_remainder=True) if local_replicas > 1 else ds

@@ -62,7 +62,7 @@ def prepare(data_config, out, image_format="jpeg", quality=95, train_shards=0, s
     raise ConfigError(f"--quality must be in 1..100, got {quality}")
   sources.resolve(data_config.name)
   source = sources.load(data_config)
-  shape = tuple(int(d) for d in pipeline.output_shape(source, data_config))
+  shape = tuple(int(d) for d in pipeline.output_shape(source, data_config.image_size))
   settings = {"source": data_config.name, "data_dir": data_config.data_dir, "image_size": data_config.image_size,
               "format": image_format, "quality": quality if image_format == "jpeg" else None, "seed": seed,
               "splits": [data_config.train_split, data_config.eval_split], "train_shards": train_shards}

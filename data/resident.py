@@ -45,7 +45,7 @@ def decide(source, data_settings, *, synchronous):
   if data_settings.service:
     return Residency(False, f"data.service={data_settings.service} sends the train input through the tf.data service",
                      0)
-  size = resident_bytes(source, data_settings)
+  size = resident_bytes(source, data_settings.image_size)
   budget = int(data_settings.device_resident_max_bytes)
   blockers = [(size > budget, f"the train split ({size / 2**20:.1f} MiB) is larger than "
                               f"data.device_resident_max_bytes ({budget / 2**20:.1f} MiB)"),
@@ -56,28 +56,25 @@ def decide(source, data_settings, *, synchronous):
   return Residency(True, f"the train split ({size / 2**20:.1f} MiB) fits data.device_resident_max_bytes", size)
 
 
-def resident_bytes(source, data_settings):
+def resident_bytes(source, image_size):
   """Bytes per device: the split preprocessed once (float32 images after resize and normalisation) + labels."""
-  return len(source.train_arrays[1]) * _image_bytes(source, data_settings) + np.asarray(source.train_arrays[1]).nbytes
+  return len(source.train_arrays[1]) * row_bytes(source, image_size) + np.asarray(source.train_arrays[1]).nbytes
 
 
-def block_steps(source, data_settings, per_replica_batch):
+def row_bytes(source, image_size, mixed=False):
+  """Bytes a replica gathers per example: its float32 image at data.image_size, twice with mixup/cutmix (the
+  example's partner too)."""
+  return int(np.prod(pipeline.output_shape(source, image_size))) * 4 * (2 if mixed else 1)
+
+
+def block_steps(bytes_per_row, per_replica_batch):
   """Steps whose images a replica gathers at once (their rows, and their mix partners with mixup/cutmix)."""
-  return max(1, BLOCK_MAX_BYTES // (per_replica_batch * _gathered_image_bytes(source, data_settings)))
+  return max(1, BLOCK_MAX_BYTES // (per_replica_batch * bytes_per_row))
 
 
-def block_bytes(source, data_settings, per_replica_batch, steps_per_loop):
+def block_bytes(bytes_per_row, per_replica_batch, steps_per_loop):
   """Bytes per device of the largest block a call gathers (beside the resident split)."""
-  steps = min(steps_per_loop, block_steps(source, data_settings, per_replica_batch))
-  return steps * per_replica_batch * _gathered_image_bytes(source, data_settings)
-
-
-def _image_bytes(source, data_settings):
-  return int(np.prod(pipeline.output_shape(source, data_settings))) * 4  # float32
-
-
-def _gathered_image_bytes(source, data_settings):
-  return _image_bytes(source, data_settings) * (2 if mixing.mixes(data_settings) else 1)
+  return min(steps_per_loop, block_steps(bytes_per_row, per_replica_batch)) * per_replica_batch * bytes_per_row
 
 
 class ResidentTrainData:
@@ -91,6 +88,12 @@ class ResidentTrainData:
 
   def __init__(self, strategy, source, data_settings, *, global_batch_size, steps_per_epoch, seed, num_workers=1,
                worker_index=0):
+    self.flips = data_settings.random_flip
+    self.mix_pairs = mixing.make_pair_mix(source.num_classes, data_settings.mixup_alpha, data_settings.cutmix_alpha,
+                                          seed)
+    self.per_replica = global_batch_size // strategy.num_replicas_in_sync
+    gathered = row_bytes(source, data_settings.image_size, mixed=self.mix_pairs is not None)
+    self.steps_per_block = block_steps(gathered, self.per_replica)
     images, labels = source.train_arrays
     # Scaled, resized and normalised once (not per step); only the flips and mixes, keyed per step, remain.
     images = pipeline.make_preprocess(source, data_settings, training=False)(images, labels, 0)[0]
@@ -99,15 +102,10 @@ class ResidentTrainData:
       self.labels = tf.Variable(labels, trainable=False, name="resident_labels")
     self.size, self.seed = len(labels), seed
     self.steps_per_epoch = steps_per_epoch
-    self.per_replica = global_batch_size // strategy.num_replicas_in_sync
     self.workers, self.worker = num_workers, worker_index
     self.local_replicas = strategy.num_replicas_in_sync // num_workers
     self.groups = 1 if num_workers == 1 else self.local_replicas
     self.group_size = global_batch_size if num_workers == 1 else self.per_replica * num_workers
-    self.flips = data_settings.random_flip
-    self.mix_pairs = mixing.make_pair_mix(source.num_classes, data_settings.mixup_alpha, data_settings.cutmix_alpha,
-                                          seed)
-    self.steps_per_block = block_steps(source, data_settings, self.per_replica)
 
   @tf.autograph.experimental.do_not_convert
   def call_indices(self, first_step, num_steps):

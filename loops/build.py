@@ -141,7 +141,7 @@ def build_from(settings, config, role, kept=None, strategy=None):
                          epoch_steps=lambda global_batch: data.steps_per_epoch(source, data_settings, global_batch),
                          kept=kept)
   rules.check_derived(config, plan, source)
-  input_shape = data.output_shape(source, data_settings)
+  input_shape = data.output_shape(source, data_settings.image_size)
   classification = task_name == task_lib.BUILT_IN
   loss_fn = losses.build(settings.loss) if classification else None
   log = logging.debug if console.is_terminal() else logging.info  # logs keep it; a person's screen has config.json

@@ -8,6 +8,7 @@ import posixpath
 
 import tensorflow as tf
 
+from data import mixing
 from data import records
 from data import resident as resident_lib
 from data import tfrecord
@@ -130,8 +131,9 @@ def _init_line(init, parts, resumes_from):
 def _residency_line(parts):
   residency = execution_lib.residency(parts)
   if residency.resident:
-    block = resident_lib.block_bytes(parts.source, parts.data_settings, parts.plan.per_replica_batch_size,
-                                     parts.plan.steps_per_loop)
+    data_settings = parts.data_settings
+    gathered = resident_lib.row_bytes(parts.source, data_settings.image_size, mixed=mixing.mixes(data_settings))
+    block = resident_lib.block_bytes(gathered, parts.plan.per_replica_batch_size, parts.plan.steps_per_loop)
     return (f"yes, {residency.bytes_per_device} bytes per device + {block} bytes for a call's gathered batches "
             f"({residency.reason})")
   return f"no: host pipeline ({residency.reason})"

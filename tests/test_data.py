@@ -86,7 +86,7 @@ def test_preprocessing_resizes_and_normalises():
   cfg = load_config("resnet50_mirrored", "synthetic").data
   source = data.load(cfg)
   images, _, _ = next(iter(data.eval_dataset(source, cfg, batch_size=8)))
-  assert images.shape == (8, 128, 128, 3) and data.output_shape(source, cfg) == (128, 128, 3)
+  assert images.shape == (8, 128, 128, 3) and data.output_shape(source, cfg.image_size) == (128, 128, 3)
   assert float(tf.reduce_min(images)) < -1.5  # (0 - 0.49) / 0.25
 
 

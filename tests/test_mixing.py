@@ -22,7 +22,7 @@ CLASSES = 16
 
 
 def test_mixup_is_the_convex_combination_its_labels_say():
-  mix = mixing.make_mix(CLASSES, mix_config(mixup=0.4), seed=0)
+  mix = mixing.make_mix(CLASSES, mixup_alpha=0.4, cutmix_alpha=0.0, seed=0)
   mixed, soft = mix(IMAGES, LABELS, tf.constant(7, tf.int64))
   soft, x = soft.numpy(), IMAGES.numpy()
   np.testing.assert_allclose(soft.sum(axis=1), 1.0, rtol=1e-6)
@@ -36,7 +36,7 @@ def test_mixup_is_the_convex_combination_its_labels_say():
 
 
 def test_cutmix_pastes_a_box_whose_area_is_the_label_share():
-  mix = mixing.make_mix(CLASSES, mix_config(cutmix=1.0), seed=0)
+  mix = mixing.make_mix(CLASSES, mixup_alpha=0.0, cutmix_alpha=1.0, seed=0)
   mixed, soft = mix(IMAGES, LABELS, tf.constant(3, tf.int64))
   changed = np.any(mixed.numpy() != IMAGES.numpy(), axis=-1)  # [16, 8, 8]
   soft = soft.numpy()
@@ -50,11 +50,11 @@ def test_cutmix_pastes_a_box_whose_area_is_the_label_share():
 
 
 def test_mixes_are_keyed_by_batch_and_reproducible():
-  mix = mixing.make_mix(CLASSES, mix_config(mixup=0.4, cutmix=1.0), seed=0)
+  mix = mixing.make_mix(CLASSES, mixup_alpha=0.4, cutmix_alpha=1.0, seed=0)
   first, again, other = (mix(IMAGES, LABELS, tf.constant(k, tf.int64))[1].numpy() for k in (11, 11, 12))
   np.testing.assert_array_equal(first, again)
   assert not np.array_equal(first, other)
-  assert mixing.make_mix(10, mix_config(), seed=0) is None
+  assert mixing.make_mix(10, mixup_alpha=0.0, cutmix_alpha=0.0, seed=0) is None
 
 
 def take(ds, n):

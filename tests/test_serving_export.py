@@ -73,7 +73,7 @@ def framework_eval(config, workdir):
   source = data.load(config.data)
   raw = np.stack([image for image, _ in source.eval.take(BATCH).as_numpy_iterator()])
   preprocessed, _, _ = next(iter(data.eval_dataset(source, config.data, batch_size=BATCH)))
-  model = model_lib.build_model(config.model, config.mixed_precision, data.output_shape(source, config.data),
+  model = model_lib.build_model(config.model, config.mixed_precision, data.output_shape(source, config.data.image_size),
                                 source.num_classes)
   optimizer = optimizers.build(config.optimizer, 0.1)
   optimizer.build(model.trainable_variables)
