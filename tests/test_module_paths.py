@@ -26,7 +26,7 @@ WALK = re.compile(r"Followed from `?train_and_evaluate`?, the settings make (\d+
 
 # Run as `python -c RECORDER OUT ARGS...` from the repository: main.py with ARGS, the modules written to OUT.
 RECORDER = r"""
-import itertools, json, os, runpy, sys
+import functools, itertools, json, os, runpy, sys
 sys.path.insert(0, os.getcwd())
 import keras
 import ml_collections
@@ -40,6 +40,7 @@ sequence, entered, calls = itertools.count(), {}, []  # entered: id(frame) -> it
 walk = []  # from train_and_evaluate on: the module of each call given the bag, a group of it or a settings section
 
 
+@functools.lru_cache(maxsize=None)  # the profile sees every Python call: its file's answer is computed once
 def ours(filename):
   name = os.path.relpath(filename).replace(os.sep, "/")
   return name if name.startswith(OURS) else None
