@@ -13,13 +13,19 @@ import models
 
 MIXED_PRECISION_POLICIES = {"bfloat16": "mixed_bfloat16", "float16": "mixed_float16"}
 SETTING = "model.name"
-# CPU flags (Linux /proc/cpuinfo) of the units that run each precision natively (oneDNN uses them).
-NATIVE_CPU_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
-# Measured with main.py on digits_cnn, 2026-11-24, a 2-core AVX2 VM: float32 9 509, float16 2 978, bfloat16 1 069
-# images/s; 2026-11-22 on a VM with AVX512_BF16/AMX, bfloat16 ran digits 1.42x faster than float32 (benchmarks/README).
-CPU_MIXED_PRECISION_WARNING = (
-    "mixed_precision=%r on a machine without GPU whose CPU has none of %s: it is emulated, slower than float32 "
-    "(measured on an AVX2 machine, digits: float16 3x, bfloat16 9x slower); use it here to check a GPU config")
+# CPU flags (Linux /proc/cpuinfo) of the units that run each precision at speed (oneDNN uses them). float16: none.
+# TensorFlow 2.21's float16 Conv2DBackpropFilter on CPU is Eigen's fallback even with AVX512_FP16 and AMX: measured
+# 2026-11-30 on such a VM, 0.5-2.5 s a call against 3-11 ms in float32 and 2-4 ms in bfloat16.
+NATIVE_CPU_FLAGS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ()}
+# Measured with main.py on digits_cnn: 2026-11-24 on a 2-core AVX2 VM, float32 9 509, float16 2 978, bfloat16 1 069
+# images/s; 2026-11-30 on an AVX512_FP16/AMX VM, 40 steps in 5.8 s (float32), 3.6 s (bfloat16), 54.5 s (float16).
+SLOW_ON_CPU = {
+    "bfloat16": ("its CPU has none of avx512_bf16/amx_bf16, so it is emulated, slower than float32 (digits: 9x on an "
+                 "AVX2 machine)"),
+    "float16": ("TensorFlow has no fast float16 convolution gradient on any CPU: slower than float32 (digits: 3x on an "
+                "AVX2 machine, 9x on an AVX512_FP16/AMX one)"),
+}
+CPU_MIXED_PRECISION_WARNING = "mixed_precision=%r on a machine without GPU: %s; use it here to check a GPU config"
 
 
 def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
@@ -32,7 +38,8 @@ def cpu_flags(cpuinfo_path="/proc/cpuinfo"):
 
 
 def emulated_on_cpu(precision, flags):
-  """True when `precision` has no native unit among the CPU `flags` (then it runs slower than float32)."""
+  """True when `precision` has no unit among the CPU `flags` that runs it at speed (then it is slower than
+  float32)."""
   return bool(precision) and not set(NATIVE_CPU_FLAGS[precision]) & flags
 
 
@@ -50,7 +57,7 @@ def build_model(model_settings, mixed_precision, input_shape, num_classes):
   strategy.scope()."""
   if (mixed_precision and not tf.config.list_physical_devices("GPU")
       and emulated_on_cpu(mixed_precision, cpu_flags())):
-    logging.warning(CPU_MIXED_PRECISION_WARNING, mixed_precision, "/".join(NATIVE_CPU_FLAGS[mixed_precision]))
+    logging.warning(CPU_MIXED_PRECISION_WARNING, mixed_precision, SLOW_ON_CPU[mixed_precision])
   previous = keras.mixed_precision.dtype_policy()
   if mixed_precision:
     keras.mixed_precision.set_dtype_policy(MIXED_PRECISION_POLICIES[mixed_precision])
