@@ -111,10 +111,10 @@ def main(argv):
 
 
 def half_precision_units():
-  """The CPU's native bfloat16/float16 units (oneDNN uses them): without them mixed precision is emulated, slower."""
+  """The CPU's bfloat16/float16 units: which CPU a mixed-precision figure came from (loops/modeling/model.py says
+  which of them make a precision fast)."""
   from loops.modeling import model as model_lib
-  native = {flag for flags in model_lib.NATIVE_CPU_FLAGS.values() for flag in flags}
-  return sorted(native & model_lib.cpu_flags())
+  return sorted({"avx512_bf16", "amx_bf16", "avx512_fp16", "amx_fp16"} & model_lib.cpu_flags())
 
 
 def report(results, model_name):
