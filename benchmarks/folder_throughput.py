@@ -82,8 +82,9 @@ def main(argv):
   folder_config, folder = cases["streamed"]
   plan = plan_lib.derive(config.train, config.optimizer, strategy.num_replicas_in_sync, folder.train_size)
   with strategy.scope():
-    reference = model_lib.model_function(config.model.name)(tuple(data.output_shape(folder, folder_config.image_size)),
-                                                             int(folder.num_classes), **dict(config.model.kwargs))
+    input_shape = tuple(data.output_shape(folder, folder_config.image_size))
+    reference = model_lib.model_function(config.model.name)(input_shape, int(folder.num_classes),
+                                                             **dict(config.model.kwargs))
   batches = plan.steps_per_loop * _WINDOW_CALLS.value
   windows = {}
   for name, (d, source) in cases.items():

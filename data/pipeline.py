@@ -190,7 +190,8 @@ def _streamed_batches(source, data_settings, batch_size, seed, start_step, num_s
                        window=data_settings.shuffle_window, start_step=start_step, num_pipelines=num_shards,
                        pipeline_index=shard_index, decode=source.decode)
   preprocess = make_preprocess(source, data_settings, training=True, seed=seed, global_rows=global_batch)
-  mix = mixing.make_mix(source.num_classes, data_settings.mixup_alpha, data_settings.cutmix_alpha, seed) or (lambda images, labels, _: (images, labels))
+  mix = (mixing.make_mix(source.num_classes, data_settings.mixup_alpha, data_settings.cutmix_alpha, seed)
+         or (lambda images, labels, _: (images, labels)))
   ds = ds.map(lambda images, labels, rows, step: mix(*preprocess(images, labels, step, rows=rows), step),
               num_parallel_calls=tf.data.AUTOTUNE)
   return ds.unbatch().batch(batch_size, drop_remainder=True) if local_replicas > 1 else ds
