@@ -41,7 +41,7 @@ MATRIX = {
     "task: keras SGD(clipvalue=...)": (*TASK, {"task.name": TASKS + "KerasOptimizerClipsByEachValue"}),
     "task: transform_gradients clips and logs": (*TASK, {"task.name": TASKS + "ClipsAndLogsItsGradients"}),
     "task: transform_gradients, float16, accumulation": (*TASK, {
-        "task.name": TASKS + "ClipsAndLogsItsGradients", "mixed_precision": "float16", "train.grad_accum_steps": 2}),
+        "task.name": TASKS + "ClipsAndLogsItsGradients", **FLOAT16, "train.grad_accum_steps": 2}),
     # losses
     "label smoothing": (*DIGITS, {"loss.label_smoothing": 0.1}),
     "focal": (*DIGITS, {"loss.name": "focal"}),
