@@ -14,7 +14,7 @@ difference, e.g. the cost of an option:
 
 The base commit is checked out in a temporary git worktree; every round runs base then head (the working tree)
 with the same interpreter, so machine noise hits both alike. `{out}` and `{workdir}` in the command become fresh
-paths per run; each --key (dotted path into the run's JSON: --out's file, or --json inside the workdir) is
+paths per run, `{head}` this checkout (a script of the working tree run on both sides, as benchmarks/suite.py); each --key (dotted path into the run's JSON: --out's file, or --json inside the workdir) is
 reported as the median per side and the ratio head / base.
 """
 
@@ -40,14 +40,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def lookup(results, dotted):
-  for part in dotted.split("."):
-    results = results[part]
+  """The number at a dotted path; a key holding dots itself (a file name) is matched whole."""
+  parts = dotted.split(".")
+  while parts:
+    key = next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in results), None)
+    if key is None:
+      raise SystemExit(f"--key={dotted}: no {'.'.join(parts)!r} in the run's JSON (keys: {', '.join(results)})")
+    results, parts = results[key], parts[len(key.split(".")):]
   return float(results)
 
 
 def run_once(command, cwd, scratch, name):
   out, workdir = os.path.join(scratch, name + ".json"), os.path.join(scratch, name)
-  args = [a.replace("{out}", out).replace("{workdir}", workdir) for a in command]
+  args = [a.replace("{out}", out).replace("{workdir}", workdir).replace("{head}", REPO) for a in command]
   args = [sys.executable if a == "python" else a for a in args]
   done = subprocess.run(args, cwd=cwd, capture_output=True, text=True)
   if done.returncode != 0:

@@ -285,6 +285,43 @@ def test_ab_runs_a_command_on_a_base_commit_and_the_working_tree_alternately(tmp
   assert summary["results"]["cwd_is_repo"]["head"] == [1.0, 1.0]
 
 
+def test_ab_runs_this_checkouts_script_on_both_sides_and_reads_keys_holding_dots(tmp_path):
+  """{head} is this checkout on both sides; a key naming a file (tests/x.py) is matched whole."""
+  probe = ("import json, os, sys; json.dump({'files': {'tests/x.py': {'cpu': float(sys.argv[2] == sys.argv[3])}}}, "
+           "open(sys.argv[1], 'w'))")
+  result = run_module("benchmarks.ab", "--rounds=1", "--key=files.tests/x.py.cpu", "--base_args=x", "--head_args=y",
+                      "--", "python", "-c", probe, "{out}", "{head}", REPO)
+  summary = json.loads(result.stdout.strip().splitlines()[-1])["results"]["files.tests/x.py.cpu"]
+  assert summary["base"] == [1.0] and summary["head"] == [1.0]
+  from benchmarks import ab
+  with pytest.raises(SystemExit, match="--key=files.tests/y.py.cpu: no 'tests/y.py.cpu' in the run's JSON"):
+    ab.lookup({"files": {"tests/x.py": {"cpu": 1.0}}}, "files.tests/y.py.cpu")
+
+
+def test_suite_measures_each_test_files_wall_and_cpu_with_its_processes_and_stops_on_a_failure(tmp_path):
+  """benchmarks/suite.py in a folder of its own: a test whose child process burns CPU counts that CPU."""
+  (tmp_path / "tests").mkdir()
+  burn = "import time; end = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
+  (tmp_path / "tests" / "test_burn.py").write_text(
+      f"import subprocess, sys\n\ndef test_burn():\n  subprocess.run([sys.executable, '-c', {burn!r}], check=True)\n")
+  (tmp_path / "tests" / "test_fails.py").write_text("def test_fails():\n  assert 1 == 2\n")
+  script = os.path.join(REPO, "benchmarks", "suite.py")
+  done = subprocess.run([sys.executable, script, "--out=out.json", "tests/test_burn.py"], cwd=tmp_path,
+                        capture_output=True, text=True)
+  assert done.returncode == 0, done.stderr[-2000:]
+  results = json.load(open(tmp_path / "out.json"))
+  burned = results["files"]["tests/test_burn.py"]
+  assert 0.6 <= burned["cpu"] <= burned["wall"] + 1.0 and results["total"] == burned
+  failed = subprocess.run([sys.executable, script, "--out=again.json", "tests/test_burn.py", "tests/test_fails.py"],
+                          cwd=tmp_path, capture_output=True, text=True)
+  assert failed.returncode != 0 and "tests/test_fails.py failed in" in failed.stderr
+  assert not (tmp_path / "again.json").exists()
+  missing = subprocess.run([sys.executable, script, "--out=x.json", "tests/test_none.py"], cwd=tmp_path,
+                           capture_output=True, text=True)
+  assert missing.returncode != 0 and missing.stderr.strip().endswith(f"no such test file in {tmp_path}: "
+                                                                     "tests/test_none.py")
+
+
 def test_ab_compares_two_variants_of_the_working_tree_by_their_arguments():
   probe = "import json, sys; json.dump({'value': float(sys.argv[2])}, open(sys.argv[1], 'w'))"
   result = run_module("benchmarks.ab", "--rounds=2", "--key=value", "--base_args=2", "--head_args=3", "--", "python",
