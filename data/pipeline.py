@@ -17,6 +17,9 @@ from data import records
 from data import user_stream
 
 _MAX_EPOCHS = 1 << 40  # the train stream is unbounded; the loop decides when to stop.
+# tf.data converts a map function with AutoGraph; the pipeline's own lambdas branch on no tensor and call no user
+# code, and parsing a lambda's source for it cost 20-150 ms each at every run's start.
+_plain = tf.autograph.experimental.do_not_convert
 
 
 def output_shape(source, image_size):
@@ -39,7 +42,7 @@ def make_preprocess(source, data_settings, *, training, seed=0, num_shards=1, sh
   an example is flipped alike however the global batch is split over workers.
   """
   if source.image_shape is None:  # a user's arrays (data/user_source.py): fed as they are
-    return lambda features, targets, key, rows=None: (features, targets)
+    return _plain(lambda features, targets, key, rows=None: (features, targets))
   mean, std = data_settings.mean, data_settings.std
   flip = training and data_settings.random_flip
   size = data_settings.image_size
@@ -64,7 +67,7 @@ def eval_images(source, data_settings):
   """fn(raw image batch) -> the images as the eval sees them (make_preprocess, training=False): eval_dataset and
   the serving export run it."""
   preprocess = make_preprocess(source, data_settings, training=False)
-  return lambda images: preprocess(images, None, 0)[0]
+  return _plain(lambda images: preprocess(images, None, 0)[0])
 
 
 def raw_image_spec(source):
@@ -139,10 +142,10 @@ def train_dataset(source, data_settings, *, batch_size, steps_per_epoch, seed, s
   else:
     preprocess = make_preprocess(source, data_settings, training=True, seed=seed)
     ds = _batches(source, batch_size * num_shards, steps_per_epoch, seed, start_step, 1, 0, decorrelate)
-    ds = ds.map(lambda images, labels, key: mix(*preprocess(images, labels, key), key),
+    ds = ds.map(_plain(lambda images, labels, key: mix(*preprocess(images, labels, key), key)),
                 num_parallel_calls=tf.data.AUTOTUNE)
     if num_shards > 1:
-      ds = ds.map(lambda images, labels: (images[shard_index::num_shards], labels[shard_index::num_shards]))
+      ds = ds.map(_plain(lambda images, labels: (images[shard_index::num_shards], labels[shard_index::num_shards])))
   return _finish(ds, data_settings, service_pipeline=shard_index)
 
 
@@ -174,12 +177,12 @@ def _batches(source, batch_size, steps_per_epoch, seed, start_step, num_shards, 
   # Whole batches of indices, then one gather per batch: no per-example work for data held as images.
   ds = tf.data.Dataset.range(start_epoch, _MAX_EPOCHS).flat_map(one_epoch)
   if source.train_arrays is not None:
-    return ds.map(lambda key, i: (gather(examples, i), gather(labels, i), key),
+    return ds.map(_plain(lambda key, i: (gather(examples, i), gather(labels, i), key)),
                   num_parallel_calls=tf.data.AUTOTUNE)
-  ds = ds.map(lambda key, i: (tf.gather(examples, i), tf.gather(labels, i), tf.fill(tf.shape(i), key)))
-  ds = ds.unbatch().map(lambda record, label, key: (source.decode(record), label, key),
+  ds = ds.map(_plain(lambda key, i: (tf.gather(examples, i), tf.gather(labels, i), tf.fill(tf.shape(i), key))))
+  ds = ds.unbatch().map(_plain(lambda record, label, key: (source.decode(record), label, key)),
                         num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-  return ds.batch(batch_size, drop_remainder=True).map(lambda images, labels, keys: (images, labels, keys[0]))
+  return ds.batch(batch_size, drop_remainder=True).map(_plain(lambda images, labels, keys: (images, labels, keys[0])))
 
 
 def _streamed_batches(source, data_settings, batch_size, seed, start_step, num_shards, shard_index, local_replicas):
@@ -192,7 +195,7 @@ def _streamed_batches(source, data_settings, batch_size, seed, start_step, num_s
   preprocess = make_preprocess(source, data_settings, training=True, seed=seed, global_rows=global_batch)
   mix = (mixing.make_mix(source.num_classes, data_settings.mixup_alpha, data_settings.cutmix_alpha, seed)
          or (lambda images, labels, _: (images, labels)))
-  ds = ds.map(lambda images, labels, rows, step: mix(*preprocess(images, labels, step, rows=rows), step),
+  ds = ds.map(_plain(lambda images, labels, rows, step: mix(*preprocess(images, labels, step, rows=rows), step)),
               num_parallel_calls=tf.data.AUTOTUNE)
   return ds.unbatch().batch(batch_size, drop_remainder=True) if local_replicas > 1 else ds
 
@@ -212,17 +215,17 @@ def eval_dataset(source, data_settings, *, batch_size, num_shards=1, shard_index
   size = source.eval_size - start
   padded_size = math.ceil(size / global_batch) * global_batch
   variable = user_stream.has_unknown_dims(source.eval.element_spec, batched=False)
-  ds = (source.eval.skip(start) if start else source.eval).map(lambda image, label: (image, label, 1.0))
+  ds = (source.eval.skip(start) if start else source.eval).map(_plain(lambda image, label: (image, label, 1.0)))
   ds = ds.concatenate(_padding(source, variable).repeat(padded_size - size))
   if indexed:
-    ds = ds.enumerate(start).map(lambda index, example: (*example, index))
+    ds = ds.enumerate(start).map(_plain(lambda index, example: (*example, index)))
   ds = ds.shard(num_shards, shard_index)
   if source.decode is not None:  # each shard decodes its own records; padding records become zero images
-    ds = ds.map(lambda record, label, weight, *index: (_decode_real(source, record, weight), label, weight, *index),
-                num_parallel_calls=tf.data.AUTOTUNE)
+    ds = ds.map(_plain(lambda record, label, weight, *index: (_decode_real(source, record, weight), label, weight,
+                                                              *index)), num_parallel_calls=tf.data.AUTOTUNE)
   # Sequences of different lengths: each replica's batch padded with zeros to its longest (never a plain batch()).
   ds = ds.padded_batch(batch_size, drop_remainder=True) if variable else ds.batch(batch_size, drop_remainder=True)
-  ds = ds.map(lambda images, *rest: (preprocess(images), *rest), num_parallel_calls=tf.data.AUTOTUNE)
+  ds = ds.map(_plain(lambda images, *rest: (preprocess(images), *rest)), num_parallel_calls=tf.data.AUTOTUNE)
   return _finish(ds, data_settings)
 
 
@@ -230,7 +233,7 @@ def _padding(source, variable):
   """The dataset of one eval padding row, weight 0: zeros of the eval split's spec; examples of different lengths
   (no one zero shape fits, and a fully masked zero row gives 0/0 in masked means): the split's first example."""
   if variable:
-    return source.eval.take(1).map(lambda features, targets: (features, targets, 0.0))
+    return source.eval.take(1).map(_plain(lambda features, targets: (features, targets, 0.0)))
   return tf.data.Dataset.from_tensors(_blank(source) + (0.0,))
 
 

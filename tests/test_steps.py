@@ -40,7 +40,7 @@ def test_read_out_equals_keras_metric_results_and_the_reduced_loss():
       per_replica = strategy.experimental_distribute_values_from_function(replica_values)
       per_replica_loss = strategy.run(replica_step, args=per_replica)
       if i == 2:
-        result = read_out(per_replica_loss)
+        result = read_out.reduced(per_replica_loss)
     return result
 
   for per_example, logits, labels in calls:  # the second call's sums must not carry the first's
@@ -59,7 +59,7 @@ def test_without_metrics_the_read_out_is_the_global_loss():
 
   @tf.function
   def call():
-    return read_out(strategy.run(lambda: tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
+    return read_out.reduced(strategy.run(lambda: tf.cast(tf.distribute.get_replica_context().replica_id_in_sync_group,
                                                  tf.float32) + 1.0))
 
   assert read_out.initial().shape == [] and float(call()) == 3.0
@@ -93,7 +93,7 @@ def test_a_single_copy_of_the_sums_is_read_as_it_is(make_strategy):
   def call(values):
     read_out.start()
     strategy.run(replica_step, args=(values,))
-    return read_out(strategy.run(replica_step, args=(2.0 * values,)))
+    return read_out.reduced(strategy.run(replica_step, args=(2.0 * values,)))
 
   for values in ([1.0, 2.0, 3.0, 4.0], [5.0, 7.0, 9.0, 11.0]):  # the second call must not carry the first's sums
     loss, results = read_out.results(call(tf.constant(values)))

@@ -1,7 +1,8 @@
 """A user's code branches and loops in Python on tensors (AutoGraph converts it) wherever the framework calls it:
-its loss function, a task's loss, gradient transform and eval step. The framework's own helpers
-are not converted (tf.autograph.experimental.do_not_convert: ~40 ms of a process's start each); what calls user
-code must stay converted, or such code fails in the step with "using a tf.Tensor as a Python bool"."""
+its loss function, a task's loss, gradient transform, train step and eval step. The framework's own step functions
+and helpers are not converted (tf.autograph.experimental.do_not_convert: converting them cost about 1 s of every
+run's start); they call the task through loops/task's user_call, which converts it, or such code fails in the step
+with "using a tf.Tensor as a Python bool"."""
 
 import os
 import sys
@@ -36,3 +37,10 @@ def test_a_task_branching_and_looping_on_tensors_trains_on_two_replicas(tiny_dig
   assert summary["step"] == 20 and summary["train/repeats"] == pytest.approx(2.0)
   assert 0.0 <= summary["train/clipped"] <= 1.0 and 0.0 < summary["train/loss"] < 2.5
   assert summary["eval/accuracy"] > 0.2
+
+
+def test_a_train_step_branching_on_a_tensor_trains(tiny_digits, tmp_path):
+  tiny_digits.task.name = "branching:StepBranching"
+  summary = run.train_and_evaluate(tiny_digits, str(tmp_path))
+  assert summary["step"] == 20 and summary["train/repeats"] == pytest.approx(2.0)
+  assert 0.0 < summary["train/loss"] < 2.5 and summary["eval/accuracy"] > 0.2

@@ -40,19 +40,25 @@ def make_task_train_step(task, models, optimizers, metrics, global_batch_size, s
     return update_every.variants_or_step(task.update_every, list(optimizers), lambda updating: make_task_train_step(
         task, models, optimizers, metrics, global_batch_size, step_counter, grad_accum_steps, jit_compile, clock,
         input_pipelines, updating))
-  new_context = lambda micro_batch=(0, 1): context_lib.StepContext(
-      global_batch_size, step_counter, training=True, declared=task.train_metrics, input_pipelines=input_pipelines,
-      micro_batch=micro_batch, updating=updating, streams=task.streams)
+  @tf.autograph.experimental.do_not_convert
+  def new_context(micro_batch=(0, 1)):
+    return context_lib.StepContext(global_batch_size, step_counter, training=True, declared=task.train_metrics,
+                                   input_pipelines=input_pipelines, micro_batch=micro_batch, updating=updating,
+                                   streams=task.streams)
+
   step_method = "train_step" if task.writes_step else "per_example_loss"
   if task.writes_step:
+    @tf.autograph.experimental.do_not_convert
     def compute(batch):
       ctx = new_context()
       with random_layers.keyed(ctx):
-        loss = task_lib.checked_step_loss(task, scaled_step.train_step(task, batch, models, optimizers, ctx))
+        loss = task_lib.checked_step_loss(task, task_lib.user_call(scaled_step.train_step, task, batch, models,
+                                                                   optimizers, ctx))
       return loss, None, ctx.logged(), [loss]
   else:
     compute = _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_compile, updating)
 
+  @tf.autograph.experimental.do_not_convert  # the framework's step: the task's code is converted (task_lib.user_call)
   def step_fn(features, targets, started=None):
     if clock is not None and started is None:
       started = tf.timestamp()
@@ -76,10 +82,12 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
   scales_loss = isinstance(lone, keras.optimizers.LossScaleOptimizer)
   summed_here = bool(task.transforms_gradients and applied)
 
+  @tf.autograph.experimental.do_not_convert
   def gradients_of(batch, micro_batch):
     ctx = new_context(micro_batch)
     with tf.GradientTape() as tape, random_layers.keyed(ctx):
-      loss, per_example = _averaged(task, task.per_example_loss(batch, models, ctx), batch, ctx)
+      per_example = task_lib.user_call(task.per_example_loss, batch, models, ctx)
+      loss, per_example = _averaged(task, per_example, batch, ctx)
       if micro_batch[0] == 0:  # the regularization once per update
         for name in trained:
           if models[name].losses:
@@ -87,6 +95,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
       scaled = lone.scale_loss(loss) if scales_loss else loss
     return tape.gradient(scaled, variables), loss, per_example, ctx.logged()
 
+  @tf.autograph.experimental.do_not_convert
   def gradients(batch):
     if grad_accum_steps == 1:
       return gradients_of(batch, (0, 1))
@@ -103,6 +112,7 @@ def _loss_level(task, models, optimizers, new_context, grad_accum_steps, jit_com
   if jit_compile:
     gradients = tf.function(gradients, jit_compile=True)
 
+  @tf.autograph.experimental.do_not_convert
   def compute(batch):
     grads, loss, per_example, logged = gradients(batch)
     if summed_here:
@@ -163,7 +173,7 @@ def _transformed_sum(task, sizes, grads, ctx, loss_scale=None):
   by_model, begin = {}, 0
   for name, size in sizes.items():
     by_model[name], begin = flat[begin:begin + size], begin + size
-  returned = task.transform_gradients(by_model, ctx)
+  returned = task_lib.user_call(task.transform_gradients, by_model, ctx)
   where = task_lib.method_name(task, "transform_gradients")
   lengths = lambda gradients: {name: len(values) for name, values in gradients.items()}
   if not isinstance(returned, dict) or lengths(returned) != lengths(by_model):
@@ -259,8 +269,8 @@ class CallReadOut:
     else:
       zero()
 
-  @tf.autograph.experimental.do_not_convert
-  def __call__(self, per_replica_loss):
+  @tf.autograph.experimental.do_not_convert  # a method, not __call__: AutoGraph converts an object's __call__ anyway
+  def reduced(self, per_replica_loss):
     """Cross-replica context: the global loss (a scalar), or [loss, total_1, count_1, ...] over all replicas."""
     reduce = lambda value: self.strategy.reduce(tf.distribute.ReduceOp.SUM, value, axis=None)
     as_vector = lambda loss: tf.concat([tf.stack([tf.cast(loss, tf.float32)] +
@@ -285,6 +295,7 @@ class CallReadOut:
     return tuple(float(v) for v in np.asarray(values, np.float64).reshape(-1)[1 + len(self.sums):])
 
 
+@tf.autograph.experimental.do_not_convert
 def run_step(strategy, step_fn, step_counter, args, kwargs=None):
   """Cross-replica context: strategy.run(step_fn, args, kwargs); of an UpdateVariants step (Task.update_every) the
   variant of this step, chosen here by tf.switch_case on the step counter: an optimizer's all-reduce (merge_call)
@@ -312,7 +323,7 @@ def make_train_fn(strategy, step_fn, step_counter, read_out=None):
       per_replica_loss = run_step(strategy, step_fn, step_counter, batch, {"started": started} if timed else None)
       step_counter.assign_add(1)
       if i == num_steps - 1:  # one cross-replica reduction per call, not per step (a collective per step costs)
-        result = read_out(per_replica_loss)
+        result = read_out.reduced(per_replica_loss)
     return result
 
   return train_fn
@@ -326,7 +337,10 @@ def make_resident_train_fn(strategy, step_fn, step_counter, resident, read_out=N
   read_out = read_out or CallReadOut(strategy)
 
   def reading_the_block(step):
-    return lambda block, i: step(*resident.step_batch(block, i))
+    @tf.autograph.experimental.do_not_convert
+    def read_and_step(block, i):
+      return step(*resident.step_batch(block, i))
+    return read_and_step
 
   replica_step = update_every.each_step(step_fn, reading_the_block)
 
@@ -344,7 +358,7 @@ def make_resident_train_fn(strategy, step_fn, step_counter, resident, read_out=N
         per_replica_loss = run_step(strategy, replica_step, step_counter, (block, i))
         step_counter.assign_add(1)
         if begin + i == num_steps - 1:
-          result = read_out(per_replica_loss)
+          result = read_out.reduced(per_replica_loss)
     return result
 
   return train_fn
@@ -356,11 +370,12 @@ def make_eval_step(task, models, means, task_metrics, global_batch_size, step_co
   named in task.eval_collect, with the weights, for make_collecting_eval_fn (None when there are none)."""
   collect = tuple(task.eval_collect)
 
+  @tf.autograph.experimental.do_not_convert  # the framework's step: the task's code is converted (task_lib.user_call)
   def step_fn(features, targets, weights):
     ctx = context_lib.StepContext(global_batch_size, step_counter, training=False, metrics=task_metrics,
                                   weights=weights, input_pipelines=input_pipelines, streams=task.streams)
     with random_layers.keyed(ctx), keras_fit.fit_steps_refused(models, task_lib.method_name(task, "eval_step")):
-      values = task.eval_step(task_lib.eval_batch(task, features, targets), models, ctx)
+      values = task_lib.user_call(task.eval_step, task_lib.eval_batch(task, features, targets), models, ctx)
     for name, value in values.items():
       if name not in collect:  # a padding row's value never counts, not even a NaN (0 * NaN is NaN)
         value = tf.where(weights > 0, tf.cast(value, tf.float32), 0.0)

@@ -1,5 +1,6 @@
 """Tasks: what a run trains (loops/task/interface.py is the contract; classification.py the built-in)."""
 
+import functools
 import inspect
 
 import numpy as np
@@ -56,6 +57,23 @@ def streams_of(task_name):
     return {}, None
   cls = task_class(task_name)
   return dict(cls.streams), cls.eval_stream
+
+
+def _calling(fn, args, kwargs):
+  return fn(*args, **kwargs)
+
+
+@functools.cache
+def _converted_calling():
+  return tf.autograph.to_graph(_calling)
+
+
+@tf.autograph.experimental.do_not_convert
+def user_call(fn, *args, **kwargs):
+  """fn(*args, **kwargs) with fn and what it calls converted by AutoGraph, as a tf.function converts its callees: a
+  task's methods and its loss may branch and loop in Python on tensors. The framework's own step functions are not
+  converted (that cost about 1 s of every run's start) and call the task through here."""
+  return _converted_calling()(fn, args, kwargs)
 
 
 @tf.autograph.experimental.do_not_convert
