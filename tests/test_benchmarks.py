@@ -304,7 +304,7 @@ def test_suite_measures_each_test_files_wall_and_cpu_with_its_processes_and_stop
   burn = "import time; end = time.process_time() + 0.6\nwhile time.process_time() < end: pass"
   (tmp_path / "tests" / "test_burn.py").write_text(
       f"import subprocess, sys\n\ndef test_burn():\n  subprocess.run([sys.executable, '-c', {burn!r}], check=True)\n")
-  (tmp_path / "tests" / "test_fails.py").write_text("def test_fails():\n  assert 1 == 2\n")
+  (tmp_path / "tests" / "test_fails.py").write_text("def test_fails():\n  raise AssertionError('on purpose')\n")
   script = os.path.join(REPO, "benchmarks", "suite.py")
   done = subprocess.run([sys.executable, script, "--out=out.json", "tests/test_burn.py"], cwd=tmp_path,
                         capture_output=True, text=True)

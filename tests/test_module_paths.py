@@ -46,6 +46,13 @@ def ours(filename):
   return name if name.startswith(OURS) else None
 
 
+def source_of(frame):  # AutoGraph's conversion of our code (the task: user_call) runs in its module's globals
+  filename = frame.f_code.co_filename
+  if os.path.basename(filename).startswith("__autograph_generated_file"):
+    filename = frame.f_globals.get("__file__") or filename
+  return ours(filename)
+
+
 def carries_settings(value):
   return isinstance(value, ml_collections.ConfigDict) or type(value).__module__ == "configs.settings"
 
@@ -53,7 +60,7 @@ def carries_settings(value):
 def profile(frame, event, arg):
   if event == "call":
     entered[id(frame)] = number = next(sequence)
-    module, code = ours(frame.f_code.co_filename), frame.f_code
+    module, code = source_of(frame), frame.f_code
     if module:
       calls.append((number, module))
       if walk or (module, code.co_name) == ("loops/run.py", "train_and_evaluate"):
@@ -68,7 +75,7 @@ def moment(what):
     frames.append(frame)
     frame = frame.f_back
   frames.reverse()
-  modules = [ours(f.f_code.co_filename) for f in frames]
+  modules = [source_of(f) for f in frames]
   handed = max(i for i, module in enumerate(modules) if module == "loops/core/loop.py") + 1
   since = entered.get(id(frames[handed]), 0)
   seen[what]["stack"] |= {m for m in modules if m}
