@@ -6,6 +6,7 @@ arguments to a file) first on PATH, the template run with bash as sbatch would. 
 import glob
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -55,9 +56,16 @@ def write_executable(path, text):
 
 
 def free_port():
-  with socket.socket() as s:
-    s.bind(("127.0.0.1", 0))
-    return s.getsockname()[1]
+  """A free loopback port in 10000..19999: below the kernel's ephemeral range (32768 on, handed to any process's
+  connections, so a requeued job could find its port taken) and the ports derived from SLURM job ids (20000 on)."""
+  for port in random.Random(os.getpid()).sample(range(10000, 20000), 200):
+    with socket.socket() as s:
+      try:
+        s.bind(("127.0.0.1", port))
+      except OSError:
+        continue
+      return port
+  raise RuntimeError("no free loopback port in 10000..19999")
 
 
 def fake_bin(tmp_path, python):
