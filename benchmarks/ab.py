@@ -14,8 +14,9 @@ difference, e.g. the cost of an option:
 
 The base commit is checked out in a temporary git worktree; every round runs base then head (the working tree)
 with the same interpreter, so machine noise hits both alike. `{out}` and `{workdir}` in the command become fresh
-paths per run, `{head}` this checkout (a script of the working tree run on both sides, as benchmarks/suite.py); each --key (dotted path into the run's JSON: --out's file, or --json inside the workdir) is
-reported as the median per side and the ratio head / base.
+paths per run, `{head}` this checkout (a script of the working tree run on both sides, as benchmarks/suite.py);
+each --key (dotted path into the run's JSON: --out's file, or --json inside the workdir; a key holding dots, a file
+name, is matched whole) is reported as the median per side and the ratio head / base.
 """
 
 import json

@@ -23,10 +23,10 @@ def children_cpu():
   return usage.ru_utime + usage.ru_stime
 
 
-def measure(path, python=sys.executable):
+def measure(path):
   """{"wall", "cpu"} of one test file run alone in this directory; SystemExit with its tail when it fails."""
   cpu, wall = children_cpu(), time.monotonic()
-  done = subprocess.run([python, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", path],
+  done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", path],
                         capture_output=True, text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
   seconds = {"wall": round(time.monotonic() - wall, 2), "cpu": round(children_cpu() - cpu, 2)}
   if done.returncode != 0:
