@@ -19,7 +19,6 @@ import threading
 
 import keras
 import numpy as np
-import scipy.optimize
 import tensorflow as tf
 
 from loops import private_apis
@@ -157,6 +156,7 @@ def matched(array, target):
   if rows * rows * mine.shape[1] > MATCHED:
     return None
   cost = (np.square(theirs).sum(1)[:, None] + np.square(mine).sum(1)[None]) - 2 * theirs @ mine.T
+  import scipy.optimize  # pylint: disable=import-outside-toplevel  # 0.3 s of every process's start, used here only
   _, order = scipy.optimize.linear_sum_assignment(cost)
   return array[order]
 

@@ -306,6 +306,17 @@ def run_step(strategy, step_fn, step_counter, args, kwargs=None):
   return tf.switch_case(step_fn.index(step_counter.read_value()), runs)
 
 
+def steps_loop(num_steps, one_step, initial):
+  """The result of one_step(i, result) -> (i + 1, result) for i in 0..num_steps-1: a tf.while_loop (num_steps int32)."""
+  return tf.while_loop(lambda i, _: i < num_steps, one_step, (tf.constant(0), initial), maximum_iterations=num_steps)[1]
+
+
+def last_step_result(i, num_steps, read_out, per_replica_loss, result):
+  """read_out.reduced(per_replica_loss) at the call's last step, else `result`: one cross-replica reduction per
+  call, not per step (a collective per step costs)."""
+  return tf.cond(tf.equal(i, num_steps - 1), lambda: read_out.reduced(per_replica_loss), lambda: result)
+
+
 def make_train_fn(strategy, step_fn, step_counter, read_out=None):
   """tf.function(iterator, num_steps) -> read_out of the last step (CallReadOut; default: its global loss); runs
   num_steps steps in one call."""
@@ -313,18 +324,18 @@ def make_train_fn(strategy, step_fn, step_counter, read_out=None):
 
   timed = read_out.clock is not None
 
-  @tf.function
+  @tf.function(autograph=False)  # the loop written out: converting it cost ~0.2 s of every process's first call
   def train_fn(iterator, num_steps):
-    result = read_out.initial()
     read_out.start()
-    for i in tf.range(num_steps):
+
+    def one_step(i, result):
       started = tf.timestamp() if timed else None  # before the batch: a worker's input waits count as its own
       batch = next(iterator)
       per_replica_loss = run_step(strategy, step_fn, step_counter, batch, {"started": started} if timed else None)
       step_counter.assign_add(1)
-      if i == num_steps - 1:  # one cross-replica reduction per call, not per step (a collective per step costs)
-        result = read_out.reduced(per_replica_loss)
-    return result
+      return i + 1, last_step_result(i, num_steps, read_out, per_replica_loss, result)
+
+    return steps_loop(num_steps, one_step, read_out.initial())
 
   return train_fn
 
@@ -344,22 +355,27 @@ def make_resident_train_fn(strategy, step_fn, step_counter, resident, read_out=N
 
   replica_step = update_every.each_step(step_fn, reading_the_block)
 
-  @tf.function
+  @tf.function(autograph=False)  # the loops written out, as make_train_fn's
   def train_fn(num_steps):
-    result = read_out.initial()
     read_out.start()
     first_step = step_counter.read_value()
     rows = resident.call_indices(first_step, num_steps)
-    for begin in tf.range(0, num_steps, block_steps):
+
+    def one_block(begin, result):
       size = tf.minimum(block_steps, num_steps - begin)
       block = strategy.run(resident.replica_block,
                            args=(rows[begin:begin + size], first_step + tf.cast(begin, tf.int64)))
-      for i in tf.range(size):
+
+      def one_step(i, result):
         per_replica_loss = run_step(strategy, replica_step, step_counter, (block, i))
         step_counter.assign_add(1)
-        if begin + i == num_steps - 1:
-          result = read_out.reduced(per_replica_loss)
-    return result
+        return i + 1, last_step_result(begin + i, num_steps, read_out, per_replica_loss, result)
+
+      return begin + block_steps, steps_loop(size, one_step, result)
+
+    blocks = (num_steps + block_steps - 1) // block_steps
+    return tf.while_loop(lambda begin, _: begin < num_steps, one_block, (tf.constant(0), read_out.initial()),
+                         maximum_iterations=blocks)[1]
 
   return train_fn
 
@@ -388,10 +404,13 @@ def make_eval_step(task, models, means, task_metrics, global_batch_size, step_co
 def make_eval_fn(strategy, step_fn):
   """tf.function(distributed eval dataset): one full pass; metrics hold the totals over all replicas."""
 
-  @tf.function
+  def one_batch(state, batch):
+    strategy.run(step_fn, args=batch)
+    return state
+
+  @tf.function(autograph=False)  # the loop written out (DistributedDataset.reduce, what AutoGraph makes of it)
   def eval_fn(dataset):
-    for batch in dataset:
-      strategy.run(step_fn, args=batch)
+    dataset.reduce((), one_batch)
 
   return eval_fn
 

@@ -93,6 +93,8 @@ def build(loss_config):
     check_per_example(name, losses, logits)
     return tf.cast(losses, tf.float32)
 
+  if not plugins.is_import_path(name):  # a built-in loss: nothing for AutoGraph to convert (loops/task's user_call)
+    per_example_loss = tf.autograph.experimental.do_not_convert(per_example_loss)
   per_example_loss.declared = frozenset(declared)  # the keywords it reads (callers skip making the others)
   return per_example_loss
 
