@@ -124,13 +124,14 @@ def test_an_input_grid_is_each_image_rescaled_on_one_canvas_the_figures_size():
   from loops.persist import writers
   digits = np.zeros((16, 8, 8, 1), np.float32)
   digits[:, 2:6, 3:5] = 7.0  # a bright bar on black: rescaled per image to 0 and 1
-  grid = writers._grid_png(digits, np.arange(16) % 10).numpy()  # pylint: disable=protected-access
-  assert grid.shape == (1, 576, 512, 4) and grid.dtype == np.uint8  # 4 x 4 cells of 1.6 x 1.8 inches at 80 dpi
-  gray = grid[0, ..., :3].mean(axis=-1)
+  grid = writers._grid_image(digits, np.arange(16) % 10)  # pylint: disable=protected-access
+  assert grid.shape == (1, 488, 424, 3) and grid.dtype == np.uint8  # 4 x 4 cells: 96 pixels (8 x 12), label, gaps
+  gray = grid[0].mean(axis=-1)
   black, white = np.mean(gray < 10), np.mean(gray > 245)
   assert 0.2 < black < 0.7 and white > 0.3, (black, white)  # the images' black, the canvas and the bars' white
   soft = np.full((3, 4), 0.25)
-  assert writers._grid_png(np.random.rand(3, 16, 16, 3), soft).shape == (1, 288, 256, 4)  # 2 x 2 cells, one empty
+  assert writers._grid_image(np.random.rand(3, 16, 16, 3), soft).shape == (1, 248, 216, 3)  # 2 x 2 cells, one empty
+  assert writers._grid_image(np.random.rand(1, 224, 224, 3), soft[:1]).shape == (1, 256, 240, 3)  # shown as it is
 
 
 def test_profiler_trace_of_the_chosen_steps(finished_run):

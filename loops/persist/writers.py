@@ -5,7 +5,6 @@ Output: TensorBoard summaries, chief-only log lines, JSON files and the exported
 profiler traces. Every file goes through tf.io.gfile, so a workdir on cloud storage works like a local one.
 """
 
-import io
 import json
 import posixpath
 
@@ -172,7 +171,7 @@ class Writer(NullWriter):
     """A labelled grid of (preprocessed) input images, rescaled per image for display."""
     images, labels = make_batch()[:2]
     with self._events.as_default(step=step):
-      tf.summary.image(tag, _grid_png(np.asarray(images)[:max_images], np.asarray(labels)[:max_images]))
+      tf.summary.image(tag, _grid_image(np.asarray(images)[:max_images], np.asarray(labels)[:max_images]))
 
   def progress_bar(self, mode, total_steps):
     if mode == "off" or (mode == "auto" and not console.is_terminal()):
@@ -259,30 +258,29 @@ def _label_text(label):
   return " ".join(f"{c}:{label[c]:.2f}" for c in top if label[c] > 0)
 
 
-def _grid_png(images, labels):
-  """The images side by side on one canvas (each rescaled to [0, 1]), each under its label: one matplotlib axes
-  and a text per image (an axes per image, laid out by matplotlib, took most of a short run's start)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  from matplotlib import pyplot as plt
+def _grid_image(images, labels, shown_size=96):
+  """[1, height, width, 3] uint8: the images side by side on a white canvas, each rescaled to [0, 1] and enlarged by
+  a whole factor towards `shown_size` pixels, each under its label (Pillow's bundled font; matplotlib's figure and
+  text layout took ~0.1 s a grid and 0.6 s of a fresh process's import)."""
+  from PIL import Image, ImageDraw, ImageFont  # pylint: disable=import-outside-toplevel  # at step 0 only
 
   count, height, width = len(images), images.shape[1], images.shape[2]
+  scale = max(1, shown_size // max(height, width))
+  height, width = height * scale, width * scale
   columns = int(np.ceil(np.sqrt(count)))
   rows = int(np.ceil(count / columns))
-  gap, band = max(1, width // 8), max(2, height // 4)  # between images; above each, for its label
+  gap, band = 8, 16  # between images; above each, for its label
   cell_height, cell_width = band + height + gap, width + gap
-  canvas = np.ones((rows * cell_height, columns * cell_width, 3), np.float32)
-  figure = plt.figure(figsize=(1.6 * columns, 1.8 * rows))
-  ax = figure.add_axes((0.01, 0.01, 0.98, 0.98))
-  ax.axis("off")
-  for index, (image, label) in enumerate(zip(images, labels)):
+  canvas = np.ones((rows * cell_height + gap, columns * cell_width + gap, 3), np.float32)
+  for index, image in enumerate(images):
     low, high = float(image.min()), float(image.max())
     shown = (image - low) / (high - low) if high > low else np.zeros_like(image)
-    top, left = (index // columns) * cell_height + band, (index % columns) * cell_width
-    canvas[top:top + height, left:left + width] = shown[..., :3] if shown.shape[-1] >= 3 else shown[..., :1]
-    ax.text(left + width / 2, top - 0.5, _label_text(label), fontsize=9, ha="center", va="bottom")
-  ax.imshow(canvas, interpolation="nearest", aspect="auto")
-  buffer = io.BytesIO()
-  figure.savefig(buffer, format="png", dpi=80)
-  plt.close(figure)
-  return tf.image.decode_png(buffer.getvalue(), channels=4)[tf.newaxis]
+    shown = np.repeat(np.repeat(shown[..., :3] if shown.shape[-1] >= 3 else shown[..., :1], scale, 0), scale, 1)
+    top, left = (index // columns) * cell_height + band + gap, (index % columns) * cell_width + gap
+    canvas[top:top + height, left:left + width] = shown
+  picture = Image.fromarray(np.round(canvas * 255).astype(np.uint8))
+  draw, font = ImageDraw.Draw(picture), ImageFont.load_default(size=12)
+  for index, label in enumerate(labels[:count]):
+    top, left = (index // columns) * cell_height + band + gap, (index % columns) * cell_width + gap
+    draw.text((left + width / 2, top - 2), _label_text(label), fill=(0, 0, 0), font=font, anchor="md")
+  return np.asarray(picture)[np.newaxis]
