@@ -218,6 +218,17 @@ def trial_id(frozen_trial):
   return private(frozen_trial, "_trial_id", "optuna", "optuna.trial.FrozenTrial._trial_id")
 
 
+# --- AutoGraph: an error raised in converted code, as a tf.function raises it.
+
+def autograph_user_error(error):
+  """`error` as tf.function raises an error of code AutoGraph converted ("in user code:", each frame mapped to the
+  user's source line); `error` itself when it carries no AutoGraph metadata."""
+  metadata = getattr(error, "ag_error_metadata", None)
+  if metadata is None:
+    return error
+  return private(metadata, "to_exception", "tensorflow", "AutoGraph's error metadata .to_exception")(error)
+
+
 # --- Protocol-buffer schemas TensorFlow does not export: a checkpoint's object graph, a profiler trace.
 
 def trackable_object_graph():

@@ -197,3 +197,25 @@ def test_a_profiler_trace_message_is_made():
   xspace = private_apis.profiler_xspace()
   xspace.ParseFromString(xspace.SerializeToString())
   assert list(xspace.planes) == []
+
+
+def _raises_on_a_positive(x):
+  if x > 0:  # a tensor: AutoGraph converts the branch
+    raise ValueError("a positive value")  # the line the error must name
+  return x
+
+
+def _calling(fn, x):
+  return fn(x)
+
+
+def test_an_error_in_converted_code_names_the_users_line():
+  converted = tf.autograph.to_graph(_calling)  # as loops/task's user_call: AutoGraph converts what it calls
+  with pytest.raises(ValueError) as raised:
+    converted(_raises_on_a_positive, tf.constant(1.0))
+  error = private_apis.autograph_user_error(raised.value)
+  line = _raises_on_a_positive.__code__.co_firstlineno + 2
+  assert str(error).splitlines()[0] == "in user code:" and f'test_private_apis.py", line {line}' in str(error)
+  assert "a positive value" in str(error) and error.__suppress_context__
+  plain = RuntimeError("not converted")
+  assert private_apis.autograph_user_error(plain) is plain

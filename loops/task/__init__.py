@@ -3,10 +3,12 @@
 import functools
 import inspect
 
+import keras
 import numpy as np
 import tensorflow as tf
 
 from errors import ConfigError
+from loops import private_apis
 from loops.core import plugins
 from loops.task.context import StepContext
 from loops.task.interface import BuildContext, Task
@@ -31,6 +33,8 @@ def load(config, task_settings, loss_fn, metrics):
       raise ConfigError(f"{cls.__name__} sets streams or eval_stream on the instance; set them on the class (the "
                         f"data is loaded per stream before the task is built)")
   task.config = config
+  # built under the float64 dtype policy (the replica check's floor run): the batches' floats in float64 too
+  task._batches_in_float64 = keras.mixed_precision.dtype_policy().compute_dtype == "float64"  # pylint: disable=protected-access
   return task
 
 
@@ -72,14 +76,22 @@ def _converted_calling():
 def user_call(fn, *args, **kwargs):
   """fn(*args, **kwargs) with fn and what it calls converted by AutoGraph, as a tf.function converts its callees: a
   task's methods and its loss may branch and loop in Python on tensors. The framework's own step functions are not
-  converted (that cost about 1 s of every run's start) and call the task through here."""
-  return _converted_calling()(fn, args, kwargs)
+  converted (that cost about 1 s of every run's start) and call the task through here. An error raised in it is
+  re-raised as a tf.function raises it: "in user code:" and the user's file and line (errors.first_line)."""
+  try:
+    return _converted_calling()(fn, args, kwargs)
+  except Exception as e:  # pylint: disable=broad-except  # re-raised as a tf.function would: naming the user's line
+    raised = private_apis.autograph_user_error(e)
+    if raised is e:
+      raise
+    raise raised  # pylint: disable=raise-missing-from  # its context is `e` (errors.config_error_within reads it)
 
 
 @tf.autograph.experimental.do_not_convert
 def stream_batch(task, features, targets):
   """The batch a task's step gets: (features, targets), or {stream: (features, targets)} for a task with streams
   (the pipeline's element is ({stream: features}, {stream: targets}))."""
+  features, targets = _in_models_floats(task, (features, targets))
   if not task.streams:
     return features, targets
   return {name: (features[name], targets[name]) for name in task.streams}
@@ -88,9 +100,19 @@ def stream_batch(task, features, targets):
 @tf.autograph.experimental.do_not_convert
 def eval_batch(task, features, targets):
   """The batch a task's eval step gets: {eval stream: (features, targets)} for a task with streams."""
+  features, targets = _in_models_floats(task, (features, targets))
   if not task.streams:
     return features, targets
   return {task.eval_stream or next(iter(task.streams)): (features, targets)}
+
+
+def _in_models_floats(task, batch):
+  """The batch, its floating tensors in float64 for a task built under the float64 dtype policy: its models
+  compute in float64, and a task's `predicted - targets` would otherwise meet float32 targets."""
+  if not getattr(task, "_batches_in_float64", False):
+    return batch
+  return tf.nest.map_structure(lambda t: tf.cast(t, tf.float64) if t is not None and t.dtype.is_floating else t,
+                               batch)
 
 
 def serving_predict(task, models):
