@@ -255,8 +255,9 @@ LAYER_KINDS = {
 }
 
 
-def described(finding, task, loss_name, task_name, step):
-  """The sentence a FAIL names for a Finding (loss_name, task_name: loss.name and task.name)."""
+def described(finding, task, loss_name, task_name, step, nudged=False):
+  """The sentence a FAIL names for a Finding (loss_name, task_name: loss.name and task.name; nudged: the floor was
+  the nudged one, not float64, so differing gradients may also be rounding it does not measure)."""
   at = f"at step {step}"
   if finding.kind in LAYER_KINDS:
     return f"the sides part first at {finding.where} {at}: {LAYER_KINDS[finding.kind]}"
@@ -268,5 +269,9 @@ def described(finding, task, loss_name, task_name, step):
     source = loss_source(task, loss_name, task_name)
     return (f"every layer's output agrees {at}; {finding.where} differs: {source} reduces over "
             f"the replica's own rows (see loops/task/context.py: ctx.average, ctx.all_gather, ctx.sum_over_replicas)")
-  return (f"every layer's output and the loss agree {at}; the gradients differ: the step changes them before the "
-          f"cross-replica sum (clipping or normalizing the replica's gradients, SAM's epsilon from them)")
+  sentence = (f"every layer's output and the loss agree {at}; the gradients differ: the step changes them before "
+              f"the cross-replica sum (clipping or normalizing the replica's gradients, SAM's epsilon from them)")
+  if nudged:  # the sums of the gradients round by the batch's split; moving the weights may not show that
+    sentence += (", or it is rounding of the gradients' sums that the nudged floor does not measure (the step does "
+                 "not run in float64, where the floor is exact)")
+  return sentence

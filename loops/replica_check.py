@@ -522,7 +522,8 @@ def cause_of(config, steps, comparison):
   if cause:
     return cause
   finding, task = locate(config, steps, comparison)
-  sentence = first_difference.described(finding, task, config.loss.name, config.task.name, step)
+  sentence = first_difference.described(finding, task, config.loss.name, config.task.name, step,
+                                        nudged=comparison.how.how == "nudge" and config.mixed_precision is None)
   return named_cause(finding, sentence, comparison.built.suspects,
                      lambda kind: compare(config, steps, (kind,)).verdict.passed)
 
