@@ -76,7 +76,8 @@ def build(loss_config):
   traced; the wrapped function gets only the keywords of EXTRA it declares."""
   name = loss_config.name or DEFAULT
   kwargs = dict(loss_config.kwargs)
-  if plugins.is_import_path(name):
+  users = plugins.is_import_path(name)
+  if users:
     fn = plugins.load_callable(name, "loss.name", 2, EXTRA)
   else:
     fn = LOSSES[name]  # loops/rules.py checked the name
@@ -93,7 +94,7 @@ def build(loss_config):
     check_per_example(name, losses, logits)
     return tf.cast(losses, tf.float32)
 
-  if not plugins.is_import_path(name):  # a built-in loss: nothing for AutoGraph to convert (loops/task's user_call)
+  if not users:  # a built-in loss: nothing for AutoGraph to convert (loops/task's user_call converts a user's)
     per_example_loss = tf.autograph.experimental.do_not_convert(per_example_loss)
   per_example_loss.declared = frozenset(declared)  # the keywords it reads (callers skip making the others)
   return per_example_loss

@@ -261,7 +261,7 @@ def _label_text(label):
 def _grid_image(images, labels, shown_size=96):
   """[1, height, width, 3] uint8: the images side by side on a white canvas, each rescaled to [0, 1] and enlarged by
   a whole factor towards `shown_size` pixels, each under its label (Pillow's bundled font; matplotlib's figure and
-  text layout took ~0.1 s a grid and 0.6 s of a fresh process's import)."""
+  text layout took 0.08-0.19 s a grid, and importing matplotlib.pyplot 0.7 s)."""
   from PIL import Image, ImageDraw, ImageFont  # pylint: disable=import-outside-toplevel  # at step 0 only
 
   count, height, width = len(images), images.shape[1], images.shape[2]
@@ -271,16 +271,15 @@ def _grid_image(images, labels, shown_size=96):
   rows = int(np.ceil(count / columns))
   gap, band = 8, 16  # between images; above each, for its label
   cell_height, cell_width = band + height + gap, width + gap
+  corners = [((i // columns) * cell_height + band + gap, (i % columns) * cell_width + gap) for i in range(count)]
   canvas = np.ones((rows * cell_height + gap, columns * cell_width + gap, 3), np.float32)
-  for index, image in enumerate(images):
+  for image, (top, left) in zip(images, corners):
     low, high = float(image.min()), float(image.max())
     shown = (image - low) / (high - low) if high > low else np.zeros_like(image)
     shown = np.repeat(np.repeat(shown[..., :3] if shown.shape[-1] >= 3 else shown[..., :1], scale, 0), scale, 1)
-    top, left = (index // columns) * cell_height + band + gap, (index % columns) * cell_width + gap
     canvas[top:top + height, left:left + width] = shown
   picture = Image.fromarray(np.round(canvas * 255).astype(np.uint8))
   draw, font = ImageDraw.Draw(picture), ImageFont.load_default(size=12)
-  for index, label in enumerate(labels[:count]):
-    top, left = (index // columns) * cell_height + band + gap, (index % columns) * cell_width + gap
+  for label, (top, left) in zip(labels, corners):
     draw.text((left + width / 2, top - 2), _label_text(label), fill=(0, 0, 0), font=font, anchor="md")
   return np.asarray(picture)[np.newaxis]
