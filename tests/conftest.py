@@ -1,13 +1,15 @@
 """Shared test setup: two logical CPUs (before TensorFlow starts) so mirrored runs get 2 replicas in-process."""
 
+import atexit
 import fcntl
 import json
 import os
-import select
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -54,6 +56,7 @@ def set_keys(config, overrides):
 def run_main(*args, env=None, unset=(), timeout=300):
   """Runs `python main.py args...` (env added, `unset` variables removed) as run_command does; returns the
   CompletedProcess."""
+  fork_server.start()
   full_env = {k: v for k, v in os.environ.items() if k not in ("TF_CONFIG", *unset)}
   full_env.update(env or {})
   return run_command([sys.executable, os.path.join(REPO, "main.py"), *args], env=full_env, timeout=timeout)
@@ -61,26 +64,45 @@ def run_main(*args, env=None, unset=(), timeout=300):
 
 def run_command(command, env=None, cwd=REPO, timeout=300, merge_output=False):
   """subprocess.run(command, env=env, cwd=cwd, ...) with its output captured as text (stderr into stdout when
-  merge_output); returns the CompletedProcess. A `python main.py ...` of this repository runs in a child forked
-  from main.py's imports (tests/fixtures/main_forks.py: the same run without the ~6 s of importing TensorFlow),
-  unless what it tests acts at import (--debug, a READ_AT_IMPORT variable of its own) or TESTS_FRESH_PROCESSES=1."""
+  merge_output); returns the CompletedProcess. A `python main.py ...` of this repository runs forked from main.py's
+  imports (the fork server: tests/fixtures/forks.py)."""
+  fork_server.start()
   env = dict(os.environ) if env is None else env
-  if _forkable(command, env, cwd):
-    return _main_forks.run(command, env, cwd, timeout, merge_output)
   return subprocess.run(command, cwd=cwd, env=env, timeout=timeout, text=True, stdout=subprocess.PIPE,
                         stderr=subprocess.STDOUT if merge_output else subprocess.PIPE)
 
 
-# read when TensorFlow and Keras are imported: a run given other values than the fork server's runs fresh
-READ_AT_IMPORT = ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE", "TF_ENABLE_ONEDNN_OPTS",
-                  "KERAS_HOME", "KERAS_BACKEND")
+class ForkServer:
+  """tests/fixtures/forks.py for the processes this test process starts (tests/child_site/forked.py, its client,
+  runs in each of them): started at the first test that starts processes, its socket in TESTS_FORK_SERVER, ended
+  with this process. None with TESTS_FRESH_PROCESSES=1 or TESTS_CHILD_SITE=0."""
+
+  def __init__(self):
+    self.process = None
+
+  def start(self):
+    if (self.process is not None or os.environ.get("TESTS_FRESH_PROCESSES") == "1"
+        or CHILD_SITE not in os.environ.get("PYTHONPATH", "").split(os.pathsep)):
+      return
+    from launch import local
+    folder = tempfile.mkdtemp(prefix="forks-")
+    path = os.path.join(folder, "socket")
+    self.process = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "fixtures", "forks.py"), path],
+                                    cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    preexec_fn=local.dying_with_this_process(signal.SIGKILL))
+    atexit.register(self.end, folder)
+    while not os.path.exists(path) and self.process.poll() is None:  # bound before it imports: clients queue
+      time.sleep(0.01)
+    os.environ["TESTS_FORK_SERVER"] = path
+
+  def end(self, folder):
+    os.environ.pop("TESTS_FORK_SERVER", None)
+    self.process.kill()
+    self.process.wait()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
-def _forkable(command, env, cwd):
-  imported_with = _main_forks.imported_with or {name: os.environ.get(name) for name in READ_AT_IMPORT}
-  return (os.environ.get("TESTS_FRESH_PROCESSES") != "1" and len(command) >= 2 and command[0] == sys.executable
-          and os.path.abspath(os.path.join(cwd, command[1])) == os.path.join(REPO, "main.py")
-          and "--debug" not in command and all(env.get(name) == imported_with[name] for name in READ_AT_IMPORT))
+fork_server = ForkServer()
 
 
 def ctrl_c_reaches_it():
@@ -90,47 +112,11 @@ def ctrl_c_reaches_it():
   signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-class MainForks:
-  """The client of tests/fixtures/main_forks.py: one server per test process, started at its first run."""
-
-  def __init__(self):
-    self.server = None
-    self.imported_with = None  # READ_AT_IMPORT's values in the server's environment
-
-  def run(self, command, env, cwd, timeout, merge_output):
-    if self.server is None or self.server.poll() is not None:
-      self.imported_with = {name: os.environ.get(name) for name in READ_AT_IMPORT}
-      self.server = subprocess.Popen([sys.executable, os.path.join(REPO, "tests", "fixtures", "main_forks.py")],
-                                     cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
-    with tempfile.TemporaryDirectory() as scratch:
-      out = os.path.join(scratch, "out")
-      err = out if merge_output else os.path.join(scratch, "err")
-      request = {"argv": command[1:], "env": env, "cwd": cwd, "out": out, "err": err}
-      self.server.stdin.write(json.dumps(request).encode() + b"\n")
-      pid = self._answer(None)["pid"]
-      answer = self._answer(timeout)
-      if answer is None:
-        os.kill(pid, signal.SIGKILL)
-        self._answer(None)
-        raise subprocess.TimeoutExpired(command, timeout)
-      return subprocess.CompletedProcess(command, answer["exit"], open(out, errors="replace").read(),
-                                         None if merge_output else open(err, errors="replace").read())
-
-  def _answer(self, timeout):
-    """The server's next JSON line, or None when none came within timeout seconds (None: wait for it)."""
-    line = b""
-    while not line.endswith(b"\n"):
-      ready, _, _ = select.select([self.server.stdout], [], [], timeout)
-      if not ready:
-        return None
-      byte = self.server.stdout.read(1)
-      if not byte:
-        raise RuntimeError("tests/fixtures/main_forks.py ended: see its output above")
-      line += byte
-    return json.loads(line)
-
-
-_main_forks = MainForks()
+@pytest.fixture(autouse=True)
+def processes_fork_from_prepared_imports(request):
+  """A test that starts processes (marked e2e or slow) has the fork server (ForkServer) running."""
+  if request.node.get_closest_marker("e2e") or request.node.get_closest_marker("slow"):
+    fork_server.start()
 
 
 @pytest.fixture(autouse=True)

@@ -117,7 +117,9 @@ LONG = ["--config=configs/digits_cnn.py", "--config.train.epochs=2000", "--confi
 def test_two_real_runs_on_one_workdir_the_second_stops_at_once_and_a_dead_holder_is_taken_over(tmp_path):
   workdir = tmp_path / "w"
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
-  first = subprocess.Popen([PY, "main.py", *LONG, f"--workdir={workdir}"], cwd=REPO, env=env, text=True,
+  # fresh, not forked (tests/child_site/forked.py): the lock names the pid of the process that runs
+  first = subprocess.Popen([PY, "main.py", *LONG, f"--workdir={workdir}"], cwd=REPO,
+                           env={**env, "TESTS_FRESH_PROCESSES": "1"}, text=True,
                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
   try:
     for line in first.stdout:

@@ -8,6 +8,7 @@ check processes in a run of the suite. Only imports made by keras/tensorflow mod
 (scikit-learn's digits, MLflow's pandas) import them as usual. A user's install without these packages runs the same.
 """
 
+import os
 import sys
 
 OPTIONAL = frozenset({"pandas", "matplotlib", "sklearn", "scipy"})
@@ -31,3 +32,8 @@ class KerasOptionalImportsAbsent:
 
 
 sys.meta_path.insert(0, KerasOptionalImportsAbsent())
+
+if os.environ.get("TESTS_FORK_SERVER"):  # a python main.py ...: run by tests/fixtures/forks.py (see forked.py)
+  import forked
+
+  forked.run_forked()
