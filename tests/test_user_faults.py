@@ -10,14 +10,15 @@ import subprocess
 
 import pytest
 
-from tests.conftest import REPO, run_main
+from tests.conftest import REPO, pythonpath, run_main
 
 PLUGINS = os.path.join(REPO, "tests", "fixtures", "plugins")
 SHORT = ["--config=configs/digits_cnn.py", "--config.train.steps_per_loop=5", "--config.summary.progress_bar=off"]
 
 
 def main_with_plugins(workdir, *flags, env=None, timeout=300):
-  return run_main(*SHORT, f"--workdir={workdir}", *flags, env={"PYTHONPATH": PLUGINS, **(env or {})}, timeout=timeout)
+  return run_main(*SHORT, f"--workdir={workdir}", *flags, env={"PYTHONPATH": pythonpath(PLUGINS), **(env or {})},
+                  timeout=timeout)
 
 
 def error_lines(stderr):
@@ -201,7 +202,7 @@ def test_a_full_disk_is_one_line_and_the_last_checkpoint_resumes(small_disk, tmp
 def test_an_error_in_a_users_loss_while_traced_names_its_file_and_line(tmp_path):
   losses = os.path.join(REPO, "tests", "fixtures", "user_losses")
   done = run_main(*SHORT, f"--workdir={tmp_path}", "--config.train.steps=10",
-                  "--config.loss.name=my_losses:breaks_when_traced", env={"PYTHONPATH": losses})
+                  "--config.loss.name=my_losses:breaks_when_traced", env={"PYTHONPATH": pythonpath(losses)})
   source = os.path.join(losses, "my_losses.py")
   line = next(n for n, text in enumerate(open(source), 1) if "raise ValueError(\"a bug in the user's loss\")" in text)
   assert done.returncode == 1
