@@ -75,7 +75,8 @@ def run_command(command, env=None, cwd=REPO, timeout=300, merge_output=False):
 class ForkServer:
   """tests/fixtures/forks.py for the processes this test process starts (tests/child_site/forked.py, its client,
   runs in each of them): started at the first test that starts processes, its socket in TESTS_FORK_SERVER, ended
-  with this process. None with TESTS_FRESH_PROCESSES=1 or TESTS_CHILD_SITE=0."""
+  (and waited for: its runs' CPU counts in this process's children's) with this process. Not started with
+  TESTS_FRESH_PROCESSES=1 or TESTS_CHILD_SITE=0: every process then starts fresh."""
 
   def __init__(self):
     self.process = None
