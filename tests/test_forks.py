@@ -5,6 +5,7 @@ affinity, its command line in /proc), ends when its stand-in is killed, and gets
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -130,3 +131,22 @@ def test_a_run_past_its_timeout_is_killed_and_the_next_run_goes_on():
     run_main("--config=configs/digits_cnn.py", "--workdir=ram://forever", "--config.train.steps=1000000",
              timeout=3)
   assert run_command([sys.executable, "main.py", *BAD]).returncode == 1
+
+
+@pytest.mark.e2e
+def test_a_ctrl_c_before_the_run_started_ends_the_stand_in_as_python_ends_on_it(tmp_path):
+  from tests.conftest import ctrl_c_reaches_it
+  fake = tmp_path / "socket"  # a server that takes the request and never answers
+  listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+  listener.bind(str(fake))
+  listener.listen()
+  proc = subprocess.Popen([sys.executable, "main.py", *BAD], cwd=REPO, env={**os.environ, forked.SERVER: str(fake)},
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
+  connection, _ = listener.accept()
+  connection.recv(forked.MESSAGE_BYTES)  # the request came: the stand-in waits for the answer
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=60)
+  connection.close()
+  listener.close()
+  assert proc.returncode == -signal.SIGINT, err  # not a fresh run going on (it would exit 1: adamm)
+  assert "error:" not in err

@@ -100,6 +100,9 @@ def run_forked():
     answer = json.loads(connection.recv(MESSAGE_BYTES) or b"{}")
   except OSError:  # no server (any more): fresh
     return
+  except KeyboardInterrupt:  # Ctrl-C before the run started: as Python ends on it (the run, if forked, ends too)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGINT)
   if "pid" not in answer:
     return
   try:  # the run started: this process never goes on as a fresh one
