@@ -103,9 +103,9 @@ def test_a_killed_stand_in_takes_its_run_down_and_signals_reach_the_run(tmp_path
   from tests.conftest import fork_server
   fork_server.start()
   workdir = str(tmp_path / "w")
+  on_cpu_0 = local.dying_with_this_process(signal.SIGKILL, lambda: os.sched_setaffinity(0, {0}))
   proc = subprocess.Popen([sys.executable, "main.py", *LONG, f"--workdir={workdir}"], cwd=REPO,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                          preexec_fn=local.dying_with_this_process(signal.SIGKILL, lambda: os.sched_setaffinity(0, {0})))
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=on_cpu_0)
   run = started(workdir, proc)
   assert cpus_allowed(run) == "0"  # the stand-in's affinity
   proc.kill()
@@ -116,12 +116,14 @@ def test_a_killed_stand_in_takes_its_run_down_and_signals_reach_the_run(tmp_path
   assert not runs_of(workdir)
 
   proc = subprocess.Popen([sys.executable, "main.py", *LONG, f"--workdir={workdir}2"], cwd=REPO,
-                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   run = started(f"{workdir}2", proc)
-  time.sleep(3)  # training: the preemption handler set
+  for line in proc.stdout:
+    if re.search(r"step \d+/", line):  # training: the preemption handler set
+      break
   proc.send_signal(signal.SIGTERM)
-  _, err = proc.communicate(timeout=120)
-  assert proc.returncode == 143, err  # main.py's exit after a SIGTERM it saved for
+  out, _ = proc.communicate(timeout=120)
+  assert proc.returncode == 143, out[-3000:]  # main.py's exit after a SIGTERM it saved for
   assert not os.path.exists(f"/proc/{run}")
 
 

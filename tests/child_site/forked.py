@@ -1,11 +1,12 @@
 """A `python main.py ...` (or `python -m loops.worker_check|data.service ...`) of this repository, started by a test or
 by the processes under test (launch.local's workers and data service, a sweep's trials, --check=workers' pairs), runs
 in a child forked from tests/fixtures/forks.py, an interpreter that imported main.py once: the same run without its
-~3 s of CPU importing TensorFlow. The process the test started stays as the run's stand-in (its client, ~40 ms of CPU): it hands the server
-its command line, environment, folder, CPU affinity, umask and standard streams, relays the signals a run reacts to,
-and exits as the run exits (a signal's death included). When the stand-in is killed (SIGKILL), the run kills itself.
-The run is in the server's process group and session, not the stand-in's: a `killpg` of the stand-in's group reaches
-it through the relay (or the SIGKILL rule), and the processes the run starts itself are not in that group.
+~3 s of CPU importing TensorFlow. The process the test started stays as the run's stand-in (its client, ~20 ms of
+CPU): it hands the server its command line, environment, folder, CPU affinity, umask and standard streams, relays the
+signals a run reacts to, and exits as the run exits (a signal's death included). When the stand-in is killed
+(SIGKILL), the run kills itself. The run is in the server's process group and session, not the stand-in's: a `killpg`
+of the stand-in's group reaches it through the relay (or the SIGKILL rule), and the processes the run starts itself
+are not in that group.
 
 What a fork cannot show runs fresh (`fresh_reason`): what acts at import (--debug, a variable READ_AT_IMPORT other
 than the server's), another checkout's main.py, Python options, processes real SLURM or Open MPI manage, and every
@@ -67,9 +68,9 @@ def fresh_reason(args, env, cwd, imported_with=None, spaces=None):
   return None
 
 
-def request(args):
-  """What the server needs to run `python ARGS` as this process would."""
-  return {"args": args, "orig_argv": sys.orig_argv, "env": dict(os.environ), "cwd": os.getcwd(),
+def request():
+  """What the server needs to run this process's command as this process would."""
+  return {"orig_argv": sys.orig_argv, "env": dict(os.environ), "cwd": os.getcwd(),
           "affinity": sorted(os.sched_getaffinity(0)), "umask": _umask(), "ppid": os.getppid(),
           "namespaces": namespaces(), "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}
 
@@ -96,13 +97,14 @@ def run_forked():
   connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
   try:
     connection.connect(path)
-    socket.send_fds(connection, [json.dumps(request(args)).encode()], [0, 1, 2])
+    socket.send_fds(connection, [json.dumps(request()).encode()], [0, 1, 2])
     answer = json.loads(connection.recv(MESSAGE_BYTES) or b"{}")
   except OSError:  # no server (any more): fresh
     return
   except KeyboardInterrupt:  # Ctrl-C before the run started: as Python ends on it (the run, if forked, ends too)
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     os.kill(os.getpid(), signal.SIGINT)
+    os._exit(128 + signal.SIGINT)  # pylint: disable=protected-access
   if "pid" not in answer:
     return
   try:  # the run started: this process never goes on as a fresh one
