@@ -28,6 +28,7 @@ def test_what_a_fork_cannot_show_runs_fresh():
   assert reason(["main.py", "--config=c.py"]) is None
   assert reason([os.path.join(REPO, "main.py")], cwd="/") is None
   assert reason(["-m", "loops.worker_check", "dir", "1"]) is None
+  assert reason(["-m", "data.prepare", "--config=c.py"]) is None
   assert reason(["main.py", "--debug"]) == "--debug acts at import"
   assert reason(["main.py"], {**env, "TF_CPP_MIN_LOG_LEVEL": "0"}) == "TF_CPP_MIN_LOG_LEVEL acts at import"
   assert reason(["main.py"], {**env, "KERAS_HOME": "/elsewhere"}) == "KERAS_HOME acts at import"
@@ -44,14 +45,21 @@ def test_the_signals_a_run_catches_reach_it():
 
 
 @pytest.mark.e2e
-def test_a_forked_run_says_what_a_fresh_process_says():
-  command = [sys.executable, "main.py", *BAD]
+@pytest.mark.parametrize("args, last", [
+    (["main.py", *BAD], "error: unknown optimizer 'adamm'"),
+    # modules defining --config as main.py does: the server's own flags are not theirs
+    (["-m", "data.prepare", "--config=configs/digits_cnn.py"], "FATAL Flags parsing error: flag --out=None: "),
+    (["-m", "benchmarks.throughput", "--config=configs/digits_cnn.py", "--config.train.stepz=3"],
+     "error: unknown config key 'train.stepz' in --config.train.stepz=3 (did you mean 'train.steps'?)"),
+])
+def test_a_forked_run_says_what_a_fresh_process_says(args, last):
+  command = [sys.executable, *args]
   forked_run = run_command(command)
   fresh = run_command(command, env={**os.environ, "TESTS_FRESH_PROCESSES": "1"})
   said = [(done.returncode, done.stdout, CPP_LOG_PREFIX.sub("", done.stderr)) for done in (forked_run, fresh)]
   assert said[0] == said[1]
-  assert forked_run.returncode == 1 and forked_run.stderr.splitlines()[-1].startswith(
-      "error: unknown optimizer 'adamm'")
+  assert forked_run.returncode == 1 and forked_run.stderr.splitlines()[-2 if "FATAL" in last else -1].startswith(
+      last), forked_run.stderr[-1000:]
 
 
 @pytest.mark.e2e

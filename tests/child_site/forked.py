@@ -1,6 +1,6 @@
-"""A `python main.py ...` (or `python -m loops.worker_check|data.service ...`) of this repository, started by a test or
-by the processes under test (launch.local's workers and data service, a sweep's trials, --check=workers' pairs), runs
-in a child forked from tests/fixtures/forks.py, an interpreter that imported main.py once: the same run without its
+"""A `python main.py ...` (or `python -m NAME ...` of MODULES: the check pairs' worker, the data service and
+prepare, benchmarks) of this repository, started by a test or by the processes under test (launch.local's workers
+and data service, a sweep's trials, --check=workers' pairs), runs in a child forked from tests/fixtures/forks.py, an interpreter that imported main.py once: the same run without its
 ~3 s of CPU importing TensorFlow. The process the test started stays as the run's stand-in (its client, ~20 ms of
 CPU): it hands the server its command line, environment, folder, CPU affinity, umask and standard streams, relays the
 signals a run reacts to, and exits as the run exits (a signal's death included). When the stand-in is killed
@@ -21,7 +21,9 @@ import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SERVER = "TESTS_FORK_SERVER"  # the fork server's socket, set by tests/conftest.py
-MODULES = ("loops.worker_check", "data.service")  # `python -m NAME` run from the repository's folder
+# `python -m NAME` run from the repository's folder
+MODULES = ("loops.worker_check", "data.service", "data.prepare", "benchmarks.throughput", "benchmarks.records",
+           "benchmarks.predict")
 # read when TensorFlow and Keras are imported: a run given other values than the fork server's runs fresh
 READ_AT_IMPORT = ("TF_CPP_MIN_LOG_LEVEL", "TF_CPP_MAX_VLOG_LEVEL", "TF_CPP_VMODULE", "TF_ENABLE_ONEDNN_OPTS",
                   "KERAS_HOME", "KERAS_BACKEND")
