@@ -390,6 +390,22 @@ def test_a_tfds_split_streams_from_its_own_shard_files_each_pipeline_decoding_it
   assert len(indices) == steps * 32  # an epoch: distinct examples, none twice
 
 
+@pytest.mark.e2e
+def test_more_streams_than_the_input_grids_rows_train_and_the_grid_shows_16_train_images(tmp_path):
+  """data.streams=32 at 64 a step: the input grid's 16 train images are read as one stream of their own without a
+  shuffle window (divided among the run's 32 streams they were 0 rows each: a ZeroDivisionError at step 0)."""
+  out = str(tmp_path / "digits")
+  prepare_lib.prepare(load_config("digits_cnn").data, out, "raw", train_shards=32, progress=lambda _: None)
+  c = streamed(out, streams=32)
+  c.train.epochs, c.train.steps, c.train.steps_per_loop = None, 2, 2
+  c.eval.every_steps, c.checkpoint.every_steps, c.export = 0, 0, False
+  assert run.train_and_evaluate(c, str(tmp_path / "w"))["step"] == 2
+  grids = [value for path in tf.io.gfile.glob(str(tmp_path / "w" / "events.out.tfevents.*"))
+           for event in tf.compat.v1.train.summary_iterator(path) for value in event.summary.value
+           if value.tag == "train/input_images"]
+  assert len(grids) == 1 and tf.image.decode_png(tf.make_ndarray(grids[0].tensor)[2]).shape[-1] == 3
+
+
 def test_prepared_digits_streamed_from_disk_train_to_the_accuracy_of_the_original(digits_records, tmp_path):
   """One 200-step Adam run each: its accuracy moves about +-1 pp with the order (seeds 1-3 measured 2026-11-24:
   original 0.983/0.969/0.986, prepared raw 0.989/0.972/0.981), so the bound is 3 pp; a preprocessing or label

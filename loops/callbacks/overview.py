@@ -47,8 +47,12 @@ class Overview(Callback):
 
 
 def _first_inputs(parts, seed):
-  """16 train and 16 eval inputs after preprocessing, from pipelines of their own (not the run's; local)."""
+  """16 train and 16 eval inputs after preprocessing, from pipelines of their own (not the run's; local). Record
+  files are read as one stream without a shuffle window: 16 records, not a window per stream (8 x 2 048 by
+  default, read again after the run's own), and a data.streams above 16 has rows to share."""
   local = dataclasses.replace(parts.data_settings, service="")
+  if parts.source.train_files is not None:
+    local = dataclasses.replace(local, streams=1, shuffle_window=1)
   train = data.train_dataset(parts.source, local, batch_size=min(16, parts.plan.global_batch_size),
                              steps_per_epoch=parts.plan.steps_per_epoch, seed=seed)
   evaluation = data.eval_dataset(parts.source, parts.data_settings, batch_size=16)
