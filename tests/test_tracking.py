@@ -45,6 +45,15 @@ def only_run(client):
   return runs[0]
 
 
+def ended_run(client, timeout_seconds=60):
+  """only_run once it is no longer RUNNING: a killed run's tracker process ends it after sending what it was handed
+  (it outlives the run by at most its close timeout)."""
+  deadline = time.monotonic() + timeout_seconds
+  while only_run(client).info.status == "RUNNING" and time.monotonic() < deadline:
+    time.sleep(0.2)
+  return only_run(client)
+
+
 def history(client, run_id, key):
   return {m.step: m.value for m in client.get_metric_history(run_id, key)}
 
@@ -187,17 +196,13 @@ def test_a_run_killed_with_sigkill_leaves_its_mlflow_run_killed_not_running(tmp_
                            f"--config.tracking.mlflow={store}"], cwd=REPO, env=env(), stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
   try:
-    for line in proc.stdout:
-      if "eval at step 30" in line and (tmp_path / "w" / tracking.FILE).exists():  # the MLflow run exists
+    for line in proc.stdout:  # the first eval once the MLflow run exists ("eval at step 30" matched step 300 too)
+      if re.search(r"eval at step \d+:", line) and (tmp_path / "w" / tracking.FILE).exists():
         break
     proc.kill()  # the run's process only: its tracker process learns it from its stdin
     proc.wait()
     client = mlflow_client(store)
-    for _ in range(120):
-      if only_run(client).info.status != "RUNNING":
-        break
-      time.sleep(0.5)
-    run = only_run(client)
+    run = ended_run(client)
     assert run.info.status == "KILLED"
     assert history(client, run.info.run_id, "train/loss")  # what the run had handed over before it died
   finally:
@@ -459,7 +464,7 @@ def test_a_run_killed_after_its_last_checkpoint_and_resumed_logs_each_step_once(
                           capture_output=True, text=True, timeout=300)
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
   client = mlflow_client(store)
-  run_id = only_run(client).info.run_id
+  run_id = ended_run(client).info.run_id  # its tracker process may still be sending when the run is gone
   assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [10, 20, 30, 40, 50, 60, 70]
   resumed = subprocess.run(command, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
