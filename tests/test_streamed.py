@@ -17,6 +17,7 @@ import tensorflow as tf
 import data
 from data import prepare as prepare_lib
 from data import records
+from data import tfrecord
 from errors import ConfigError
 from loops import rules
 from loops import run
@@ -210,6 +211,20 @@ def test_a_bit_flipped_shard_is_one_line_naming_it(digits_records, tmp_path, man
   line = the_error_line(main_on(*source[:1], tmp_path / "run", *source[1:]))
   assert re.match(rf"error: {re.escape(str(victim))} cannot be read to the end \(corrupted "
                   r"record at \d+\): damaged or truncated; replace it", line), line
+
+
+@pytest.mark.parametrize("message", [
+    "{{function_node __wrapped__IteratorGetNext_output_types_2_device_/job:localhost/replica:0/task:0/device:CPU:0}} "
+    "corrupted record at 5085 [Op:IteratorGetNext] name: ",  # read eagerly
+    "Graph execution error:\n\nDetected at node IteratorGetNext defined at (most recent call last):\n  File "
+    "\"/u/train.py\", line 23, in <module>\n\n  File \"/u/train.py\", line 21, in f\n\ncorrupted record at 5085\n"
+    "\t [[{{node IteratorGetNext}}]] [Op:__inference_f_1786]",  # read in a tf.function that holds its ops' frames
+])
+def test_a_damaged_files_line_gives_the_readers_cause_however_tensorflow_lays_out_its_error(message):
+  error = tf.errors.DataLossError(None, None, message)
+  assert str(tfrecord.damaged(["/d/train-2.tfrecord"], error)) == (
+      "/d/train-2.tfrecord cannot be read to the end (corrupted record at 5085): damaged or truncated; replace it "
+      "(a prepared directory: rerun the same `python -m data.prepare` command on it)")
 
 
 def test_an_empty_data_dir_and_an_image_key_of_no_feature_are_one_line(digits_records, tmp_path):
