@@ -67,6 +67,7 @@ def _key(seed, *values):
   return key
 
 
+@tf.autograph.experimental.do_not_convert
 def epoch_records(files, stream, streams, seed, per_epoch, window, epoch, position):
   """Stream `stream`'s raw records of `epoch` from `position` (a tensor): files in a keyed order, skipped whole by
   their counts, records by TFRecord's header seek, the partial window re-read raw, then keyed windows."""
@@ -119,6 +120,7 @@ def batches(files, *, streams, global_batch, seed, window, start_step=0, num_pip
   rows = tf.constant(np.concatenate([np.arange(v * share, (v + 1) * share) for v in mine]), tf.int64)
   parse = files.parse if decode is None else lambda serialized: _decoded(files.parse(serialized), decode)
 
+  @tf.autograph.experimental.do_not_convert  # the framework's own: tf.data converted it at every start (~0.3 s)
   def one_epoch(epoch):
     first = tf.where(epoch == start_epoch, tf.constant(start_in_epoch, tf.int64), 0)
     parts = [epoch_records(files, v, streams, seed, steps * share, window, epoch, first * share).batch(share)
