@@ -33,6 +33,11 @@ class KerasOptionalImportsAbsent:
 
 sys.meta_path.insert(0, KerasOptionalImportsAbsent())
 
+if os.environ.get("TESTS_PROCESS_LOG"):  # this process's CPU logged at its exit (see process_log.py)
+  import process_log
+
+  process_log.log_this_process()
+
 if os.environ.get("TESTS_FORK_SERVER"):  # a python main.py ...: run by tests/fixtures/forks.py (see forked.py)
   import forked
 
