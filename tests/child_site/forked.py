@@ -1,12 +1,12 @@
-"""A `python main.py ...` (or `python -m NAME ...` of MODULES: the check pairs' worker, the data service and
-prepare, benchmarks) of this repository, started by a test or by the processes under test (launch.local's workers
-and data service, a sweep's trials, --check=workers' pairs), runs in a child forked from tests/fixtures/forks.py, an interpreter that imported main.py once: the same run without its
-~3 s of CPU importing TensorFlow. The process the test started stays as the run's stand-in (its client, ~20 ms of
-CPU): it hands the server its command line, environment, folder, CPU affinity, umask and standard streams, relays the
-signals a run reacts to, and exits as the run exits (a signal's death included). When the stand-in is killed
-(SIGKILL), the run kills itself. The run is in the server's process group and session, not the stand-in's: a `killpg`
-of the stand-in's group reaches it through the relay (or the SIGKILL rule), and the processes the run starts itself
-are not in that group.
+"""A `python main.py ...` (or `python -m NAME ...` of MODULES: the check pairs' worker, the data service and prepare,
+benchmarks) of this repository, started by a test or by the processes under test (launch.local's workers and data
+service, a sweep's trials, --check=workers' pairs), runs in a child forked from tests/fixtures/forks.py, an
+interpreter that imported main.py once: the same run without its ~3 s of CPU importing TensorFlow. The process the
+test started stays as the run's stand-in (its client, ~20 ms of CPU): it hands the server its command line,
+environment, folder, CPU affinity, umask and standard streams, relays the signals a run reacts to, and exits as the
+run exits (a signal's death included). When the stand-in is killed (SIGKILL), the run kills itself. The run is in the
+server's process group and session, not the stand-in's: a `killpg` of the stand-in's group reaches it through the
+relay (or the SIGKILL rule), and the processes the run starts itself are not in that group.
 
 What a fork cannot show runs fresh (`fresh_reason`): what acts at import (--debug, a variable READ_AT_IMPORT other
 than the server's), another checkout's main.py, Python options, processes real SLURM or Open MPI manage, and every
