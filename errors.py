@@ -41,7 +41,9 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 def first_line(error):
   """The first non-empty line of an error's message, or its type name. A traced function's error ("in user code:"
-  and frames) gives its cause: the error raised inside, with the last frame outside installed packages."""
+  and frames) gives its cause: the error raised inside, with the last frame outside installed packages. So does a
+  graph execution error: the line after "Graph execution error:", or, after the frames where its op was defined
+  ("Detected at node ..."), the line above "[[{{node ...}}]]"."""
   lines = [line.strip() for line in str(error).strip().splitlines() if line.strip()]
   if lines and lines[0] == "in user code:":
     raised = [found for found in map(_RAISED.match, lines) if found]
@@ -50,6 +52,12 @@ def first_line(error):
       frames = [frame for frame in _FRAME.findall(str(error)) if "site-packages" not in frame[0]]
       where = f" (in {frames[-1][0]}:{frames[-1][1]})" if frames else ""
       return (message if kind == type(error).__name__ else f"{kind}: {message}") + where
+  if len(lines) > 1 and lines[0].startswith("Graph execution error"):
+    if not lines[1].startswith("Detected at node"):
+      return lines[1]
+    node = next((n for n, line in enumerate(lines) if line.startswith("[[")), 0)
+    if node > 2:
+      return lines[node - 1]
   return lines[0] if lines else type(error).__name__
 
 

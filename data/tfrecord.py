@@ -24,7 +24,7 @@ import tensorflow as tf
 
 from data import records
 from data.loaded_source import Source, from_arrays
-from errors import ConfigError
+from errors import ConfigError, first_line
 
 MANIFEST = "manifest.json"
 FORMATS = ("encoded", "raw")
@@ -274,10 +274,7 @@ def _counted(paths):
 
 def damaged(files, error):
   """The ConfigError for record files that cannot be read (`error`: TensorFlow's DataLossError)."""
-  lines = [line.strip() for line in error.message.splitlines() if line.strip()]
-  node = next((n for n, line in enumerate(lines) if line.startswith("[[")), 0)
-  cause = lines[node - 1] if node else lines[0]  # a graph execution error: the line above its node, after frames
-  detail = re.split(r": |}} ", cause.split(" [Op:")[0])[-1].strip()
+  detail = re.split(r": |}} ", first_line(error).split(" [Op:")[0])[-1].strip()
   where = f"{', '.join(files)} cannot be read to the end" if files else "a data file cannot be read to the end"
   return ConfigError(f"{where} ({detail}): damaged or truncated; replace it (a prepared directory: rerun the same "
                      "`python -m data.prepare` command on it)")

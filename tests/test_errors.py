@@ -25,3 +25,30 @@ def test_a_traced_functions_error_is_its_cause_and_the_users_line():
 def test_a_plain_error_is_its_first_line():
   assert first_line(RuntimeError("\n  the first\nthe second")) == "the first"
   assert first_line(KeyError()) == "KeyError"
+
+
+def test_a_graph_execution_error_is_its_cause_with_or_without_the_ops_frames():
+  """TensorFlow lays one error out either way, depending on how the failing op's function was traced."""
+  def failing_in_a_function():
+    iterator = iter(tf.data.Dataset.from_tensor_slices([1.0, 0.0]).map(
+        lambda x: tf.debugging.check_numerics(tf.math.log(x), "a row is not positive")))
+
+    @tf.function
+    def take(it):
+      return next(it)
+    take(iterator)
+    take(iterator)
+
+  try:
+    failing_in_a_function()
+  except tf.errors.InvalidArgumentError as error:
+    text = str(error)
+    line = first_line(error)
+  assert text.startswith("Graph execution error:") and "[[" in text, text
+  assert "a row is not positive" in line and "Graph execution" not in line, line
+  frames = ("Graph execution error:\n\nDetected at node IteratorGetNext defined at (most recent call last):\n  File "
+            "\"/u/train.py\", line 23, in <module>\n\ncorrupted record at 5085\n\t [[{{node IteratorGetNext}}]]")
+  assert first_line(tf.errors.DataLossError(None, None, frames)) == "corrupted record at 5085"
+  plain = "Graph execution error:\n\nCollective ops is aborted by: recvmsg:Connection reset by peer\nAdditional"
+  assert first_line(tf.errors.UnavailableError(None, None, plain)) == (
+      "Collective ops is aborted by: recvmsg:Connection reset by peer")
