@@ -28,7 +28,8 @@ def test_a_plain_error_is_its_first_line():
 
 
 def test_a_graph_execution_error_is_its_cause_with_or_without_the_ops_frames():
-  """TensorFlow lays one error out either way, depending on how the failing op's function was traced."""
+  """A real one (a dataset read in a tf.function), and both layouts TensorFlow gives one error: with the frames where
+  the op was defined, or the cause right after the header."""
   def failing_in_a_function():
     iterator = iter(tf.data.Dataset.from_tensor_slices([1.0, 0.0]).map(
         lambda x: tf.debugging.check_numerics(tf.math.log(x), "a row is not positive")))
