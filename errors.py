@@ -61,6 +61,12 @@ def first_line(error):
   return lines[0] if lines else type(error).__name__
 
 
+def described(error):
+  """"Type: its first line" (first_line), or the type alone when the error has no message."""
+  line, name = first_line(error), type(error).__name__
+  return name if line == name else f"{name}: {line}"
+
+
 class InputPipelineError(ConfigError):
   """The train input failed while a train call read it (a user's input function raised, a batch of the wrong size):
   the steps before it in the call are complete, and a run can save them before it stops."""

@@ -3,7 +3,7 @@ file and line, not "in user code:")."""
 
 import tensorflow as tf
 
-from errors import first_line
+from errors import described, first_line
 
 
 def test_a_traced_functions_error_is_its_cause_and_the_users_line():
@@ -25,6 +25,14 @@ def test_a_traced_functions_error_is_its_cause_and_the_users_line():
 def test_a_plain_error_is_its_first_line():
   assert first_line(RuntimeError("\n  the first\nthe second")) == "the first"
   assert first_line(KeyError()) == "KeyError"
+
+
+def test_described_is_the_type_and_the_first_line_or_the_type_alone():
+  assert described(RuntimeError("\n  the first\nthe second")) == "RuntimeError: the first"
+  assert described(KeyError()) == "KeyError"
+  oom = "Graph execution error:\n\nOOM when allocating tensor with shape[512,64,112,112]\n\t [[{{node conv1}}]]"
+  assert described(tf.errors.ResourceExhaustedError(None, None, oom)) == (
+      "ResourceExhaustedError: OOM when allocating tensor with shape[512,64,112,112]")
 
 
 def test_a_graph_execution_error_is_its_cause_with_or_without_the_ops_frames():

@@ -124,6 +124,15 @@ def test_the_zero_batch_probe_builds_unknown_lengths_and_blames_only_what_it_bui
                                         r"\[2\]\)\): ValueError: boom"):
     task_lib.eval_names(Failing(), {}, spec, 4, {})
 
+  class FailingTraced(sequence.ContainsMarker):  # a compiled eval_step: its cause and line, not "in user code:"
+    @tf.function
+    def eval_step(self, batch, models, ctx):
+      raise ValueError("boom in a tf.function")
+
+  with pytest.raises(ConfigError, match=r"FailingTraced.eval_step failed on a zero batch of 2 \(shapes .*\): "
+                                        r"ValueError: boom in a tf.function \(in .*tests/test_sequences.py:\d+\)$"):
+    task_lib.eval_names(FailingTraced(), {}, spec, 4, {})
+
 
 def test_progress_and_summary_count_examples_for_sequences_and_images_for_images():
   summary = {"step": 10, "total_steps": 10, "wall_seconds": 2.0, "train_seconds": 1.0, "examples_per_sec": 640.0}

@@ -8,7 +8,7 @@ import posixpath
 
 from absl import logging
 
-from errors import first_line
+from errors import described
 import data
 from loops.core.interfaces import Callback
 from loops.modeling import litert
@@ -99,9 +99,8 @@ class Export(Callback):
         paths = self._write(state)
       except Exception as e:  # pylint: disable=broad-except  # after training: the run's record must survive
         logging.debug("export failed", exc_info=True)
-        state.writer.warning("export failed: %s: %s (the checkpoints are complete; export=False skips it)",
-                             type(e).__name__, first_line(e))
-        paths = {"error": f"{type(e).__name__}: {first_line(e)}"}
+        state.writer.warning("export failed: %s (the checkpoints are complete; export=False skips it)", described(e))
+        paths = {"error": described(e)}
     state.summary["export"] = paths
 
   def _write(self, state):

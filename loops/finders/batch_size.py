@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 
 import data
-from errors import ConfigError
+from errors import ConfigError, first_line
 from loops.core import batch_search
 from loops.distribute import strategy as strategy_lib
 from loops.finders import trial
@@ -102,7 +102,7 @@ def measure(config, role, per_replica, replicas, timed_steps, budget_gb, on_gpu)
       step_memory = getattr(execution, "step_memory", None)  # SyncExecution: the allocator's peak in the steps
       step_mb = step_memory.values().get("memory/step_added_mb", 0.0) if step_memory else 0.0
   except tf.errors.ResourceExhaustedError as e:
-    return Trial(per_replica, global_batch, False, 0.0, 0.0, note=f"out of memory: {str(e).splitlines()[0][:80]}")
+    return Trial(per_replica, global_batch, False, 0.0, 0.0, note=f"out of memory: {first_line(e)[:80]}")
   finally:
     parts = execution = None  # free the trial's model, optimizer and input before the next size
     keras.backend.clear_session()

@@ -15,7 +15,7 @@ from absl import logging
 import keras
 import tensorflow as tf
 
-from errors import ConfigError
+from errors import ConfigError, described
 from loops.modeling import losses
 from loops import private_apis
 
@@ -131,7 +131,7 @@ def per_example_loss(model, labels, outputs):
     raise
   except Exception as e:  # pylint: disable=broad-except
     raise ConfigError(f"model '{model.name}': its {name} fails on labels {labels.shape.as_list()} {labels.dtype.name} "
-                      f"and outputs {outputs.shape.as_list()}: {type(e).__name__}: {_first(e)}") from e
+                      f"and outputs {outputs.shape.as_list()}: {described(e)}") from e
   return fn
 
 
@@ -283,7 +283,3 @@ def _refusal(name, model, method, where):
                       f"run inside the framework's step (its optimizer, metrics and loss are not the run's); {PORT}")
   return refuse
 
-
-def _first(error):
-  text = str(error)
-  return text.splitlines()[0] if text else ""

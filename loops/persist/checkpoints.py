@@ -17,7 +17,7 @@ from typing import Any, Optional
 from absl import logging
 import tensorflow as tf
 
-from errors import ConfigError, first_line
+from errors import ConfigError, described, first_line
 from loops import private_apis
 from loops.modeling import optimizers as optimizers_lib
 from loops.persist import async_saves, init_checkpoint, workdir_lock
@@ -388,7 +388,7 @@ def unreadable(path):
     for name in reader.get_variable_to_dtype_map():
       reader.get_tensor(name)
   except (tf.errors.OpError, IndexError, ValueError) as e:
-    return f"{type(e).__name__}: {first_line(e)}"
+    return described(e)
   return None
 
 

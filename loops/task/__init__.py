@@ -7,7 +7,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from errors import ConfigError
+from errors import ConfigError, described
 from loops import private_apis
 from loops.core import plugins
 from loops.task.context import StepContext
@@ -174,8 +174,7 @@ def reduce_eval(task, collected):
   try:
     reduced = task.reduce_eval(collected)
   except Exception as e:  # pylint: disable=broad-except
-    raise ConfigError(f"{method_name(task, 'reduce_eval')} raised {type(e).__name__}: "
-                      f"{str(e).splitlines()[0] if str(e) else ''}") from e
+    raise ConfigError(f"{method_name(task, 'reduce_eval')} raised {described(e)}") from e
   return checked_reduced(task, reduced)
 
 
@@ -201,7 +200,7 @@ def zero_batch(element_spec, batch, length=1):
     return tf.nest.map_structure(zeros, element_spec)
   except Exception as e:  # pylint: disable=broad-except  # any failure here is the probe's, not the task's
     raise ConfigError(f"the framework could not build a probe batch of zeros for the examples {element_spec} "
-                      f"(not your eval_step): {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}; "
+                      f"(not your eval_step): {described(e)}; "
                       "give every feature a known rank (tf.ensure_shape in the input function)") from e
 
 
@@ -219,7 +218,7 @@ def eval_names(task, models, element_spec, global_batch_size, metrics, batch=2):
   except Exception as e:  # a user's code: one line naming where
     shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), probe)
     raise ConfigError(f"{type(task).__name__}.eval_step failed on a zero batch of {batch} (shapes {shapes}): "
-                      f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+                      f"{described(e)}") from e
   if not isinstance(values, dict) or not values:
     raise ConfigError(f"{type(task).__name__}.eval_step must return {{name: per-example values}}, got "
                       f"{type(values).__name__}")
