@@ -364,7 +364,11 @@ def test_sigterm_to_the_parameter_server_coordinator_saves_exits_143_and_the_rer
      "is aborted by: Error reported from /job:worker/task:2: The following tasks are unhealthy (stopped sending "
      "heartbeats):\n/job:worker/replica:0/task:2", "/job:worker/task:2",
      "Collective ops is aborted by: Error reported from /job:worker/task:2: The following tasks are unhealthy "
-     "(stopped sending heartbeats):"),
+     "(stopped sending heartbeats): /job:worker/replica:0/task:2"),
+    ("Collective ops is aborted by: Error reported from /job:worker/task:1: The following tasks are unhealthy (stopped "
+     "sending heartbeats):\n/job:worker/replica:0/task:1\n/job:worker/replica:0/task:3\nAdditional GRPC error information",
+     "/job:worker/task:1", "Collective ops is aborted by: Error reported from /job:worker/task:1: The following tasks "
+     "are unhealthy (stopped sending heartbeats): /job:worker/replica:0/task:1, /job:worker/replica:0/task:3"),
 ])
 def test_a_lost_worker_message_names_the_peer_not_this_tasks_device(message, peer, reason):
   from loops.distribute.execution import worker_lost

@@ -8,6 +8,7 @@ ParameterServerExecution: the coordinator of parameter_server (workers step asyn
 """
 
 import contextlib
+import itertools
 import math
 import re
 
@@ -80,9 +81,14 @@ def worker_lost(error, step, checkpoint):
   """WorkerLostError naming the peer (when the message does), the step, and what a rerun resumes from."""
   text = str(error)
   peer = re.search(r"(/job:\w+/(?:replica:\d+/)?task:\d+)\b(?!/device)", text)  # not this process's own devices
-  reason = next((line for line in text.splitlines()
-                 if "aborted by" in line or "unhealthy" in line or "Deadline" in line), first_line(error))
-  reason = re.sub(r"\{\{.*?\}\}\s*", "", reason).strip()
+  lines = text.splitlines()
+  at = next((n for n, line in enumerate(lines) if "aborted by" in line or "unhealthy" in line or "Deadline" in line),
+            None)
+  reason = re.sub(r"\{\{.*?\}\}\s*", "", lines[at] if at is not None else first_line(error)).strip()
+  if at is not None and reason.endswith(":"):  # the tasks it announces follow, one a line
+    listed = [line.strip() for line in itertools.takewhile(lambda l: re.fullmatch(r"\s*/job:\S+\s*", l),
+                                                           lines[at + 1:])]
+    reason = f"{reason} {', '.join(listed)}" if listed else reason
   return WorkerLostError(
       f"lost {'process ' + peer.group(1) if peer else 'another process'} during training near step {step} "
       f"({type(error).__name__}: {reason}); this process stops. Rerun the whole job to resume from "
