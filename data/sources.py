@@ -19,7 +19,7 @@ import tensorflow as tf
 from data import tfrecord as tfrecord_lib
 from data import user_source
 from data.loaded_source import Source, from_arrays
-from errors import ConfigError, first_line, unknown_name
+from errors import ConfigError, described, first_line, unknown_name
 
 
 def digits(data_config):
@@ -219,7 +219,7 @@ def tfds_source(tfds_name):
         builder.download_and_prepare()
       except Exception as e:
         raise FileNotFoundError(f"tfds dataset '{tfds_name}' is not in {where} and could not be downloaded "
-                                f"({type(e).__name__}: {first_line(e)}); {how}") from None
+                                f"({described(e)}); {how}") from None
     features = builder.info.features
     if "image" not in features or "label" not in features:
       raise ValueError(f"tfds dataset '{tfds_name}' has no 'image'/'label' features (it has {list(features)})")

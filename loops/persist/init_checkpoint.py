@@ -27,7 +27,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from errors import ConfigError, first_line
+from errors import ConfigError, described, first_line
 from loops import private_apis
 from loops.modeling.freeze import compact
 
@@ -157,7 +157,7 @@ def _from_checkpoint(prefix, slots=False):
   try:
     return _read_checkpoint(prefix, slots)
   except (tf.errors.OpError, IndexError) as e:  # torn or truncated (as checkpoints.unreadable: TF raises both)
-    raise ConfigError(f"init.checkpoint '{prefix}' cannot be read ({type(e).__name__}: {first_line(e)}); give an "
+    raise ConfigError(f"init.checkpoint '{prefix}' cannot be read ({described(e)}); give an "
                       "intact checkpoint (a workdir's best/ or an earlier ckpt-N)") from None
 
 
