@@ -345,6 +345,27 @@ def test_a_tracker_that_fails_is_one_warning_its_values_are_counted_and_it_is_tr
                        "value since it came back"]
 
 
+def test_a_run_id_the_killed_run_cannot_take_is_recorded_in_its_workdir_and_the_values_still_go(tmp_path, caplog):
+  """kill -9 before the tracker opened its run (a short run on a loaded machine): reporting the id to the run hit a
+  broken pipe, which counted as the tracker failing: nothing was sent and the run stayed RUNNING."""
+  def gone(kind, run_id):
+    raise BrokenPipeError(32, "Broken pipe")
+
+  path = tmp_path / "tracking.json"
+  path.write_text(json.dumps({"wandb": {"run_id": "w1", "setting": "project"}}))
+  fake, added = FakeTracker(), {"kind": "fake", "setting": "setting", "record": str(path)}
+  senders = [tracker_process.Sender("fake", fake, None, lambda run_id: tracker_process.remember(gone, added, run_id))]
+  senders[0].put("metrics", (10, {"train/loss": 1.0}, 0), 1)
+  tracker_process.close_all(senders, "KILLED", 5)
+  assert fake.calls == [("metrics", [(10, {"train/loss": 1.0})]), ("finish", "KILLED")]
+  assert json.loads(path.read_text()) == {"wandb": {"run_id": "w1", "setting": "project"},
+                                          "fake": {"run_id": "new-run", "setting": "setting"}}
+  tracker_process.remember(gone, {**added, "record": "gs://bucket/w/tracking.json"}, "r2")
+  assert [r.getMessage() for r in caplog.records] == [
+      "fake: run r2 is not recorded in gs://bucket/w/tracking.json (the run's process is gone, and only it writes "
+      "there): a resumed run starts another"]
+
+
 def test_a_slow_tracker_never_holds_up_the_caller_and_the_end_waits_only_so_long(caplog):
   caplog.set_level(logging.INFO)
   gate = threading.Event()
@@ -465,7 +486,8 @@ def test_a_run_killed_after_its_last_checkpoint_and_resumed_logs_each_step_once(
   assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
   client = mlflow_client(store)
   run_id = ended_run(client).info.run_id  # its tracker process may still be sending when the run is gone
-  assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [10, 20, 30, 40, 50, 60, 70]
+  assert [m.step for m in client.get_metric_history(run_id, "train/loss")] == [10, 20, 30, 40, 50, 60, 70], (
+      killed.stderr[-3000:])
   resumed = subprocess.run(command, cwd=REPO, env=env(), capture_output=True, text=True, timeout=300)
   assert resumed.returncode == 0, resumed.stderr[-3000:]
   run = only_run(client)

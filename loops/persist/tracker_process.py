@@ -2,7 +2,8 @@
 (loops/persist/tracking.py). It reads one JSON line per call on stdin and makes the calls, one thread per tracker
 (so a slow one does not hold the other), and reports each tracker's run id as a JSON line on stdout. It imports no
 TensorFlow, ignores SIGINT and SIGTERM (the run decides when tracking ends: its close line, or stdin's end when the
-run's process is gone, kill -9 included) and exits after close_timeout seconds at most.
+run's process is gone, kill -9 included) and exits after close_timeout seconds at most. A run id it cannot report
+(the run's process is gone) it records in the run's tracking.json itself, so a resumed run continues that run.
 
 A tracker that fails costs one warning line; while it is down its values are counted, it is tried again every
 RETRY_SECONDS, and the end names how many were not sent.
@@ -42,13 +43,43 @@ def serve(lines, report):
     if message["op"] == "add":
       kind = message["kind"]
       senders.append(Sender(kind, make(kind, message["options"]), message["run_id"],
-                            lambda run_id, kind=kind: report(kind, run_id), message["setting"]))
+                            lambda run_id, added=message: remember(report, added, run_id), message["setting"]))
     elif message["op"] == "close":
       return close_all(senders, message["status"], message["timeout"])
     else:
       for sender in senders:
         sender.put(message["op"], message["args"], message["count"])
   return close_all(senders, "KILLED", KILLED_CLOSE_SECONDS)
+
+
+def remember(report, added, run_id):
+  """Reports the run id of the tracker `added` (its add message); when the run's process is gone (killed before
+  the tracker opened its run: the report's pipe is closed), records it in the run's tracking.json here."""
+  try:
+    report(added["kind"], run_id)
+  except OSError:
+    record(added["record"], added["kind"], added["setting"], run_id)
+
+
+def record(path, kind, setting, run_id):
+  """Writes {kind: {setting, run_id}} into the JSON at path (a local workdir's: this process imports no
+  TensorFlow, which writes the others) as the run's Trackers would have."""
+  if "://" in path:
+    logging.warning("%s: run %s is not recorded in %s (the run's process is gone, and only it writes there): a "
+                    "resumed run starts another", kind, run_id, path)
+    return
+  try:
+    with open(path, encoding="utf-8") as f:
+      recorded = json.load(f)
+  except (OSError, ValueError):
+    recorded = {}
+  recorded[kind] = {"setting": setting, "run_id": run_id}
+  try:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+      f.write(json.dumps(recorded, indent=2, sort_keys=True) + "\n")
+    os.replace(path + ".tmp", path)
+  except OSError as e:
+    logging.warning("%s: run %s is not recorded in %s (%s): a resumed run starts another", kind, run_id, path, e)
 
 
 def close_all(senders, status, timeout):

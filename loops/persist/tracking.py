@@ -182,7 +182,8 @@ class Trackers:
   def add(self, kind, setting, options, run_id):
     """A tracker (`options`: the keyword arguments of its class in tracker_process.KINDS), continuing run_id."""
     self.specs[kind] = setting
-    self._put({"op": "add", "kind": kind, "setting": setting, "options": options, "run_id": run_id})
+    self._put({"op": "add", "kind": kind, "setting": setting, "options": options, "run_id": run_id,
+               "record": posixpath.join(self.workdir, FILE)})
 
   def _put(self, message):
     self.lines.put(json.dumps(message) + "\n")
