@@ -353,13 +353,15 @@ def test_a_run_id_the_killed_run_cannot_take_is_recorded_in_its_workdir_and_the_
 
   path = tmp_path / "tracking.json"
   path.write_text(json.dumps({"wandb": {"run_id": "w1", "setting": "project"}}))
-  fake, added = FakeTracker(), {"kind": "fake", "setting": "setting", "record": str(path)}
+  fake, added = FakeTracker(), {"kind": "fake", "setting": "setting", "record": str(path), "run_id": None}
   senders = [tracker_process.Sender("fake", fake, None, lambda run_id: tracker_process.remember(gone, added, run_id))]
   senders[0].put("metrics", (10, {"train/loss": 1.0}, 0), 1)
   tracker_process.close_all(senders, "KILLED", 5)
   assert fake.calls == [("metrics", [(10, {"train/loss": 1.0})]), ("finish", "KILLED")]
   assert json.loads(path.read_text()) == {"wandb": {"run_id": "w1", "setting": "project"},
                                           "fake": {"run_id": "new-run", "setting": "setting"}}
+  tracker_process.remember(gone, added, "late")  # a rerun recorded its own run meanwhile: it stays
+  assert json.loads(path.read_text())["fake"]["run_id"] == "new-run"
   tracker_process.remember(gone, {**added, "record": "gs://bucket/w/tracking.json"}, "r2")
   assert [r.getMessage() for r in caplog.records] == [
       "fake: run r2 is not recorded in gs://bucket/w/tracking.json (the run's process is gone, and only it writes "

@@ -58,12 +58,13 @@ def remember(report, added, run_id):
   try:
     report(added["kind"], run_id)
   except OSError:
-    record(added["record"], added["kind"], added["setting"], run_id)
+    record(added["record"], added["kind"], added["setting"], run_id, added["run_id"])
 
 
-def record(path, kind, setting, run_id):
+def record(path, kind, setting, run_id, continued):
   """Writes {kind: {setting, run_id}} into the JSON at path (a local workdir's: this process imports no
-  TensorFlow, which writes the others) as the run's Trackers would have."""
+  TensorFlow, which writes the others) as the run's Trackers would have, unless a later run already recorded
+  another id than the one this run continued."""
   if "://" in path:
     logging.warning("%s: run %s is not recorded in %s (the run's process is gone, and only it writes there): a "
                     "resumed run starts another", kind, run_id, path)
@@ -73,6 +74,8 @@ def record(path, kind, setting, run_id):
       recorded = json.load(f)
   except (OSError, ValueError):
     recorded = {}
+  if (recorded.get(kind) or {}).get("run_id") not in (None, continued):
+    return
   recorded[kind] = {"setting": setting, "run_id": run_id}
   try:
     with open(path + ".tmp", "w", encoding="utf-8") as f:
