@@ -368,6 +368,19 @@ def test_a_run_id_the_killed_run_cannot_take_is_recorded_in_its_workdir_and_the_
       "there): a resumed run starts another"]
 
 
+def test_a_run_gone_without_its_close_line_ends_killed_within_its_own_close_timeout(monkeypatch, caplog):
+  """stdin's end (kill -9) waited a fixed 30 s, while its warning named tracking.close_timeout_seconds."""
+  gate = threading.Event()
+  monkeypatch.setattr(tracker_process, "make", lambda kind, options: FakeTracker(gate=gate))
+  added = {"op": "add", "kind": "slow", "setting": "s", "options": {}, "run_id": "r1", "record": "unused",
+           "close_timeout": 2.0}
+  lines = [json.dumps(added), json.dumps({"op": "metrics", "args": [10, {"train/loss": 1.0}, 0], "count": 1})]
+  tracker_process.serve(lines, report=None)
+  gate.set()
+  assert [r.getMessage() for r in caplog.records] == [
+      "slow: still sending after 2 s (tracking.close_timeout_seconds): 1 values not sent"]
+
+
 def test_a_slow_tracker_never_holds_up_the_caller_and_the_end_waits_only_so_long(caplog):
   caplog.set_level(logging.INFO)
   gate = threading.Event()

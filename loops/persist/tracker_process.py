@@ -23,7 +23,6 @@ from absl import logging
 RETRY_SECONDS = 60.0
 BATCH_SECONDS = 1.0  # metrics calls queued within this are sent as one
 MAX_POINTS = 100  # metrics calls per batch (each of a few values: under MLflow's 1000 metrics per request)
-KILLED_CLOSE_SECONDS = 30.0  # when the run's process vanished without a close line
 
 
 def make(kind, options):
@@ -36,12 +35,13 @@ def make(kind, options):
 
 
 def serve(lines, report):
-  """Makes the calls of `lines` (JSON strings) until a close line or their end; report(kind, run_id)."""
-  senders = []
+  """Makes the calls of `lines` (JSON strings) until a close line or their end (the run's process is gone: its
+  trackers end KILLED within the close timeout their add line gave); report(kind, run_id)."""
+  senders, timeout = [], 0.0
   for line in lines:
     message = json.loads(line)
     if message["op"] == "add":
-      kind = message["kind"]
+      kind, timeout = message["kind"], message["close_timeout"]
       senders.append(Sender(kind, make(kind, message["options"]), message["run_id"],
                             lambda run_id, added=message: remember(report, added, run_id), message["setting"]))
     elif message["op"] == "close":
@@ -49,7 +49,7 @@ def serve(lines, report):
     else:
       for sender in senders:
         sender.put(message["op"], message["args"], message["count"])
-  return close_all(senders, "KILLED", KILLED_CLOSE_SECONDS)
+  return close_all(senders, "KILLED", timeout)
 
 
 def remember(report, added, run_id):

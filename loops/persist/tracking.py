@@ -183,7 +183,7 @@ class Trackers:
     """A tracker (`options`: the keyword arguments of its class in tracker_process.KINDS), continuing run_id."""
     self.specs[kind] = setting
     self._put({"op": "add", "kind": kind, "setting": setting, "options": options, "run_id": run_id,
-               "record": posixpath.join(self.workdir, FILE)})
+               "record": posixpath.join(self.workdir, FILE), "close_timeout": self.close_timeout_seconds})
 
   def _put(self, message):
     self.lines.put(json.dumps(message) + "\n")
