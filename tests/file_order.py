@@ -1,4 +1,4 @@
-"""Longest test files first, so that the suite's two xdist workers (`--dist loadfile`, one file per worker at a
+"""Longest test files first, so that the suite's xdist workers (`--dist loadfile`, one file per worker at a
 time) end together instead of one worker running a long file alone at the end.
 
 Each file's cost is its measured seconds in tests/file_durations.json (setup + call + teardown of all its tests);
