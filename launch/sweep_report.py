@@ -161,9 +161,12 @@ def rows(sweep_dir, trials):
 
 def steps_spent(table):
   """(steps trained with the current settings: from each trial's first start with them to the step it reached,
-  steps of as many full-length trials, 0 while no trial has started with them): what pruning saved."""
-  full = max((row["_total_steps"] or 0 for row in table), default=0)
-  return sum(max(0, (row["step"] or 0) - row["_from_step"]) for row in table), full * len(table)
+  the steps of every trial at its full length, 0 while no trial has started with them): what pruning saved.
+  A trial's length is its own (a batch size or epochs in the grid changes it); one not started yet counts as the
+  longest started."""
+  longest = max((row["_total_steps"] or 0 for row in table), default=0)
+  full = sum(row["_total_steps"] or longest for row in table) if longest else 0
+  return sum(max(0, (row["step"] or 0) - row["_from_step"]) for row in table), full
 
 
 def best_curve(table, mode):

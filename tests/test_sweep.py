@@ -13,6 +13,7 @@ import time
 import pytest
 
 from launch import sweep_grid
+from launch import sweep_report
 from launch import sweep_local
 from launch import sweep_lock
 from launch import sweep_slurm
@@ -263,6 +264,18 @@ def test_trial_names_are_readable_safe_unique_and_stable():
   assert odd != sweep_grid.trial_name({"model.kwargs.widths": "(16,_32)"})
   assert "/" not in sweep_grid.trial_name({"data.data_dir": "/tmp/x"})
   assert len(sweep_grid.trial_name({"k": "x" * 500})) <= sweep_grid.MAX_NAME + 9
+
+
+def test_steps_spent_are_against_each_trials_own_length():
+  """A batch size in the grid halves a trial's steps: two complete trials of 2200 and 1100 steps spent all of
+  theirs (it said 3300 of 4400, 75 %, as if pruning had saved a quarter); one not started counts as the longest."""
+  def row(step, total, from_step=0):
+    return {"step": step, "_total_steps": total, "_from_step": from_step}
+
+  assert sweep_report.steps_spent([row(2200, 2200), row(1100, 1100)]) == (3300, 3300)
+  assert sweep_report.steps_spent([row(2200, 2200), row(300, 1100), row(None, None)]) == (2500, 5500)
+  assert sweep_report.steps_spent([row(500, 2000, from_step=200)]) == (300, 2000)
+  assert sweep_report.steps_spent([row(None, None), row(None, None)]) == (0, 0)
 
 
 def test_grid_parsing_and_points():
