@@ -54,7 +54,7 @@ def test_search_stops_at_the_maximum_and_caps_the_last_doubling():
   log = []
   result = batch_search.largest_fitting(fake_fits(10 ** 9, log), start=8, maximum=1000, granularity=8)
   assert log == [8, 16, 32, 64, 128, 256, 512, 1000]
-  assert (result.largest, result.first_failure) == (1000, 0)
+  assert (result.largest, result.first_failure) == (1000, None)
   log = []
   result = batch_search.largest_fitting(fake_fits(10 ** 9, log), start=8, maximum=1003, granularity=8)
   assert log[-1] == 1000 and result.largest == 1000  # the maximum rounded down to a multiple

@@ -2,14 +2,14 @@
 last size that fitted and the first that did not (loops/finders/batch_size.py supplies `fits`)."""
 
 import dataclasses
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
 class SearchResult:
   largest: int  # the largest size that fitted; 0 when not even the smallest did
   tried: List[Tuple[int, bool]]  # (size, fitted) in the order tried
-  first_failure: int  # the smallest size seen not to fit; 0 when none failed (the search hit `maximum`)
+  first_failure: Optional[int]  # the smallest size seen not to fit; None when none failed (it hit `maximum`)
 
 
 def largest_fitting(fits: Callable[[int], bool], start: int, maximum: int, granularity: int = 1) -> SearchResult:
@@ -38,7 +38,7 @@ def largest_fitting(fits: Callable[[int], bool], start: int, maximum: int, granu
       break
     fitted = size
     if size == top:
-      return SearchResult(largest=fitted, tried=tried, first_failure=0)
+      return SearchResult(largest=fitted, tried=tried, first_failure=None)
     size = min(size * 2, top)
   low, high = fitted // granularity, failed // granularity  # in units of granularity: low fits (0: none), high not
   while high - low > 1:
