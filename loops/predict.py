@@ -86,15 +86,22 @@ def _input(predict, data_settings, parts):
   return source, np.array(paths), _safe(posixpath.basename(folder) or "input")
 
 
+FILE_SOURCES = ("image_folder", "npz", "tfrecord")  # their data.data_dir is the data (others': a tfds root)
+
+
 def _data_name(data_config):
   """What the data is called in a directory name: its file's or folder's name, else the source's."""
-  if data_config.data_dir:
+  if data_config.name in FILE_SOURCES:
     return posixpath.splitext(posixpath.basename(data_config.data_dir.rstrip("/")))[0]
   return data_config.name.split(":")[-1]
 
 
 def _described(predict, data_settings):
-  return predict.input or f"{data_settings.name}:{data_settings.eval_split}"
+  """The input as run.json records it: another file or tfds root of the same name is other predictions."""
+  if predict.input:
+    return predict.input
+  where = f" in {data_settings.data_dir}" if data_settings.data_dir else ""
+  return f"{data_settings.name}:{data_settings.eval_split}{where}"
 
 
 def _safe(name):

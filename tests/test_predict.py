@@ -214,8 +214,29 @@ def test_other_data_is_predicted_into_its_own_directory(tmp_path):
   config.data.data_dir = str(tmp_path / "new.npz")
   manifest = run.train_and_evaluate(config, workdir)
   columns, _ = rows(f"{workdir}/predictions/new_test-10")
-  assert manifest["examples"] == 30 and manifest["input"] == "npz:test"
+  assert manifest["examples"] == 30 and manifest["input"] == f"npz:test in {tmp_path}/new.npz"
   assert np.array_equal(columns["class"], split["class"][:30]) and np.array_equal(columns["label"], y_test[:30])
+  # another new.npz (other images, as many) would go to the same directory: refused, not served its predictions
+  os.mkdir(tmp_path / "b")
+  np.savez(tmp_path / "b" / "new.npz", x_train=x_test[30:60] * 15, y_train=y_test[30:60],
+           x_test=x_test[30:60] * 15, y_test=y_test[30:60])
+  config.data.data_dir = str(tmp_path / "b" / "new.npz")
+  before = {p: os.path.getmtime(p) for p in glob.glob(f"{workdir}/predictions/new_test-10/*")}
+  with pytest.raises(ConfigError, match=rf"^{workdir}/predictions/new_test-10 holds other predictions \(input "
+                                        rf"'npz:test in {tmp_path}/new.npz' there, 'npz:test in {tmp_path}/b/new.npz' "
+                                        r"now\); remove it to predict again$"):
+    run.train_and_evaluate(config, workdir)
+  assert {p: os.path.getmtime(p) for p in glob.glob(f"{workdir}/predictions/new_test-10/*")} == before
+
+
+def test_a_tfds_datasets_predictions_are_named_by_the_dataset_not_its_data_dir():
+  """data.data_dir of a tfds dataset is the root of all of them (mnist's and fashion_mnist's were one directory)."""
+  from loops import predict  # pylint: disable=protected-access
+  config = load_config("digits_cnn")
+  config.data.name, config.data.data_dir = "mnist", "/data/tensorflow_datasets"
+  assert predict._data_name(config.data) == "mnist"
+  config.data.name = "tfds:emnist/letters"
+  assert predict._safe(predict._data_name(config.data)) == "emnist_letters"
 
 
 class WrongRows(Task):
