@@ -288,7 +288,7 @@ def _eval_and_checkpoints(c):
   c.eval.sidecar_poll_seconds = 10.0  # mode=evaluate: how often to look for a new checkpoint
   c.eval.sidecar_timeout_seconds = 3600.0  # mode=evaluate: give up after this long without a new checkpoint
   # mode=evaluate: "" = watch the training's checkpoints (the sidecar); latest, best, a step or a checkpoint path =
-  # evaluate that one once into workdir/eval/checkpoint-<step>.json and TensorBoard's eval_checkpoint/<name>.
+  # evaluate that one once into workdir/eval/<data>_<split>/checkpoint-<step>.json and its eval_checkpoint/<name>.
   c.eval.checkpoint = ""
 
   # mode=predict (docs/after_training.md): the task's predict_step outputs (the classifier: probabilities, class,

@@ -1,13 +1,16 @@
 """A chosen checkpoint evaluated once (mode=evaluate with eval.checkpoint set): the run's latest, its best, a step,
 or a checkpoint path, on the configured eval split; every eval metric of the run (a task's whole-set metrics too)
-written to workdir/eval/checkpoint-<step>.json and to TensorBoard under eval_checkpoint/<name> at that step. Today's
-sidecar (eval.checkpoint="") watches the training's checkpoints instead (loops/sidecar.py).
+written to workdir/eval/<data>_<split>/checkpoint-<step>.json and to TensorBoard there under eval_checkpoint/<name>
+at that step (other data or another split beside it, never over it). Today's sidecar (eval.checkpoint="") watches
+the training's checkpoints instead (loops/sidecar.py).
 
   python main.py --config=configs/digits_cnn.py --workdir=runs/digits --config.mode=evaluate \\
       --config.eval.checkpoint=best
 """
 
+import json
 import posixpath
+import re
 
 from absl import logging
 import tensorflow as tf
@@ -19,6 +22,7 @@ from loops.persist.writers import format_values
 
 SELECTORS = ("latest", "best")
 TAG = "eval_checkpoint"
+FILE_SOURCES = ("image_folder", "npz", "tfrecord")  # their data.data_dir is the data (others': a tfds root)
 
 
 def chosen(workdir, selector, key="eval.checkpoint"):
@@ -57,27 +61,64 @@ def _path(path, key):
   if not tf.io.gfile.exists(path + ".index"):
     raise ConfigError(f"{key}='{path}' is neither 'latest', 'best', a step nor a checkpoint (no "
                       f"{path}.index)")
-  tail = path.rsplit("-", 1)
-  return (int(tail[1]) if len(tail) == 2 and tail[1].isdigit() else -1), path
+  step = checkpoints_lib.saved_step(path)  # any name: the step the run saved in it
+  if step is None:
+    damage = checkpoints_lib.unreadable(path)
+    raise ConfigError(f"{key}: {path} cannot be read ({damage})" if damage else
+                      f"{key}='{path}' holds no step counter: not a checkpoint of this framework's runs")
+  return step, path
 
 
-def run(eval_split, workdir, parts, selection, make_execution):
-  """Evaluates the checkpoint `selection` ((step, path) of chosen) once on `eval_split` (data.eval_split) through
-  make_execution() (loops/distribute/execution.make); returns its results with the step."""
+def input_name(data_settings):
+  """The eval input in a file or directory name: `<data>_<split>`, <data> the file or folder name of a file
+  source's data.data_dir, else the data's name (a tfds data_dir is the root of all datasets)."""
+  if data_settings.name in FILE_SOURCES:
+    data_name = posixpath.splitext(posixpath.basename(data_settings.data_dir.rstrip("/")))[0]
+  else:
+    data_name = data_settings.name.split(":")[-1]
+  return safe(f"{data_name}_{data_settings.eval_split}")
+
+
+def input_described(data_settings):
+  """The eval input as records name it: `<data.name>:<split>[ in <data.data_dir>]`."""
+  where = f" in {data_settings.data_dir}" if data_settings.data_dir else ""
+  return f"{data_settings.name}:{data_settings.eval_split}{where}"
+
+
+def safe(name):
+  return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+
+
+def run(data_settings, workdir, parts, selection, make_execution):
+  """Evaluates the checkpoint `selection` ((step, path) of chosen) once on data.eval_split through make_execution()
+  (loops/distribute/execution.make); returns its results with the step and the input."""
   step, path = selection
+  out_dir = posixpath.join(workdir, "eval", input_name(data_settings))
+  name, described = f"checkpoint-{step}.json", input_described(data_settings)
+  _refuse_other_input(posixpath.join(out_dir, name), described)
   restore_chosen(parts, path)
   results = make_execution().evaluate()
-  record = {"checkpoint": path, "step": step, "split": eval_split, **results}
-  eval_dir = posixpath.join(workdir, "eval")
-  writer = writers.Writer(eval_dir)
+  record = {"checkpoint": path, "step": step, "input": described, "split": data_settings.eval_split, **results}
+  writer = writers.Writer(out_dir)
   try:
-    writer.scalars(max(step, 0), {f"{TAG}/{name.split('/', 1)[-1]}": value for name, value in results.items()})
-    writer.write_json(f"checkpoint-{step}.json", record)
+    writer.scalars(step, {f"{TAG}/{metric.split('/', 1)[-1]}": value for metric, value in results.items()})
+    writer.write_json(name, record)
   finally:
     writer.close()
-  logging.info("evaluated %s (step %d) on the '%s' split: %s; written to %s", path, step, eval_split,
-               format_values(results), posixpath.join(eval_dir, f"checkpoint-{step}.json"))
+  logging.info("evaluated %s (step %d) on %s: %s; written to %s", path, step, described, format_values(results),
+               posixpath.join(out_dir, name))
   return record
+
+
+def _refuse_other_input(path, described):
+  """One line when `path` holds the evaluation of another input of the same name (another file called so)."""
+  if not tf.io.gfile.exists(path):
+    return
+  with tf.io.gfile.GFile(path) as f:
+    there = json.load(f).get("input")
+  if there != described:
+    raise ConfigError(f"{path} holds the evaluation of {there!r}, not of {described!r}: remove it to evaluate "
+                      "this input")
 
 
 def restore_chosen(parts, path, key="eval.checkpoint"):

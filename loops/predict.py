@@ -9,7 +9,6 @@ predicts its share, the chief writes every example once, in input order, the pad
 
 import contextlib
 import posixpath
-import re
 import time
 
 from absl import logging
@@ -42,14 +41,13 @@ def run(predict, data_settings, task_name, workdir, parts, selection):
   step, path = selection
   evaluate_once.restore_chosen(parts, path, KEY)
   source, paths, name = _input(predict, data_settings, parts)
+  described = predict.input or evaluate_once.input_described(data_settings)
   files = predictions.Files(posixpath.join(workdir, "predictions", f"{name}-{step}"), predict.rows_per_file,
-                            {"checkpoint": path, "step": step, "input": _described(predict, data_settings),
-                             "examples": source.eval_size})
+                            {"checkpoint": path, "step": step, "input": described, "examples": source.eval_size})
   chief = parts.role.is_chief
   done = _agreed(parts, files.start() if chief else 0)
   if done >= source.eval_size:
-    logging.info("predictions of %s for %s are complete in %s", path, _described(predict, data_settings),
-                 files.directory)
+    logging.info("predictions of %s for %s are complete in %s", path, described, files.directory)
     return files.manifest() if chief else None
   labels = task_name == task_lib.BUILT_IN and not predict.input
   started = time.perf_counter()
@@ -80,32 +78,10 @@ def _input(predict, data_settings, parts):
   """(source whose eval split is predicted, the image paths or None, the directory's name)."""
   where = predict.input
   if not where:
-    return parts.source, None, _safe(f"{_data_name(data_settings)}_{data_settings.eval_split}")
+    return parts.source, None, evaluate_once.input_name(data_settings)
   source, paths = data.image_files(parts.source, where)
   folder = where.rstrip("/") if tf.io.gfile.isdir(where) else posixpath.dirname(where)
-  return source, np.array(paths), _safe(posixpath.basename(folder) or "input")
-
-
-FILE_SOURCES = ("image_folder", "npz", "tfrecord")  # their data.data_dir is the data (others': a tfds root)
-
-
-def _data_name(data_config):
-  """What the data is called in a directory name: its file's or folder's name, else the source's."""
-  if data_config.name in FILE_SOURCES:
-    return posixpath.splitext(posixpath.basename(data_config.data_dir.rstrip("/")))[0]
-  return data_config.name.split(":")[-1]
-
-
-def _described(predict, data_settings):
-  """The input as run.json records it: another file or tfds root of the same name is other predictions."""
-  if predict.input:
-    return predict.input
-  where = f" in {data_settings.data_dir}" if data_settings.data_dir else ""
-  return f"{data_settings.name}:{data_settings.eval_split}{where}"
-
-
-def _safe(name):
-  return re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+  return source, np.array(paths), evaluate_once.safe(posixpath.basename(folder) or "input")
 
 
 def _agreed(parts, done):

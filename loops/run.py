@@ -121,7 +121,7 @@ def _train_and_evaluate(config, workdir, dry_run, callback_objects):
     if predicting:
       return predict_lib.run(settings.predict, settings.data, settings.task.name, workdir, parts, chosen)
     if chosen:
-      return evaluate_once.run(settings.data.eval_split, workdir, parts, chosen,
+      return evaluate_once.run(settings.data, workdir, parts, chosen,
                                lambda: _execution(parts, settings))
     if role.is_evaluator:
       return sidecar.Sidecar(config, workdir, parts, _execution(parts, settings), settings.checkpoint,

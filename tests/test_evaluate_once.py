@@ -4,6 +4,7 @@ TensorBoard tag; a checkpoint that is not there is one line before anything is w
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -29,15 +30,42 @@ def evaluated(trained, selector):
 def test_a_step_latest_best_and_a_path_evaluate_that_checkpoint_as_the_training_did(trained):
   _, workdir, curve = trained
   best = json.load(open(f"{workdir}/best/best.json"))
+  for name in os.listdir(f"{workdir}/checkpoints"):  # a copy under a name of the user's: its step is read from it
+    if name.startswith("ckpt-10."):
+      shutil.copy(f"{workdir}/checkpoints/{name}", f"{workdir}/kept.{name.split('.', 1)[1]}")
   for selector, step in (("10", 10), ("latest", 20), ("best", best["step"]),
-                         (f"{workdir}/checkpoints/ckpt-10", 10)):
+                         (f"{workdir}/checkpoints/ckpt-10", 10), (f"{workdir}/kept", 10)):
     record = evaluated(trained, selector)
     assert record["step"] == step and record["eval/accuracy"] == pytest.approx(curve[step], abs=1e-6), selector
-    assert json.load(open(f"{workdir}/eval/checkpoint-{step}.json")) == pytest.approx(record), selector
+    assert json.load(open(f"{workdir}/eval/digits_test/checkpoint-{step}.json")) == pytest.approx(record), selector
     assert {"eval/loss", "eval/top5_accuracy"} <= set(record) and record["split"] == "test"
-  assert event_scalars(f"{workdir}/eval", "eval_checkpoint/accuracy") == pytest.approx(
+    assert record["input"] == "digits:test"
+  assert event_scalars(f"{workdir}/eval/digits_test", "eval_checkpoint/accuracy") == pytest.approx(
       {10: curve[10], 20: curve[20]}, abs=1e-6)
   assert not os.path.exists(f"{workdir}/eval/evaluated.json")  # the sidecar's progress is left alone
+
+
+@pytest.mark.e2e
+def test_another_split_or_file_is_evaluated_beside_never_over_an_earlier_result(trained, tmp_path):
+  config, workdir, _ = trained
+  copy = str(tmp_path / "w")
+  shutil.copytree(workdir, copy)
+  chosen = config.copy_and_resolve_references()
+  chosen.mode, chosen.eval.checkpoint = "evaluate", "10"
+  on_test = run.train_and_evaluate(chosen, copy)
+  chosen.data.eval_split = "train"
+  on_train = run.train_and_evaluate(chosen, copy)
+  assert on_train["input"] == "digits:train" and on_train["eval/accuracy"] != on_test["eval/accuracy"]
+  assert json.load(open(f"{copy}/eval/digits_test/checkpoint-10.json")) == pytest.approx(on_test)
+  assert json.load(open(f"{copy}/eval/digits_train/checkpoint-10.json")) == pytest.approx(on_train)
+  # the result of another file of the same name is there: refused in one line, left as it was
+  there = f"{copy}/eval/digits_train/checkpoint-10.json"
+  with open(there, "w") as f:
+    json.dump({"input": "npz:train in /elsewhere/digits.npz", "step": 10}, f)
+  with pytest.raises(ConfigError, match=rf"^{there} holds the evaluation of 'npz:train in /elsewhere/digits.npz', "
+                                        r"not of 'digits:train': remove it to evaluate this input$"):
+    run.train_and_evaluate(chosen, copy)
+  assert json.load(open(there)) == {"input": "npz:train in /elsewhere/digits.npz", "step": 10}
 
 
 @pytest.mark.e2e

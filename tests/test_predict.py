@@ -231,12 +231,13 @@ def test_other_data_is_predicted_into_its_own_directory(tmp_path):
 
 def test_a_tfds_datasets_predictions_are_named_by_the_dataset_not_its_data_dir():
   """data.data_dir of a tfds dataset is the root of all of them (mnist's and fashion_mnist's were one directory)."""
-  from loops import predict  # pylint: disable=protected-access
+  from loops import evaluate_once
   config = load_config("digits_cnn")
   config.data.name, config.data.data_dir = "mnist", "/data/tensorflow_datasets"
-  assert predict._data_name(config.data) == "mnist"
+  assert evaluate_once.input_name(config.data) == "mnist_test"
   config.data.name = "tfds:emnist/letters"
-  assert predict._safe(predict._data_name(config.data)) == "emnist_letters"
+  assert evaluate_once.input_name(config.data) == "emnist_letters_test"
+  assert evaluate_once.input_described(config.data) == "tfds:emnist/letters:test in /data/tensorflow_datasets"
 
 
 class WrongRows(Task):
@@ -300,7 +301,7 @@ def test_the_after_training_guide_runs_as_written(tmp_path):
   assert len(done) == 5 and "predicted 360 examples (360 this run)" in done[1]
   best = json.load(open(f"{runs}/digits/best/best.json"))["step"]
   assert "predicted 3 examples" in done[2] and os.path.exists(f"{runs}/digits/predictions/new_digits-{best}")
-  assert os.path.exists(f"{runs}/digits/eval/checkpoint-{best}.json")
+  assert os.path.exists(f"{runs}/digits/eval/digits_test/checkpoint-{best}.json")
   assert os.path.getsize(f"{runs}/digits_lite/export/model.tflite") > 100_000
   snippet = guide.split("```python\n", 1)[1].split("```", 1)[0].replace("runs/", f"{runs}/")
   printed = subprocess.run([PY, "-c", snippet], capture_output=True, text=True, timeout=120).stdout

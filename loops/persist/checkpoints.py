@@ -378,6 +378,14 @@ def steps_of(directory):
   return sorted((int(path.rsplit("-", 1)[1]), path) for path in index_paths(directory))
 
 
+def saved_step(path):
+  """The step counter saved in the checkpoint at `path` (its name may be anything), or None without one."""
+  try:
+    return int(tf.train.load_checkpoint(path).get_tensor("step" + _VALUE))
+  except (tf.errors.OpError, ValueError):
+    return None
+
+
 def unreadable(path):
   """Why the checkpoint at `path` cannot be read back (missing file, size or checksum error), or None.
 
