@@ -5,7 +5,7 @@ EMA weights when the run keeps them), writes eval/... summaries to workdir/eval,
 checkpoint.best_metric in workdir/eval/best, and exits once it has evaluated the training's final checkpoint:
 the step of the workdir's plan.json (written by the chief at the start of each run), or the step where an
 early-stopped run ended (summary.json). A restarted evaluator goes on after the last step it evaluated
-(workdir/eval/evaluated.json).
+(workdir/eval/evaluated.json), and after a final one too when the training has since been extended.
 """
 
 import contextlib
@@ -26,12 +26,14 @@ WAITING_LOG_SECONDS = 60.0  # while no new checkpoint comes, say what the evalua
 
 
 def is_final(workdir, step):
-  """Whether `step` is where the training ends: plan.json's total, or the step an early-stopped run ended at."""
+  """Whether `step` is where the training ends: plan.json's total, or the step an early-stopped run of that length
+  ended at (a run continued to a longer one goes on)."""
   plan = read_json(posixpath.join(workdir, "plan.json")) or {}
   summary = read_json(posixpath.join(workdir, "summary.json")) or {}
   if plan.get("total_steps") is not None and step >= plan["total_steps"]:
     return True
-  return bool(summary.get("stopped_early")) and summary.get("step") == step
+  return (bool(summary.get("stopped_early")) and summary.get("step") == step
+          and summary.get("total_steps") == plan.get("total_steps"))
 
 
 class Sidecar:
@@ -55,7 +57,8 @@ class Sidecar:
     self.best = BestCheckpoint(self.eval_dir, best, checkpoint.best_metric, checkpoint.best_mode, True,
                                self.execution.averaged_weights)
     done = read_json(posixpath.join(self.eval_dir, PROGRESS)) or {}
-    self.last_step, self.final, self.results = done.get("step", -1), done.get("final", False), done.get("eval", {})
+    self.last_step, self.results = done.get("step", -1), done.get("eval", {})
+    self.final = bool(done.get("final")) and is_final(workdir, self.last_step)  # not after the training was extended
     self.cleanup, self.tracking_started = None, False
 
   def run(self):

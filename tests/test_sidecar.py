@@ -29,8 +29,10 @@ def test_the_final_checkpoint_is_the_plans_last_step_or_where_an_early_stop_ende
   assert not sidecar.is_final(workdir, 100)  # no plan yet: the training has not started
   write_json(f"{workdir}/plan.json", {"total_steps": 100})
   assert not sidecar.is_final(workdir, 80) and sidecar.is_final(workdir, 100)
-  write_json(f"{workdir}/summary.json", {"step": 80, "stopped_early": "early stopping: ..."})
+  write_json(f"{workdir}/summary.json", {"step": 80, "total_steps": 100, "stopped_early": "early stopping: ..."})
   assert sidecar.is_final(workdir, 80) and not sidecar.is_final(workdir, 60)
+  write_json(f"{workdir}/plan.json", {"total_steps": 120})  # the early-stopped run continued to 120 steps
+  assert not sidecar.is_final(workdir, 80) and sidecar.is_final(workdir, 120)
   write_json(f"{workdir}/summary.json", {"step": 80})  # an earlier, shorter run that ended normally
   assert not sidecar.is_final(workdir, 80)
 
@@ -75,6 +77,13 @@ def test_an_evaluator_after_a_run_evaluates_each_checkpoint_once_and_matches_the
   again = run.train_and_evaluate(tiny_digits, workdir)  # a restarted evaluator: nothing new, done at once
   assert again["step"] == 20 and again["eval/accuracy"] == evaluated["eval/accuracy"]
   assert sorted(event_scalars(f"{workdir}/eval", "eval/accuracy")) == [10, 20]
+
+  tiny_digits.mode, tiny_digits.train.steps = "train", 30  # the training extended: its new checkpoint is evaluated
+  longer = run.train_and_evaluate(tiny_digits, workdir)
+  tiny_digits.mode = "evaluate"
+  extended = run.train_and_evaluate(tiny_digits, workdir)
+  assert extended["step"] == 30 and extended["eval/accuracy"] == pytest.approx(longer["eval/accuracy"], abs=1e-6)
+  assert sorted(event_scalars(f"{workdir}/eval", "eval/accuracy")) == [10, 20, 30]
 
 
 def test_an_evaluator_without_checkpoints_says_what_it_waits_for_and_gives_up_after_its_timeout(
