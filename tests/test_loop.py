@@ -265,6 +265,26 @@ def test_early_stopping_counts_evals_without_improvement(mode, values, patience,
                                         f"{patience} evals (best ")
 
 
+def test_a_run_early_stopping_stopped_continues_with_its_patience_anew_and_its_best_kept():
+  """Continued to a greater length, it trained one eval only (the restored count was already at patience)."""
+  stopping = callbacks_lib.EarlyStopping("eval/loss", "min", 2, 0.0, lambda value, dtype: FakeVariable(value))
+  state = loop_lib.State(step=0, total_steps=100, steps_per_epoch=10, is_chief=True, workdir="", writer=None)
+  for step, value in ((10, 0.5), (20, 0.6), (30, 0.7)):
+    state.update(step=step, eval={"eval/loss": value})
+    stopping.after_eval(state)
+  assert state.stop_reason.startswith("early stopping: eval/loss did not improve by more than 0.0 in 2 evals (best "
+                                      "0.5 at step 10)")
+  continued = loop_lib.State(step=30, total_steps=200, steps_per_epoch=10, is_chief=True, workdir="", writer=None)
+  stopping.on_train_begin(continued)
+  continued.update(step=40, eval={"eval/loss": 0.6})
+  stopping.after_eval(continued)
+  assert not continued.stop_reason
+  continued.update(step=50, eval={"eval/loss": 0.55})
+  stopping.after_eval(continued)
+  assert continued.stop_reason.startswith("early stopping: eval/loss did not improve by more than 0.0 in 2 evals ("
+                                          "best 0.5 at step 10)")
+
+
 def test_user_callbacks_are_checked_for_their_hooks():
   with pytest.raises(ValueError, match=r"callback 'Nothing' \(Nothing\) has none of the methods on_train_begin"):
     rules.check_callbacks([("Nothing", type("Nothing", (), {})())])

@@ -15,7 +15,7 @@ class EarlyStopping(Callback):
   """Stops the run when `metric` has not improved by more than min_delta for `patience` evals in a row.
 
   Its best value, the step of it and the evals since are `checkpointed` (callbacks/early_stopping), so the count
-  survives preemption and resume.
+  survives preemption and resume; a run it stopped, continued to a greater length, has `patience` evals anew.
 
   Args:
     metric, mode, patience, min_delta: early_stopping.* of the config.
@@ -35,6 +35,10 @@ class EarlyStopping(Callback):
   def for_run(cls, run, stopping):
     return cls(stopping.metric, stopping.mode, stopping.patience, stopping.min_delta) if stopping.metric else None
 
+  def on_train_begin(self, state):
+    if int(self.checkpointed["evals_since"].numpy()) >= self.patience:  # a run it stopped, continued: patience anew
+      self.checkpointed["evals_since"].assign(0)
+
   def after_eval(self, state):
     v = self.checkpointed
     value, best = state.eval[self.metric], float(v["best"].numpy())
@@ -45,9 +49,10 @@ class EarlyStopping(Callback):
       v["evals_since"].assign(0)
     else:
       v["evals_since"].assign_add(1)
-    if int(v["evals_since"].numpy()) >= self.patience:
+    evals = int(v["evals_since"].numpy())
+    if evals >= self.patience:
       state.request_stop(f"early stopping: {self.metric} did not improve by more than {self.min_delta} in "
-                         f"{self.patience} evals (best {float(v['best'].numpy()):.4g} at step "
+                         f"{evals} evals (best {float(v['best'].numpy()):.4g} at step "
                          f"{int(v['best_step'].numpy())})")
 
   def on_train_end(self, state):
