@@ -115,3 +115,18 @@ def test_export_tflite_without_export_is_one_line():
   with pytest.raises(ConfigError, match=r"^export_tflite=True writes export/model.tflite beside the export, which "
                      r"export=False turns off; set export=True or export_tflite=False$"):
     rules.check(config)
+
+
+@pytest.mark.e2e
+def test_an_export_without_tflite_removes_an_earlier_exports_tflite(tmp_path, caplog):
+  """A rerun exports again without export_tflite: the earlier model.tflite would hold older weights beside it."""
+  caplog.set_level("INFO")
+  config = load_config("digits_cnn")
+  config.train.epochs, config.train.steps, config.train.steps_per_loop, config.eval.every_steps = None, 10, 10, 0
+  workdir = tmp_path / "w"
+  (workdir / "export").mkdir(parents=True)
+  (workdir / "export" / "model.tflite").write_bytes(b"an earlier export's")
+  summary = run.train_and_evaluate(config, str(workdir))
+  assert "tflite" not in summary["export"] and os.path.isdir(summary["export"]["saved_model"])
+  assert sorted(os.listdir(workdir / "export")) == ["model.keras", "saved_model"]
+  assert f"removed {workdir}/export/model.tflite: an earlier export's, not written this time" in caplog.text

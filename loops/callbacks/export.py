@@ -16,6 +16,7 @@ from loops.modeling import model as model_lib
 from loops.modeling import serving
 from loops import task as task_lib
 
+EXPORTS = ("export/model.keras", "export/model.weights.h5", "export/saved_model", "export/model.tflite")
 
 class ClassifierServing:
   """The built-in classifier's: raw images through the eval's preprocessing to probabilities and classes."""
@@ -117,6 +118,11 @@ class Export(Callback):
       return None
     written = [path for path in (model_path, saved_model, lite.get("tflite")) if path]
     state.writer.info("exported %s", " and ".join([", ".join(written[:-1]), written[-1]] if written[1:] else written))
+    for name in EXPORTS:  # an earlier export's file this one did not write would hold older weights beside it
+      if posixpath.join(state.writer.workdir, name) not in written:
+        stale = state.writer.remove(name)
+        if stale:
+          state.writer.info("removed %s: an earlier export's, not written this time", stale)
     if state.writer.trackers:
       state.writer.trackers.export(posixpath.dirname(model_path))
     return {kind: model_path, "saved_model": saved_model, **lite}

@@ -94,6 +94,10 @@ class NullWriter:
     """write(path) writes a SavedModel directory at workdir/name (called only by a writer that writes); returns
     its path (None when nothing is written)."""
 
+  def remove(self, name):
+    """Removes workdir/name (a file or a directory) when it is there; returns its path if it was (None when
+    nothing is written)."""
+
   def flush(self):
     pass
 
@@ -220,6 +224,16 @@ class Writer(NullWriter):
     path = posixpath.join(self.workdir, name)
     tf.io.gfile.makedirs(posixpath.dirname(path))
     write(path)
+    return path
+
+  def remove(self, name):
+    path = posixpath.join(self.workdir, name)
+    if not tf.io.gfile.exists(path):
+      return None
+    if tf.io.gfile.isdir(path):
+      tf.io.gfile.rmtree(path)
+    else:
+      tf.io.gfile.remove(path)
     return path
 
   def flush(self):
