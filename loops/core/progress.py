@@ -75,11 +75,10 @@ class Progress:
     return (self.total_steps - self._step) / rate if rate > 0 else float("inf")
 
   def mean_epoch_seconds(self):
-    """Mean time per epoch excluding the first epoch (the seeds' measure); None until one is known."""
-    later = [s for epoch, s in sorted(self.epoch_seconds.items())[1:]]
-    if not later:
-      return None
-    return sum(later) / len(later)
+    """Mean time per epoch excluding the first (the seeds' measure): of every timed epoch, the first call's
+    (tracing) never being one; None until one is known."""
+    timed = list(self.epoch_seconds.values())
+    return sum(timed) / len(timed) if timed else None
 
 
 def format_duration(seconds):
