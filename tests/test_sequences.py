@@ -137,7 +137,7 @@ def test_the_zero_batch_probe_builds_unknown_lengths_and_blames_only_what_it_bui
 def test_progress_and_summary_count_examples_for_sequences_and_images_for_images():
   summary = {"step": 10, "total_steps": 10, "wall_seconds": 2.0, "train_seconds": 1.0, "examples_per_sec": 640.0}
   done = run_summary.short_summary(summary, trained=True, workdir="/runs/x", unit="examples")[0]
-  assert done.startswith("done: step=10/10 in 2.0 s (training 1.0 s, 640 examples/s")
+  assert done.startswith("done: step=10/10 in 2.0 s (training 1.0 s; after the first call 640 examples/s")
   from loops.core import progress
   assert progress.throughput_unit(user_stream.load(INPUT, sequence.padded_batches)) == "examples"
   from data import sources

@@ -118,8 +118,8 @@ def test_the_final_summary_stays_short_with_many_metrics_an_early_stop_and_a_lon
              **{f"eval/metric_{i}": i / 7 for i in range(20)}, "eval/accuracy": 0.9722}
   lines = run_summary.short_summary(summary, trained=True, workdir="/runs/x")
   assert len(lines) == 4 and all(len(line) <= 120 for line in lines), lines
-  assert lines[0] == ("done: step=300/1100 in 1:16 (training 1:01, 3150 images/s, 0.50 s per epoch after the "
-                      "first)")
+  assert lines[0] == ("done: step=300/1100 in 1:16 (training 1:01; after the first call 3150 images/s, 0.50 s per "
+                      "epoch)")
   assert lines[1].startswith("stopped early: eval/loss did not improve")
   assert lines[2].startswith("eval: metric_0 0, metric_1 0.1429, ") and lines[2].endswith(" more in summary.json)")
   assert lines[3] == "best: eval/accuracy 0.97 at step 250"

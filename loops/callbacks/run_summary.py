@@ -64,10 +64,10 @@ def _done_line(summary, trained, unit):
   if not trained:
     return line + " (trained before: evaluated again)"
   epoch = summary.get("mean_epoch_seconds_excluding_first")
-  rate = summary.get("examples_per_sec")
+  rate = summary.get("examples_per_sec")  # like the epoch times, of the calls after the first (tracing)
+  after = ", ".join(([f"{rate:.0f} {unit}/s"] if rate else []) + ([f"{epoch:.2f} s per epoch"] if epoch else []))
   return (line + f" in {_duration(summary['wall_seconds'])} (training {_duration(summary.get('train_seconds', 0))}"
-          + (f", {rate:.0f} {unit}/s" if rate else "") + (f", {epoch:.2f} s per epoch after the first" if epoch
-                                                          else "") + ")")
+          + (f"; after the first call {after}" if after else "") + ")")
 
 
 def _fitted(head, items):
