@@ -66,6 +66,7 @@ def run(predict, data_settings, task_name, workdir, parts, selection):
   if not chief:
     return None
   return files.finish({"seconds": round(seconds, 3), "examples_per_second": round(rate, 1),
+                       "timed_examples": source.eval_size - done,  # this run's: a resumed one's seconds are its own
                        "replicas": parts.strategy.num_replicas_in_sync, "workers": _predicting_workers(parts)})
 
 
