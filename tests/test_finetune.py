@@ -105,7 +105,8 @@ def test_shape_mismatch_is_skipped_and_a_resume_ignores_init(source, tmp_path, c
   config = set_keys(config, {"train.steps": 10, "init.exclude": ("logits",)})  # init.* changed: harmless
   with caplog.at_level(logging.INFO):
     summary = run.train_and_evaluate(config, workdir)
-  assert summary["step"] == 10 and "init/loaded" not in summary
+  assert summary["step"] == 10 and summary["resumed_from_step"] == 5
+  assert (summary["init/loaded"], summary["init/skipped_shape"]) == (5, 3)  # the first start's, not loaded again
   assert f"init.checkpoint '{source}' is ignored" in caplog.text
   assert starts.is_accepted("init.checkpoint") and not starts.is_accepted("train.freeze")
 

@@ -29,6 +29,8 @@ class RunSummary(Callback):
       summary["stopped_early"] = state.stop_reason
     if state.step == state.start_step:
       summary = _kept_training_figures(summary, state.writer.read_json("summary.json"), state)
+    elif state.start_step:
+      summary = _resumed(summary, state.writer.read_json("summary.json"), state.start_step)
     state.summary.clear()
     state.summary.update(summary)
     state.writer.write_json("summary.json", summary)
@@ -92,6 +94,13 @@ def _duration(seconds):
 
 # What a start that trains no step (a rerun of a finished run) measures anew; the rest is the last start's.
 REMEASURED = ("step", "total_steps", "checkpoint", "export", "sweep_settings")
+
+
+def _resumed(summary, previous, start_step):
+  """A resumed run's figures are its own (times, throughput: `resumed_from_step` says from where); what only the
+  run's first start measured (the warm start's init/* counts) comes from the summary an earlier part wrote."""
+  origin = {key: value for key, value in (previous or {}).items() if key.startswith("init/")}
+  return {**origin, **summary, "resumed_from_step": start_step}
 
 
 def _kept_training_figures(summary, previous, state):
