@@ -164,7 +164,7 @@ class ShardWriter:
   def write_split(self, split, examples, shards, num_classes):
     """Writes the split's missing shards; returns its manifest entry."""
     entry = {"files": [], "counts": [], "class_counts": [0] * num_classes, "sha256": [], "bytes": []}
-    started, written = time.monotonic(), 0
+    started, written, kept = time.monotonic(), 0, 0
     for i in range(shards):
       name = f"{split}-{i:05d}-of-{shards:05d}.tfrecord"
       begin, end = i * examples.size // shards, (i + 1) * examples.size // shards  # sizes differ by 1 at most
@@ -172,12 +172,16 @@ class ShardWriter:
       if record is None or not self._intact(name, record):
         record = self._write(name, examples, begin, end)
         written += end - begin
+        self._report(split, i + 1, shards, end, examples.size, written, started)
+      else:
+        kept += 1
       for label, count in record["class_counts"].items():
         entry["class_counts"][int(label)] += count
       for key, value in (("files", name), ("counts", end - begin), ("sha256", record["sha256"]),
                          ("bytes", record["bytes"])):
         entry[key].append(value)
-      self._report(split, i + 1, shards, end, examples.size, written, started)
+    if kept:
+      self.progress(f"prepare {split}: {kept} of {shards} shards were written before (their checksums match)")
     return entry
 
   def _write(self, name, examples, begin, end):

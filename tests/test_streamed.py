@@ -85,7 +85,9 @@ def test_a_killed_prepare_goes_on_where_it_stopped_and_ends_with_the_same_shards
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   assert "train on it with:\n  --config.data.name=tfrecord --config.data.data_dir=" in resumed.stdout
   progress = [line for line in resumed.stderr.splitlines() if line.startswith("prepare train:")]
-  assert len(progress) == 64 and "ETA" in progress[-1]
+  kept = len(state["done"])
+  assert len(progress) == 64 - kept + 1 and all("ETA" in line for line in progress[:-1])
+  assert progress[-1] == f"prepare train: {kept} of 64 shards were written before (their checksums match)"
   straight = run_command(command + [f"--out={straight_dir}"], timeout=300)
   assert straight.returncode == 0, straight.stderr[-2000:]
   manifests = [json.load(open(d / "manifest.json")) for d in (killed_dir, straight_dir)]
