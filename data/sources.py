@@ -315,8 +315,8 @@ def _decode_file(path, channels, size, shape=None):
 
 def image_files(source, where):
   """(source whose eval split is the images under `where` (a directory, searched recursively, or a glob), each
-  decoded to the source's stored image shape, labels -1; their paths in that order, sorted), for mode=predict on
-  new, unlabeled images."""
+  decoded to the source's stored image shape and value range, labels -1; their paths in that order, sorted), for
+  mode=predict on new, unlabeled images."""
   if source.image_shape is None or source.eval.element_spec[0].dtype != tf.uint8:
     raise ConfigError(f"predict.input='{where}': image files need a model trained on images (uint8 [H, W, C]); "
                       f"this run's data '{source.name}' has features {source.eval.element_spec[0]}")
@@ -324,10 +324,11 @@ def image_files(source, where):
   if not paths:
     raise ConfigError(f"predict.input='{where}': no image files ({', '.join(IMAGE_SUFFIXES)}) there")
   shape = tuple(int(d) for d in source.image_shape)
+  scale = source.max_value / 255.0  # a file's 8-bit 0..255 is the source's 0..max_value (digits: 0..16)
 
   def decode(path):
-    image = _decode_file(path, shape[-1], None)
-    return tf.ensure_shape(tf.cast(tf.round(tf.image.resize(image, shape[:2])), tf.uint8), shape)
+    image = tf.image.resize(_decode_file(path, shape[-1], None), shape[:2]) * scale
+    return tf.ensure_shape(tf.cast(tf.round(image), tf.uint8), shape)
 
   label = tf.zeros([], source.eval.element_spec[1].dtype) - 1
   records = tf.data.Dataset.from_tensor_slices(paths).map(lambda path: (path, label))

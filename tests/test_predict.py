@@ -157,10 +157,10 @@ def test_a_folder_of_images_is_predicted_in_path_order_as_the_split_is(trained, 
   split, _ = rows(f"{workdir}/predictions/digits_test-20")
   images = np.concatenate([x for x, _ in sources.digits(config.data).eval.batch(1000).as_numpy_iterator()])
   folder = tmp_path / "new images"
-  for i in range(12):  # nested folders, read in sorted path order
+  for i in range(12):  # nested folders, read in sorted path order; 8-bit files: digits' 0..16 spread over 0..255
     path = folder / f"batch{i // 5}" / f"{i:03d}.png"
     path.parent.mkdir(parents=True, exist_ok=True)
-    Image.fromarray(images[i][..., 0]).save(path)
+    Image.fromarray(np.round(images[i][..., 0] * (255 / 16)).astype(np.uint8)).save(path)
   (folder / "notes.txt").write_text("not an image")
   config.predict.input = str(folder)
   manifest = run.train_and_evaluate(config, workdir)
@@ -290,7 +290,7 @@ def test_the_after_training_guide_runs_as_written(tmp_path):
   guide = open(os.path.join(REPO, "docs/after_training.md")).read()
   runs, images = str(tmp_path / "runs"), tmp_path / "new_digits"
   images.mkdir()
-  for i, image in enumerate(np.random.default_rng(0).integers(0, 17, size=(3, 8, 8), dtype=np.uint8)):
+  for i, image in enumerate(np.random.default_rng(0).integers(0, 256, size=(3, 8, 8), dtype=np.uint8)):
     Image.fromarray(image).save(images / f"{i}.png")
   done = []
   for _, _, arguments in main_commands(guide):

@@ -26,7 +26,8 @@ for path in sys.argv[1:]:
   out = serve(images=images)
   np.save(path + ".probabilities.npy", out["probabilities"].numpy())
   np.save(path + ".classes.npy", out["classes"].numpy())
-  wrong = {"scaled_to_1": images / 16.0, "above_255": images * 20.0, "shape": np.zeros([2, 3, 3, 1], np.uint8),
+  wrong = {"scaled_to_1": images / 16.0, "above_255": images * 20.0, "8_bit": np.round(images * (255 / 16)),
+           "shape": np.zeros([2, 3, 3, 1], np.uint8),
            "rank": images[0], "float_whole": images.astype(np.float32), "empty": images[:0]}
   answers = {}
   for name, value in wrong.items():
@@ -144,16 +145,17 @@ def test_with_ema_the_export_serves_the_averages_not_the_raw_weights(exported, n
 
 @pytest.mark.parametrize("name", list(RUNS))
 def test_wrong_input_is_a_short_error_not_a_silent_truncation(exported, name):
-  """Images scaled to [0, 1] (once truncated to 0 and 1 as uint8: accuracy 0.185), values above 255, a wrong
-  shape or rank (once a TypeError printing the whole array): a short InvalidArgumentError saying what is valid."""
+  """Images scaled to [0, 1] (once truncated to 0 and 1 as uint8: accuracy 0.185), values above 255, digits
+  spread over an 8-bit image's 0..255 (once served, probabilities of 1.0), a wrong shape or rank (once a TypeError
+  printing the whole array): a short InvalidArgumentError saying what is valid."""
   _, _, _, _, classes, wrong = exported[0][name]
   assert wrong["float_whole"] == ["served", classes.tolist()]  # float32 holding the raw values: the same answers
   assert wrong["empty"] == ["served", []]  # a batch of no images: no answers (a convolution once refused it)
-  for case in ("scaled_to_1", "above_255"):
+  for case in ("scaled_to_1", "above_255", "8_bit"):
     kind, message = wrong[case]
     assert kind == "InvalidArgumentError" and len(message) < 600 and "array(" not in message, (case, message)
-    assert "images must hold the raw uint8 pixel values: whole numbers in 0..255 (not images scaled to [0, 1])" \
-        in message, (case, message)
+    assert ("images must hold the raw pixel values the model trained on: whole numbers in 0..16 (not images scaled "
+            "to [0, 1])") in message, (case, message)
   for case, shape in (("shape", "[2 3 3 1]"), ("rank", "[8 8 1]")):
     kind, message = wrong[case]
     assert kind == "InvalidArgumentError" and len(message) < 600 and "array(" not in message, (case, message)

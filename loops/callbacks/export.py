@@ -21,14 +21,14 @@ EXPORTS = ("export/model.keras", "export/model.weights.h5", "export/saved_model"
 class ClassifierServing:
   """The built-in classifier's: raw images through the eval's preprocessing to probabilities and classes."""
 
-  def __init__(self, model, preprocess, image_spec):
-    self.model, self.preprocess, self.input_spec = model, preprocess, image_spec
+  def __init__(self, model, preprocess, image_spec, max_value=255):
+    self.model, self.preprocess, self.input_spec, self.max_value = model, preprocess, image_spec, max_value
 
   def problem(self):
     return None
 
   def write_saved_model(self, path):
-    serving.write_saved_model(self.model, self.preprocess, self.input_spec, path)
+    serving.write_saved_model(self.model, self.preprocess, self.input_spec, path, self.max_value)
 
   def lite(self):
     """(models, fn, input signature) of the LiteRT export."""
@@ -77,7 +77,7 @@ class Export(Callback):
     parts = run.parts
     if task.name == task_lib.BUILT_IN:
       serves = ClassifierServing(parts.main_model, data.eval_images(parts.source, parts.data_settings),
-                                 data.raw_image_spec(parts.source))
+                                 data.raw_image_spec(parts.source), parts.source.max_value)
     else:
       serves = TaskServing(parts.task, parts.models, parts.task.serving_spec(parts.element_spec[0]))
     return cls(parts.main_model, run_settings.export, run.execution.averaged_weights, serves,

@@ -19,25 +19,26 @@ INPUT = "images"
 _RAISED = re.compile(r"^\s*(\w+(?:Error|Exception)): ", re.M)  # a traced error's cause, under its frames
 
 
-def write_saved_model(model, preprocess, image_spec, path):
+def write_saved_model(model, preprocess, image_spec, path, max_value=255):
   """Writes the SavedModel of `model` at `path`: serving_default(images) -> {probabilities, classes}.
 
   preprocess: fn(raw images) -> the model's float inputs (the eval's own preprocessing); image_spec: the raw
-  images' tf.TensorSpec ([None, H, W, C], uint8 for every built-in source). The signature takes float32 of any
+  images' tf.TensorSpec ([None, H, W, C], uint8 for every built-in source); max_value: their largest value (the
+  source's: 16 for digits). The signature takes float32 of any
   shape (uint8 arrays convert exactly) and checks it inside, so that a [0, 1]-scaled float image or a wrong shape is
   a short error instead of a silent truncation to uint8 or a TypeError printing the whole array.
   """
   archive = keras.export.ExportArchive()
   archive.track(model)
-  archive.add_endpoint(SIGNATURE, serving_function(model, preprocess, image_spec),
+  archive.add_endpoint(SIGNATURE, serving_function(model, preprocess, image_spec, max_value),
                        input_signature=[tf.TensorSpec(None, tf.float32, name=INPUT)])
   archive.write_out(path, verbose=False)
   return path
 
 
-def checked_images(images, image_spec):
+def checked_images(images, image_spec, max_value=255):
   """`images` (float32, any shape) as the raw images of `image_spec`, after in-graph checks that fail with a short
-  InvalidArgumentError: the shape [batch, H, W, C]; for uint8 sources whole values in 0..255."""
+  InvalidArgumentError: the shape [batch, H, W, C]; for uint8 sources whole values in 0..max_value."""
   height, width, channels = (int(d) for d in image_spec.shape[1:])
   shape_text = tf.strings.reduce_join(tf.strings.as_string(tf.shape(images)), separator=",")
   shape_check = tf.debugging.Assert(
@@ -48,22 +49,23 @@ def checked_images(images, image_spec):
     images = tf.ensure_shape(tf.identity(images), [None, height, width, channels])
   if image_spec.dtype == tf.uint8:
     whole = tf.reduce_all(tf.equal(images, tf.round(images)))
-    in_range = tf.logical_and(tf.reduce_all(images >= 0), tf.reduce_all(images <= 255))
+    in_range = tf.logical_and(tf.reduce_all(images >= 0), tf.reduce_all(images <= max_value))
     value_check = tf.debugging.Assert(tf.logical_and(whole, in_range), [
-        "images must hold the raw uint8 pixel values: whole numbers in 0..255 (not images scaled to [0, 1]); got "
-        "min, max", tf.reduce_min(images), tf.reduce_max(images)], summarize=2)
+        f"images must hold the raw pixel values the model trained on: whole numbers in 0..{max_value:g} (not images "
+        "scaled to [0, 1]); got min, max", tf.reduce_min(images), tf.reduce_max(images)], summarize=2)
     with tf.control_dependencies([value_check]):
       images = tf.identity(images)
   return tf.cast(images, image_spec.dtype)
 
 
-def serving_function(model, preprocess, image_spec):
+def serving_function(model, preprocess, image_spec, max_value=255):
   """fn(images) -> {"probabilities": float32 softmax, "classes": int64 argmax}, in inference mode, on images
   checked by `checked_images`. Logits of a mixed-precision model (float16/bfloat16) are cast to float32 first, as
   the eval does."""
 
   def serve(images):
-    return on_one_row_at_least(lambda x: classified(model, preprocess(x)), checked_images(images, image_spec))
+    return on_one_row_at_least(lambda x: classified(model, preprocess(x)),
+                               checked_images(images, image_spec, max_value))
 
   return serve
 
