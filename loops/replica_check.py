@@ -316,12 +316,12 @@ class Comparison:
   tied: tuple = ()
 
 
-def step_rows(step, start, final_one, final_two, floor, paths, precision=None):
-  """[rounding.Row] of one step (1-based) from `start`: floor is the floor run's (start, final); a key only one
-  side has differs without bound."""
+def step_rows(step, start, final_one, final_two, floor, paths, precision=None, margin=rounding.MARGIN):
+  """[rounding.Row] of one step (1-based) from `start`: floor is the floor run's (start, final), what it explains
+  taken `margin` times; a key only one side has differs without bound."""
   common = {key: start[key] for key in start if key in final_two}
   rows = rounding.step_rows(step, rounding.updates(common, final_one), rounding.updates(common, final_two),
-                            rounding.updates(*floor), paths, rounding.MINIMUM[precision])
+                            rounding.updates(*floor), paths, rounding.MINIMUM[precision], margin)
   return rows + [rounding.Row(step, f"{paths.get(key, key)} (only on one side)", float("inf"), 0.0)
                  for key in sorted(set(start) ^ set(final_two))]
 
@@ -346,9 +346,9 @@ class Judge:
     rows = step_rows(k + 1, start, final_one, final_two, (start, final_one), self.paths, self.precision)
     if any(row.differs for row in rows):
       rows = step_rows(k + 1, start, final_one, final_two, self.floor.step(k, start), self.paths, self.precision)
-    if self.ties and any(row.differs for row in rows):
-      rows = rounding.widest(rows, step_rows(k + 1, start, final_one, final_two, self.ties.step(k, start),
-                                             self.paths, self.precision))
+    if self.ties and any(row.differs for row in rows):  # the flips' move as measured, beside rounding's own
+      rows = rounding.summed(rows, step_rows(k + 1, start, final_one, final_two, self.ties.step(k, start),
+                                             self.paths, self.precision, margin=1.0))
       self.tied += [k + 1] if not any(row.differs for row in rows) else []
     self.rows += rows
     if self.first is None and any(row.differs for row in rows):

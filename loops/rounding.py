@@ -83,9 +83,9 @@ def step_rows(step, one, two, floor, paths, minimum=MINIMUM[None], margin=MARGIN
   return rows
 
 
-def widest(rows, others):
-  """The rows of one step, each explaining the larger of its own and the other measure's (same order)."""
-  return [dataclasses.replace(row, explained=max(row.explained, other.explained)) for row, other in zip(rows, others)]
+def summed(rows, others):
+  """The rows of one step, each explaining its own and the other measure's together (same order)."""
+  return [dataclasses.replace(row, explained=row.explained + other.explained) for row, other in zip(rows, others)]
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,7 +7,8 @@ step in float64 differed by under 1e-5.
 
 So where a step exceeds its floor and the models hold max pooling, the check takes that step once more on one
 device with every near tie flipped (the second largest raised just above the largest, the forward values moved
-by ~1e-6 of themselves, gradients unchanged): what that changes is what ties can explain. A window is near a tie
+by ~1e-6 of themselves, gradients unchanged): what that changes is what ties can explain, added once to the floor's
+explanation (every near tie flipped at once is already more than rounding flips: not taken 10x). A window is near a tie
 when its two largest inputs are within the least difference judged (rounding.MINIMUM: 1e-5 of the larger in
 float32). MaxPooling1D and MaxPooling2D are flipped; 3-D and global max pooling are not.
 """
