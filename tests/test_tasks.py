@@ -111,6 +111,9 @@ def test_the_replica_check_passes_the_distillation_example(teacher):
     ("LocalNegatives", {},  # contrastive negatives from the replica only
      "every layer's output agrees at step 1; the per-example loss differs: LocalNegatives.per_example_loss "
      "(tests/fixtures/wrong_tasks.py:22) reduces over the replica's own rows"),
+    ("PartlyCentred", {"check.steps": 1},  # a tenth of LocallyCentred, through the regression model's max pool
+     "every layer's output agrees at step 1; the per-example loss differs: PartlyCentred.per_example_loss "
+     "(tests/fixtures/wrong_tasks.py:53) reduces over the replica's own rows"),
     ("MeanOverLocalBatch", {"optimizer.name": "sgd", "optimizer.learning_rate": 0.01},  # tf.reduce_mean
      "every layer's output agrees at step 1; the loss the step returns differs: MeanOverLocalBatch.train_step "
      "(tests/fixtures/wrong_tasks.py:39) reduces over the replica's own rows"),
