@@ -6,8 +6,10 @@ from loops.core import progress as progress_lib
 def test_rates_and_epoch_times_exclude_the_first_call_and_epochs_are_interpolated():
   p = progress_lib.Progress(start_step=0, total_steps=100, global_batch_size=10, steps_per_epoch=20)
   assert p.record(10, 5.0) == {}  # first call: tracing, slow
+  assert not p.steady()  # its rate (tracing included) is the only one: summary.json says none
   assert p.record(20, 1.0) == {}  # epoch 1 overlapped the first call: not timed
   finished = p.record(50, 3.0)  # 1 s per 10 steps: epoch 2 ends at 40, the call ends mid-epoch 3
+  assert p.steady()
   assert finished == {2: pytest.approx(2.0)}
   assert p.steps_per_sec() == pytest.approx(40 / 4.0)
   assert p.examples_per_sec() == pytest.approx(100.0)

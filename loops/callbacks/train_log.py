@@ -86,9 +86,8 @@ class TrainLog(Callback):
   def on_train_end(self, state):
     if self.bar:
       self.bar.close()
-    trained = state.step != state.start_step
     state.summary.update({"train_seconds": self.progress.train_seconds,
-                          "examples_per_sec": self.progress.examples_per_sec() if trained else None,
+                          "examples_per_sec": self.progress.examples_per_sec() if self.progress.steady() else None,
                           "mean_epoch_seconds_excluding_first": self.progress.mean_epoch_seconds()})
 
 

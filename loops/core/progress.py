@@ -67,6 +67,10 @@ class Progress:
     steps, seconds = self._last
     return steps / seconds if seconds > 0 else 0.0
 
+  def steady(self):
+    """Whether the rates leave out the first call (a call came after it)."""
+    return self._rate_seconds > 0
+
   def examples_per_sec(self):
     return self.steps_per_sec() * self.global_batch_size
 
