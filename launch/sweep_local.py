@@ -118,7 +118,7 @@ class Attempt:
   """One running trial process: its log, its record in sweep.json."""
 
   def __init__(self, trial, command, slot, out):
-    self.trial, self.slot, self.command = trial, slot, command
+    self.trial, self.slot, self.command, self.stopped = trial, slot, command, False
     workdir = trial["workdir"]
     os.makedirs(workdir, exist_ok=True)
     self.log_path = os.path.join(workdir, "sweep.log")
@@ -152,6 +152,8 @@ class Attempt:
     code = self.proc.returncode
     if code == local.preempted_code(self.command):
       code = sweep_report.PREEMPTED
+    elif code == -signal.SIGTERM and self.stopped:  # the sweep's stop came before the run could save: unfinished
+      code = sweep_report.PREEMPTED
     record = sweep_report.read_json(self.record_path)
     last = record["attempts"][-1]
     last["exit_code"], last["seconds"] = self.proc.returncode, round(time.monotonic() - self.started, 1)
@@ -159,14 +161,17 @@ class Attempt:
     if code not in (0, sweep_report.PREEMPTED):
       last["error"] = error_line(self.log_path, self.offset, code)
     sweep_report.write_json(self.record_path, record)
+    saved = self.proc.returncode != -signal.SIGTERM
     what = {0: _verdict(self.trial),
-            sweep_report.PREEMPTED: "stopped with a checkpoint saved; rerun the sweep to resume"}
+            sweep_report.PREEMPTED: "stopped with a checkpoint saved; rerun the sweep to resume" if saved else
+                                    "stopped before it could save; rerun the sweep to run it"}
     verdict = what.get(code, f"failed: {last.get('error')}")
     out.write(f"[sweep] {self.trial['name']}: {verdict} ({last['seconds']} s)\n")
     out.flush()
     return code
 
   def stop(self):
+    self.stopped = True
     if self.proc.poll() is None:
       try:
         os.killpg(self.proc.pid, signal.SIGTERM)

@@ -361,6 +361,20 @@ def test_a_second_interrupt_while_trials_save_kills_them_at_once():
   assert [t.proc.real.returncode for t in trials] == [-9, -9] and all(t.finished for t in trials)
 
 
+def test_a_trial_the_sweep_stops_before_it_can_save_is_unfinished_not_failed(tmp_path):
+  """Ctrl-C while trials start: SIGTERM reaches a run still importing (no handler yet). It was 'failed: killed by
+  signal 15'; nothing failed and nothing was saved."""
+  trial = {"name": "learning_rate=0.1", "workdir": str(tmp_path / "learning_rate=0.1")}
+  out = io.StringIO()
+  attempt = sweep_local.Attempt(trial, [sys.executable, "-c", "import time; time.sleep(30)"],
+                                {"cores": [], "gpus": []}, out)
+  attempt.stop()
+  attempt.proc.wait(timeout=30)
+  assert attempt.finish(out) == sweep_report.PREEMPTED
+  assert "[sweep] learning_rate=0.1: stopped before it could save; rerun the sweep to run it (" in out.getvalue()
+  assert sweep_report.trial_status(trial["workdir"])["status"] == "unfinished"
+
+
 def test_the_trial_list_of_a_seed_is_stable_and_covers_the_grid():
   """Optuna's samplers draw the points: these lists are what every rerun (any process, optuna as pinned) gets."""
   discrete = sweep_grid.parse_grid(["a=1,2,3", "b=x,y"])
