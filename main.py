@@ -11,6 +11,18 @@ import sysconfig
 import traceback
 import warnings
 
+import signal
+
+
+def _interrupted_while_starting(signum, frame):  # pylint: disable=unused-argument
+  print("interrupted (Ctrl-C) while starting: nothing was trained or saved", file=sys.stderr, flush=True)
+  raise SystemExit(130)  # 128 + SIGINT (preemption.INTERRUPTED_EXIT_CODE, not imported yet); quiet_start replays it
+
+
+# Ctrl-C during the imports below is one line, not their traceback (main() hands SIGINT back to Python)
+if __name__ == "__main__" and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+  signal.signal(signal.SIGINT, _interrupted_while_starting)
+
 # TensorFlow's own start-up and save chatter (CUDA probing on CPU machines, oneDNN notes, per-save INFO lines)
 # stays out of a normal run's console; --debug shows all of it. A TF_CPP_MIN_LOG_LEVEL set by the user wins.
 from data import quiet_start  # standard library only: TensorFlow is not imported yet
@@ -64,6 +76,8 @@ DAMAGED_DATA = (tensorflow.errors.DataLossError,)  # a record file that cannot b
 
 
 def main(argv):
+  if signal.getsignal(signal.SIGINT) is _interrupted_while_starting:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {' '.join(argv[1:])}")
   if _CHECK.value and (_FIND.value or _DRY_RUN.value):

@@ -36,6 +36,7 @@ from launch import sweep_study
 from launch import sweep_tracking
 
 TRIALS = "trials.json"
+INTERRUPTED = 130  # 128 + SIGINT, what shells report for Ctrl-C (main.py's too)
 RESERVED = ("--config=", "--workdir=", "--config ", "--workdir ")
 
 
@@ -163,6 +164,9 @@ def main(argv=None, out=sys.stdout):
   except sweep_grid.SweepError as e:
     print(f"error: {e}", file=sys.stderr)
     return 1
+  except KeyboardInterrupt:  # before or after the trials (while they run, sweep_local stops them and they save)
+    print("interrupted (Ctrl-C): no trial was running; the same command goes on from here", file=sys.stderr)
+    return INTERRUPTED
   finally:
     if lock is not None:
       lock.release()

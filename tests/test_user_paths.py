@@ -112,3 +112,29 @@ def test_fresh_copy_has_the_files_a_user_runs(tmp_path):
     assert os.path.isfile(os.path.join(clone, name)), name
   assert shlex.split(README_QUICKSTART)[0] == ".venv/bin/python"
   assert os.path.samefile(os.path.join(clone, ".venv", "bin", "python"), os.path.join(sys.prefix, "bin", "python"))
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("command, said", [
+    (["main.py", "--config=configs/digits_cnn.py", "--workdir=WORK"],
+     "interrupted (Ctrl-C) while starting: nothing was trained or saved"),
+    (["-m", "launch.sweep", "--config=configs/digits_cnn.py", "--sweep_dir=WORK", "--grid",
+      "optimizer.learning_rate=0.1,0.2"],  # during the first trial's --dry_run
+     "interrupted (Ctrl-C): no trial was running; the same command goes on from here"),
+])
+def test_ctrl_c_while_a_command_starts_is_one_line(command, said, tmp_path):
+  """Ctrl-C 1 s in, during TensorFlow's imports (a fresh process, as a user's is: the tests' forked runs skip them)
+  or the sweep's first check: one line, exit 130, no traceback, no training."""
+  import signal
+  import time
+  from tests.conftest import ctrl_c_reaches_it
+  work = str(tmp_path / "work")
+  process = subprocess.Popen([sys.executable, *[a.replace("WORK", work) for a in command]], cwd=REPO,
+                             env={**os.environ, "TESTS_FRESH_PROCESSES": "1"}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE, text=True, preexec_fn=ctrl_c_reaches_it)
+  time.sleep(1.0)
+  process.send_signal(signal.SIGINT)
+  errors = process.communicate(timeout=120)[1]
+  assert process.returncode == 130, errors[-2000:]
+  assert errors.strip().splitlines()[-1] == said and "Traceback" not in errors, errors[-2000:]
+  assert not os.path.exists(os.path.join(work, "checkpoints"))
