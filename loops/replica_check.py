@@ -479,8 +479,12 @@ FIXES = {
 def steps_for(config):
   """check.steps, or by default enough steps to reach every branch the task declares: at least STEPS, and the
   least common multiple of its Task.update_every periods (k=5: steps 0-4, the last one updating that model)."""
-  if config.check.steps:
-    return config.check.steps
+  steps = config.check.steps
+  if not isinstance(steps, int) or isinstance(steps, bool) or steps < 0:
+    raise ConfigError(f"check.steps must be a whole number >= 1 (0: enough to reach every branch the task "
+                      f"declares), got {steps!r}")
+  if steps:
+    return steps
   from loops import task as task_lib  # pylint: disable=import-outside-toplevel
   from loops.task import rules as task_rules  # pylint: disable=import-outside-toplevel
   task_rules.check_task_settings(config)

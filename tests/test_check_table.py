@@ -154,3 +154,13 @@ def test_every_shipped_config_passes_on_two_workers(row):
   code, lines, errors = check_command("workers", {**SHIPPED, **LARGE}[name], steps)
   assert code == 0 and lines[-1].startswith("workers: PASS: 1 device and 2 workers agree on all "), (
       "\n".join(lines[-12:]) + errors[-2000:])
+
+
+@pytest.mark.parametrize("steps", [-1, -100])
+def test_check_steps_that_are_no_count_name_check_steps(steps):
+  """-1 was copied into train.steps and refused as 'train.steps must be >= 1', a key the user never set."""
+  from errors import ConfigError
+  config = set_keys(load_config("digits_cnn"), {"check.steps": steps})
+  with pytest.raises(ConfigError, match=r"^check.steps must be a whole number >= 1 \(0: enough to reach every branch "
+                                        rf"the task declares\), got {re.escape(repr(steps))}$"):
+    replica_check.steps_for(config)
