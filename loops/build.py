@@ -146,8 +146,9 @@ def build_from(settings, config, role, kept=None, strategy=None):
   loss_fn = losses.build(settings.loss) if classification else None
   log = logging.debug if console.is_terminal() else logging.info  # logs keep it; a person's screen has config.json
   log("config:\n%s", config)
-  logging.info("plan: %s; data '%s': %d train / %d eval examples, input %s, %d classes",
-               plan, source.name, source.train_size, source.eval_size, input_shape, source.num_classes)
+  classes = f", {source.num_classes} classes" if source.num_classes else ""  # a regression's data has none
+  logging.info("plan: %s; data '%s': %d train / %d eval examples, input %s%s",
+               plan, source.name, source.train_size, source.eval_size, input_shape, classes)
   if classification:  # its metrics and model need the classes: said before either is made
     _known(source.num_classes, model_settings.name, data_settings.name)
   metric_names = tuple(settings.eval.metrics)

@@ -43,7 +43,7 @@ def report(settings, config_text, workdir, parts, user_callbacks):
       "device_resident": _residency_line(parts),
       **({"streams": _streams_line(parts)} if source.train_files is not None else {}),
       **({"input_streams": _input_streams_line(parts)} if source.streams else {}),
-      "num_classes": source.num_classes,
+      "num_classes": source.num_classes or None,  # None: the data has no classes (a regression's)
       "steps_per_epoch": plan.steps_per_epoch,
       "total_steps": plan.total_steps,
       "steps_per_loop": plan.steps_per_loop,
