@@ -6,7 +6,8 @@
 
 Runtime ~15 s on 2 CPU cores (600 steps); the student (1 370 parameters) reaches
 eval/accuracy ≈ 0.90 and agrees with the teacher on ≈ 0.91 of the eval images. The teacher is not trained, has no
-optimizer, is not counted in the trained parameters, and is saved with the checkpoints (a resume needs no path).
+optimizer, is not counted in the trained parameters, and is saved with the checkpoints: a resume restores its weights
+from them, given the same command (its path included).
 """
 
 import keras
