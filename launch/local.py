@@ -144,7 +144,7 @@ def launch(command, workers, ps=0, env=None, out=sys.stdout, poll_seconds=0.2, p
   try:
     failed, code = _watch(procs, lead, preempted, poll_seconds, preempt_grace_seconds, service)
   except KeyboardInterrupt:
-    failed, code = "launcher (interrupted)", 130
+    failed, code = INTERRUPTED, 130
   finally:
     for proc in [*procs.values(), *service.values()]:
       _stop(proc)
@@ -246,8 +246,14 @@ def _libc():
   return ctypes.CDLL(None, use_errno=True)
 
 
+INTERRUPTED = "launcher (interrupted)"
+
+
 def _verdict(failed, code, preempted):
   """The launcher's one line on how the job ended."""
+  if failed == INTERRUPTED:
+    return ("[launch] interrupted (Ctrl-C): stopped every process with SIGTERM (each saves a checkpoint and exits); "
+            "rerun the same command to resume")
   if code == preempted:
     return f"[launch] {failed} was preempted (exit code {code}, checkpoint saved); rerun to resume"
   if code < 0:

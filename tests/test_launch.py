@@ -60,6 +60,16 @@ def test_a_failing_task_stops_the_others_and_is_named():
     os.kill(survivor, 0)
 
 
+def test_ctrl_c_to_the_launcher_stops_every_process_and_says_so_not_failed(monkeypatch):
+  """It said '[launch] launcher (interrupted) failed (exit code 130)': nothing failed; every process got SIGTERM."""
+  monkeypatch.setattr(local, "_watch", lambda *args: (_ for _ in ()).throw(KeyboardInterrupt()))
+  out = io.StringIO()
+  code, failed = local.launch([PY, "-c", "import time; print('up', flush=True); time.sleep(120)"], workers=2, out=out)
+  assert (code, failed) == (130, local.INTERRUPTED)
+  assert out.getvalue().splitlines()[-1] == ("[launch] interrupted (Ctrl-C): stopped every process with SIGTERM (each "
+                                             "saves a checkpoint and exits); rerun the same command to resume")
+
+
 def launch_main(workers, *overrides, timeout=400):
   return subprocess.run(
       [PY, "-m", "launch.local", f"--workers={workers}", "--", PY, "main.py", "--config=configs/digits_cnn.py",
