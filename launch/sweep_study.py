@@ -99,8 +99,12 @@ def _record(trial, sweep_dir, index):
           "workdir": os.path.join(sweep_dir, name), "number": trial.number}
 
 
-def _text(value):
-  return value if isinstance(value, str) else str(value) if isinstance(value, int) else f"{value:.3g}"
+def _text(value, digits=3):
+  """A trial's value as its name shows it (3 significant digits), or as its run is given it (digits None: all, so
+  the run trains the value the study records)."""
+  if isinstance(value, str):
+    return value
+  return str(value) if isinstance(value, int) else repr(value) if digits is None else f"{value:.{digits}g}"
 
 
 def assign(study, sweep_dir, index, grid, point=None):
@@ -143,9 +147,11 @@ def _assign(study, sweep_dir, index, grid, point):
     recorded = study.user_attrs
     study.sampler = _sampler(recorded["search"], recorded.get("seed", 0) * 100003 + index, recorded.get("trials", 10))
     trial = _ask(study, index, distributions(grid))
-  overrides = mine[-1].user_attrs["overrides"] if mine else {key: _text(value) for key, value in trial.params.items()}
+  overrides = mine[-1].user_attrs["overrides"] if mine else {key: _text(value, None)
+                                                              for key, value in trial.params.items()}
   names = {t.user_attrs.get("name") for t in study.get_trials(deepcopy=False) if t.user_attrs.get("index") != index}
-  name = mine[-1].user_attrs["name"] if mine else sweep_grid.trial_name(overrides)
+  shown = {key: _text(value) for key, value in trial.params.items()}
+  name = mine[-1].user_attrs["name"] if mine else sweep_grid.trial_name(shown)
   if name in names:  # another trial rounds to the same values (tpe): its own workdir anyway
     name = f"{name},trial={index}"
   trial.set_user_attr("overrides", overrides)
