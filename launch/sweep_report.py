@@ -106,6 +106,9 @@ def current_starts(workdir, settings):
   return starts
 
 
+STATUSES = ("complete", "pruned", "running", "unfinished", "failed", "pending")  # what trial_status says
+
+
 def trial_status(workdir, settings=None):
   """{'status', 'error', 'stopped', 'step', 'from_step', 'total_steps', 'best', 'best_step', 'wall_seconds'} of one
   trial's workdir, from what ran its current `settings` only; status: complete, pruned, running, failed,
@@ -217,7 +220,7 @@ def write(sweep_dir, trials):
   writer.writerows(table)
   _write_text(os.path.join(sweep_dir, "report.csv"), text.getvalue())
   states = [row["status"] for row in table]
-  counts = ", ".join(f"{states.count(s)} {s}" for s in dict.fromkeys(states))
+  counts = ", ".join(f"{states.count(s)} {s}" for s in STATUSES if s in states)  # one order, whatever ranks first
   of = f" of {full} for {len(table)} full-length trials ({100 * spent / full:.0f} %)" if full else ""
   markdown = _markdown(table, columns) + f"\n{len(table)} trials: {counts}; steps spent {spent}{of}\n"
   _write_text(os.path.join(sweep_dir, "report.md"), markdown)
