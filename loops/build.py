@@ -113,12 +113,17 @@ def start_strategy(run, cluster_settings, role):
     return strategy_lib.build(run, cluster_settings, role)
 
 
+def logged_config(config):
+  """The config in the log (logs keep it; a person's screen, a terminal, has config.json instead)."""
+  (logging.debug if console.is_terminal() else logging.info)("config:\n%s", config)
+
+
 def build(config, role, kept=None, strategy=None):
   """build_from for a config bag (the checks, the finders, tests): its settings read once here."""
   return build_from(settings_lib.read(config), config, role, kept=kept, strategy=strategy)
 
 
-def build_from(settings, config, role, kept=None, strategy=None):
+def build_from(settings, config, role, kept=None, strategy=None, log_config=True):
   """Builds every part of the run for this process (config already passed loops/rules.py's check and check_role).
 
   Args:
@@ -128,6 +133,7 @@ def build_from(settings, config, role, kept=None, strategy=None):
     kept: plan values a resumed run keeps from its record (loops/resume.py), or None.
     strategy: a strategy this process already started for an earlier config of the same strategy settings
       (loops/worker_check.py's workers train several configs), or None to start one (start_strategy).
+    log_config: log the config (the checks' sides, a handful of builds of one config, log it once: logged_config).
 
   Returns Parts (frozen); raises ConfigError for what only the data, the replica count or the built model reveal.
   """
@@ -144,8 +150,8 @@ def build_from(settings, config, role, kept=None, strategy=None):
   input_shape = data.output_shape(source, data_settings.image_size)
   classification = task_name == task_lib.BUILT_IN
   loss_fn = losses.build(settings.loss) if classification else None
-  log = logging.debug if console.is_terminal() else logging.info  # logs keep it; a person's screen has config.json
-  log("config:\n%s", config)
+  if log_config:
+    logged_config(config)
   classes = f", {source.num_classes} classes" if source.num_classes else ""  # a regression's data has none
   logging.info("plan: %s; data '%s': %d train / %d eval examples, input %s%s",
                plan, source.name, source.train_size, source.eval_size, input_shape, classes)

@@ -113,7 +113,8 @@ class Side:
     settings = settings_lib.read(config)
     strategy_lib.configure_devices(settings.run)
     self.config = config
-    self.parts = build_lib.build_from(settings, config, role or cluster.ClusterRole(), strategy=strategy)
+    self.parts = build_lib.build_from(settings, config, role or cluster.ClusterRole(), strategy=strategy,
+                                      log_config=False)  # the check logs the user's once
     _turn_off(self.parts, turn_off)
     self.variables = _named_variables(self.parts)
     self.paths = {key: f"{key[0]}: {v.path}" for key, v in self.variables.items()}
@@ -507,6 +508,7 @@ def run(config, steps=None, out=print):
   strategy_lib.configure_devices(settings_lib.read(variant(config, 2, steps)).run)  # both logical CPUs before TF starts
   rules_lib.check(variant(config, 2, steps))  # a setting the two-replica side refuses: one line, before training
   check_split(config)
+  build_lib.logged_config(config)
   out(settings_line(config))
   with build_lib.determinism_restored():
     comparison = compare(config, steps)

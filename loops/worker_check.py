@@ -66,6 +66,7 @@ def run(config, steps=None, out=print, timeout_seconds=TIMEOUT_SECONDS):
     ConfigError: strategy=parameter_server (asynchronous: its updates are not those of one device), a setting the
       check cannot run, or a worker that failed or did not end in time (its last lines printed to stderr first).
   """
+  build_lib.logged_config(config)
   (passed, lines), = compare([config], steps, timeout_seconds)
   out(replica_check.settings_line(config, "workers", WORKERS))
   for line in lines:

@@ -127,6 +127,8 @@ def test_the_replica_check_fails_a_step_that_reduces_over_the_replica_batch_and_
     assert result.returncode == 1, result.stderr[-2000:]
     lines = result.stdout.strip().splitlines()
     assert lines[-1].startswith("replicas: FAIL: "), result.stdout[-2000:]
+    # the config in the log once, not once per side built (7 rebuilds: ~1 200 lines around the verdict)
+    assert len(re.findall(r"\] config:$", result.stderr, re.M)) == 1, result.stderr[-3000:]
   else:
     config = example_config(base)
     config.task.name = f"tests.fixtures.wrong_tasks:{wrong}"
