@@ -8,7 +8,6 @@ the training's checkpoints instead (loops/sidecar.py).
       --config.eval.checkpoint=best
 """
 
-import json
 import posixpath
 import re
 
@@ -112,10 +111,7 @@ def run(data_settings, workdir, parts, selection, make_execution):
 
 def _refuse_other_input(path, described):
   """One line when `path` holds the evaluation of another input of the same name (another file called so)."""
-  if not tf.io.gfile.exists(path):
-    return
-  with tf.io.gfile.GFile(path) as f:
-    there = json.load(f).get("input")
+  there = (writers.read_json(path) or {"input": described}).get("input")
   if there != described:
     raise ConfigError(f"{path} holds the evaluation of {there!r}, not of {described!r}: remove it to evaluate "
                       "this input")

@@ -18,6 +18,7 @@ from loops import task as task_lib
 
 EXPORTS = ("export/model.keras", "export/model.weights.h5", "export/saved_model", "export/model.tflite")
 
+
 class ClassifierServing:
   """The built-in classifier's: raw images through the eval's preprocessing to probabilities and classes."""
 
