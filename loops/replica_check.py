@@ -289,6 +289,31 @@ class FloorRun:
     return self.side.step(start, self.nudge)
 
 
+class OtherFloor:
+  """The two-replica side's own float32 error: its step again in float64 on 2 replicas from the same start, built
+  when a step of a float32 config first exceeds what the one-replica side's own error explains. Its gradients are
+  summed one tensor at a time (a float32 logits layer's and the float64 ones do not pack into one all-reduce)."""
+
+  def __init__(self, config, turn_off=()):
+    self.config, self.turn_off, self.side, self.taken, self.why_not = config, turn_off, None, 0, ""
+
+  def step(self, k, start):
+    """(start, final) of step k (0-based) from `start` in float64, or None when the step does not run in it."""
+    if self.why_not:
+      return None
+    try:
+      if self.side is None:
+        devices = strategy_lib.replica_devices(settings_lib.read(self.config).run)
+        with float64_models():
+          self.side = Side(self.config, self.turn_off, strategy=strategy_lib.mirrored(devices, packed=False))
+      self.side.advance(k - self.taken)
+      self.taken = k + 1
+      return self.side.step(start)
+    except Exception as e:  # pylint: disable=broad-except  # as the one-replica floor's: judged without it
+      self.why_not = _shortened(first_line(e))
+      return None
+
+
 class TieRun:
   """The step again on one device with its max pools' near ties flipped (loops/ties.py), built when a step first
   exceeds its floor and the models hold max pooling; without XLA (the flip's ops do not compile)."""
@@ -315,6 +340,7 @@ class Comparison:
   how: Floor
   first: tuple = None
   tied: tuple = ()
+  both: tuple = ()  # (step, the float64 sides' largest difference) where both sides' float32 errors were measured
 
 
 def step_rows(step, start, final_one, final_two, floor, paths, precision=None, margin=rounding.MARGIN):
@@ -338,15 +364,19 @@ class Judge:
   differs, not the states: against the least difference judged, then, where a variable exceeds it, against the
   floor run from the same start."""
 
-  def __init__(self, floor_config, paths, turn_off=(), pools=()):
+  def __init__(self, floor_config, paths, turn_off=(), pools=(), other_config=None):
     self.floor, self.paths, self.precision = FloorRun(floor_config, turn_off), paths, floor_config.mixed_precision
     self.ties = TieRun(floor_config, turn_off) if pools else None
-    self.rows, self.first, self.tied = [], None, []
+    self.other = OtherFloor(other_config, turn_off) if other_config is not None else None
+    self.rows, self.first, self.tied, self.both = [], None, [], []
 
   def step(self, k, start, final_one, final_two):
     rows = step_rows(k + 1, start, final_one, final_two, (start, final_one), self.paths, self.precision)
     if any(row.differs for row in rows):
-      rows = step_rows(k + 1, start, final_one, final_two, self.floor.step(k, start), self.paths, self.precision)
+      floor = self.floor.step(k, start)
+      rows = step_rows(k + 1, start, final_one, final_two, floor, self.paths, self.precision)
+      if self.other and self.floor.how.how == "float64" and any(row.differs for row in rows):
+        rows = self._both_sides(k, start, final_one, final_two, floor, rows)
     if self.ties and any(row.differs for row in rows):  # the flips' move as measured, beside rounding's own
       rows = rounding.summed(rows, step_rows(k + 1, start, final_one, final_two, self.ties.step(k, start),
                                              self.paths, self.precision, margin=1.0))
@@ -355,15 +385,30 @@ class Judge:
     if self.first is None and any(row.differs for row in rows):
       self.first = (k + 1, start, final_one, final_two)
 
+  def _both_sides(self, k, start, final_one, final_two, floor, rows):
+    """The rows where each side's own float32 error, summed (x rounding.BOTH_MARGIN), explains more: when both
+    sides' float64 steps agree, their float32 steps cannot differ by more than that sum (the triangle inequality)."""
+    other = self.other.step(k, start)
+    if other is None:
+      return rows
+    margin = rounding.BOTH_MARGIN
+    both = rounding.summed(
+        step_rows(k + 1, start, final_one, final_two, floor, self.paths, self.precision, margin),
+        step_rows(k + 1, start, final_two, final_one, other, self.paths, self.precision, margin))
+    agree = step_rows(k + 1, start, floor[1], other[1], floor, self.paths, self.precision)
+    self.both.append((k + 1, max(row.difference for row in agree)))
+    return [row if not row.differs or row.explained >= wider.explained else wider for row, wider in zip(rows, both)]
+
   def comparison(self, built):
-    return Comparison(rounding.Verdict(tuple(self.rows)), built, self.floor.how, self.first, tuple(self.tied))
+    return Comparison(rounding.Verdict(tuple(self.rows)), built, self.floor.how, self.first, tuple(self.tied),
+                      tuple(self.both))
 
 
 def compare(config, steps, turn_off=()):
   """The Comparison of 1 vs 2 replicas of this process, both sides taking each step from the one side's start."""
   one_config = variant(config, 1, steps)
   one, two = Side(one_config, turn_off), Side(variant(config, 2, steps), turn_off)
-  judge = Judge(one_config, one.paths, turn_off, ties.max_pools(one.parts.models))
+  judge = Judge(one_config, one.paths, turn_off, ties.max_pools(one.parts.models), variant(config, 2, steps))
   for k in range(steps):
     start, final = one.step()
     judge.step(k, start, final, two.step(start)[1])
@@ -411,19 +456,24 @@ REDUCTION = ("the step reduces over the replica's own batch somewhere (see loops
 
 
 def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float64"), precision=None, shown=8,
-           tied=()):
+           tied=(), both=()):
   """(passed, lines): the largest differences over what rounding explains, the verdict last (a FAIL with its
   first step and cause). kind: "replicas" (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker
-  processes); floor: how rounding was measured; tied: the steps only flipped max-pool ties explain."""
+  processes); floor: how rounding was measured; tied: the steps only flipped max-pool ties explain; both: (step,
+  the float64 steps' largest difference) where the two-replica side's own float32 error was measured too."""
   one, two = SIDES[kind]
   measured = floor.described("one-device" if kind == "workers" else "one-replica", precision)
   lines = [f"each of {steps} steps from the same weights; the one-step updates' RMS difference per variable, "
            f"against what rounding explains ({measured}; x{rounding.MARGIN:g}):"]
   lines += [f"  step {row.step:<3d} {row.difference:9.2e} of {row.explained:9.2e}  {row.path}"
             for row in verdict.worst(shown)]
+  if both:
+    lines.append(f"  {_steps([step for step, _ in both])}: beyond that, so the two-replica side's own float32 "
+                 f"error was measured too (its step again in float64) and both sides' summed, "
+                 f"x{rounding.BOTH_MARGIN:g}; their float64 steps differ by at most "
+                 f"{max(value for _, value in both):.2e}")
   if tied:
-    listed = ", ".join(str(step) for step in tied[:5]) + (f" and {len(tied) - 5} more" if len(tied) > 5 else "")
-    lines.append(f"  step{'s' if len(tied) > 1 else ''} {listed}: beyond the floor, but within what flipping the "
+    lines.append(f"  {_steps(tied)}: beyond the floor, but within what flipping the "
                  f"max pools' near ties explains (windows whose two largest are within "
                  f"{rounding.MINIMUM[precision]:g} of each other: rounding picks which takes the gradient)")
   worst, = verdict.worst(1) or [None]
@@ -444,6 +494,13 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
                f"(rounding explains up to {first.explained:.2e}; the sides differ by {first.difference:.2e} in "
                f"{first.path}): {cause}")
   return False, lines
+
+
+def _steps(steps, shown=5):
+  """'step 3' or 'steps 3, 7 and 2 more'."""
+  listed = ", ".join(str(step) for step in steps[:shown])
+  return f"step{'s' if len(steps) > 1 else ''} {listed}" + (
+      f" and {len(steps) - shown} more" if len(steps) > shown else "")
 
 
 def diagnose(suspects):
@@ -514,7 +571,7 @@ def run(config, steps=None, out=print):
     comparison = compare(config, steps)
     cause = REDUCTION if comparison.verdict.passed else cause_of(config, steps, comparison)
   passed, lines = report(comparison.verdict, steps, cause=cause, floor=comparison.how,
-                         precision=config.mixed_precision, tied=comparison.tied)
+                         precision=config.mixed_precision, tied=comparison.tied, both=comparison.both)
   for line in lines:
     out(line)
   return passed

@@ -30,7 +30,8 @@ LARGE = {  # the seeds' ResNets at 128 px, at a batch this machine runs: default
 }
 RESNET8 = ("cifar_resnet20", "synthetic", {"model.kwargs.blocks_per_stage": 1, "train.global_batch_size": 32})
 CHEAP = {  # in the suite: one row of each class the old tolerance failed
-    "ResNet-8 at 32x32, synchronized BatchNorm": (*RESNET8[:2], {**RESNET8[2], **BN}),
+    # step 6 cancels two large per-replica partial sums (BatchNorm betas): the two-replica side's own error measured
+    "ResNet-8 at 32x32, synchronized BatchNorm, 6 steps": (*RESNET8[:2], {**RESNET8[2], **BN, "check.steps": 6}),
     "a conv bias before BatchNorm (zero gradient by construction), 20 steps": (
         "tasks", "regression", {"task.name": FIXTURES + "BiasBeforeBatchNorm", **BN, "check.steps": 20}),
     "digits_cnn through its max-pools, 100 steps": ("digits_cnn", None, {"check.steps": 100}),
@@ -60,6 +61,9 @@ def test_what_rounding_explains_is_not_called_a_difference(name):
   said = ("rounding explains up to ", "; the sides differ by ") if "rounding" in lines[-1] else (
       "the sides differ by at most ", ", within the least difference judged, 1.00e-04: no floor run needed)")
   assert all(part in lines[-1] for part in said), lines[-1]
+  if "ResNet-8" in name:  # judged against the one-replica side's error alone, step 6 FAILed (2.7e-3 over 1e-4)
+    assert any(line.startswith("  step 6: beyond that, so the two-replica side's own float32 error was measured too")
+               for line in lines), lines
 
 
 @pytest.mark.e2e

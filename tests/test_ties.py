@@ -51,11 +51,24 @@ class Run:
     return start, {key: start[key] + 1.0 + self.moved for key in start}
 
 
-def judged(tie_moved, pools):
+class OtherRun:
+  """A stand-in of the two-replica side's float64 step (replica_check.OtherFloor): its update is `update`."""
+
+  def __init__(self, update):
+    self.update = update
+
+  def step(self, k, start):
+    return start, {key: start[key] + self.update for key in start}
+
+
+def judged(tie_moved, pools, other=None):
+  """The comparison of 2 steps whose sides' updates are 1e-3 apart at step 2; the one-replica side's floor 1e-7, ties
+  flipped move `tie_moved`, the two-replica side's float64 update `other` (None: not measured)."""
   paths = {("model m", 0): "model m: kernel"}
   judge = replica_check.Judge.__new__(replica_check.Judge)
-  judge.paths, judge.precision, judge.rows, judge.first, judge.tied = paths, None, [], None, []
+  judge.paths, judge.precision, judge.rows, judge.first, judge.tied, judge.both = paths, None, [], None, [], []
   judge.floor, judge.ties = Run(1e-7), Run(tie_moved) if pools else None
+  judge.other = OtherRun(other) if other is not None else None
   start = {("model m", 0): np.zeros(4)}
   for k in range(2):
     one = {key: value + 1.0 for key, value in start.items()}
@@ -76,3 +89,21 @@ def test_a_step_beyond_its_floor_is_rounding_only_where_flipping_the_ties_moves_
   assert lines[-2].startswith("  step 2: beyond the floor, but within what flipping the max pools' near ties")
   assert lines[-1].startswith("replicas: PASS: 1 and 2 replicas agree on all 1 variables at each of 2 steps")
   assert max(row.explained for row in passed.verdict.rows) == pytest.approx(1.2e-3 + 10 * 1e-5)  # + 10x the least
+
+
+def test_a_step_beyond_the_one_replica_floor_is_rounding_where_both_sides_float32_errors_summed_explain_it():
+  """Step 2's sides are 1e-3 apart, 10x the one-replica side's floor is 1e-4: when the two-replica side's float64
+  step agrees with the one-replica side's, its own float32 error (1e-3) explains the difference; when the float64
+  steps are as far apart as the float32 ones, it is a real difference."""
+  agreeing = judged(0.0, (), other=1.0 + 1e-7)
+  assert agreeing.verdict.passed and [step for step, _ in agreeing.both] == [2]
+  assert agreeing.both[0][1] == pytest.approx(0.0, abs=1e-12)
+  explained = 2 * (1e-5 + (1e-3 - 1e-7) / (1 + 1e-3))  # each side's error over its own update's scale
+  assert max(row.explained for row in agreeing.verdict.rows) == pytest.approx(explained)
+  _, lines = replica_check.report(agreeing.verdict, 2, both=agreeing.both)
+  assert lines[-2] == ("  step 2: beyond that, so the two-replica side's own float32 error was measured too (its "
+                       "step again in float64) and both sides' summed, x2; their float64 steps differ by at most "
+                       "0.00e+00"), lines
+  apart = judged(0.0, (), other=1.0 + 1e-3)
+  assert apart.verdict.first_step == 2 and apart.both[0][1] == pytest.approx((1e-3 - 1e-7) / (1 + 1e-7))
+  assert judged(0.0, ()).verdict.first_step == 2  # not measured (--check=workers): the one-replica floor alone

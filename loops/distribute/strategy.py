@@ -24,10 +24,13 @@ COLLECTIVES = {
 _COLLECTIVE_KEY_BASES = itertools.count(start=0, step=10_000)
 
 
-def mirrored(devices):
-  """A MirroredStrategy over `devices` whose collective keys no other strategy of this process uses."""
+def mirrored(devices, packed=True):
+  """A MirroredStrategy over `devices` whose collective keys no other strategy of this process uses; packed=False
+  sums one tensor at a time (tensors of several dtypes, which TensorFlow's packs cannot concatenate)."""
   private_apis.next_collective_keys(tf.distribute.MirroredStrategy, next(_COLLECTIVE_KEY_BASES))
-  return tf.distribute.MirroredStrategy(devices)
+  if packed:
+    return tf.distribute.MirroredStrategy(devices)
+  return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
 
 
 def configure_devices(run):
