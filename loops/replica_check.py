@@ -119,6 +119,7 @@ class Side:
     self.variables = _named_variables(self.parts)
     self.paths = {key: f"{key[0]}: {v.path}" for key, v in self.variables.items()}
     self.execution = execution_lib.make(self.parts, settings.run, settings.preemption)
+    self.taken = 0  # steps taken: the batches read
 
   def state(self):
     return {key: v.numpy().copy() for key, v in self.variables.items()}
@@ -141,12 +142,20 @@ class Side:
       self.load(start, nudge)
     begun = self.state()
     self.execution.train(1)
+    self.taken += 1
     return begun, self.state()
+
+  def step_at(self, k, start, nudge=0.0):
+    """(start, final) of step k (0-based) from `start` (nudged): the batches of the steps before it that this side
+    was not asked to take are taken first."""
+    self.advance(k - self.taken)
+    return self.step(start, nudge)
 
   def advance(self, count):
     """Takes `count` steps from its own state (to reach a step's batch)."""
     if count > 0:
       self.execution.train(count)
+      self.taken += count
 
   def built(self):
     """What a judgement needs of this build once its steps are taken: Built."""
@@ -268,7 +277,7 @@ class FloorRun:
 
   def __init__(self, config, turn_off=()):
     self.config, self.turn_off = config, turn_off
-    self.side, self.nudge, self.taken, self.how = None, 0.0, 0, Floor("minimum")
+    self.side, self.nudge, self.how = None, 0.0, Floor("minimum")
 
   def step(self, k, start):
     """(start, final) of step k (0-based) from `start`."""
@@ -282,11 +291,8 @@ class FloorRun:
   def _step(self, k, start, float64):
     if self.side is None:
       self.side, self.nudge = floor_side(self.config, self.turn_off, float64)
-      self.taken = 0
       self.how = Floor("float64") if float64 else Floor("nudge", self.how.why_not)
-    self.side.advance(k - self.taken)  # the batches of the steps it was not asked to take
-    self.taken = k + 1
-    return self.side.step(start, self.nudge)
+    return self.side.step_at(k, start, self.nudge)
 
 
 class OtherFloor:
@@ -295,7 +301,7 @@ class OtherFloor:
   summed one tensor at a time (a float32 logits layer's and the float64 ones do not pack into one all-reduce)."""
 
   def __init__(self, config, turn_off=()):
-    self.config, self.turn_off, self.side, self.taken, self.why_not = config, turn_off, None, 0, ""
+    self.config, self.turn_off, self.side, self.why_not = config, turn_off, None, ""
 
   def step(self, k, start):
     """(start, final) of step k (0-based) from `start` in float64, or None when the step does not run in it."""
@@ -306,9 +312,7 @@ class OtherFloor:
         devices = strategy_lib.replica_devices(settings_lib.read(self.config).run)
         with float64_models():
           self.side = Side(self.config, self.turn_off, strategy=strategy_lib.mirrored(devices, packed=False))
-      self.side.advance(k - self.taken)
-      self.taken = k + 1
-      return self.side.step(start)
+      return self.side.step_at(k, start)
     except Exception as e:  # pylint: disable=broad-except  # as the one-replica floor's: judged without it
       self.why_not = _shortened(first_line(e))
       return None
@@ -319,16 +323,14 @@ class TieRun:
   exceeds its floor and the models hold max pooling; without XLA (the flip's ops do not compile)."""
 
   def __init__(self, config, turn_off=()):
-    self.config, self.turn_off, self.side, self.taken = _probed(config.copy_and_resolve_references()), turn_off, None, 0
+    self.config, self.turn_off, self.side = _probed(config.copy_and_resolve_references()), turn_off, None
 
   def step(self, k, start):
     """(start, final) of step k (0-based) from `start`, ties flipped."""
     if self.side is None:
       self.side = Side(self.config, self.turn_off)
       ties.flip_ties(self.side.parts.models, rounding.MINIMUM[self.config.mixed_precision])
-    self.side.advance(k - self.taken)
-    self.taken = k + 1
-    return self.side.step(start)
+    return self.side.step_at(k, start)
 
 
 @dataclasses.dataclass(frozen=True)
