@@ -343,6 +343,7 @@ class Comparison:
   first: tuple = None
   tied: tuple = ()
   both: tuple = ()  # (step, the float64 sides' largest difference) where both sides' float32 errors were measured
+  unmeasured: str = ""  # why the two-replica side's own error could not be measured where a step needed it
 
 
 def step_rows(step, start, final_one, final_two, floor, paths, precision=None, margin=rounding.MARGIN):
@@ -403,7 +404,7 @@ class Judge:
 
   def comparison(self, built):
     return Comparison(rounding.Verdict(tuple(self.rows)), built, self.floor.how, self.first, tuple(self.tied),
-                      tuple(self.both))
+                      tuple(self.both), self.other.why_not if self.other else "")
 
 
 def compare(config, steps, turn_off=()):
@@ -458,11 +459,12 @@ REDUCTION = ("the step reduces over the replica's own batch somewhere (see loops
 
 
 def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float64"), precision=None, shown=8,
-           tied=(), both=()):
+           tied=(), both=(), unmeasured=""):
   """(passed, lines): the largest differences over what rounding explains, the verdict last (a FAIL with its
   first step and cause). kind: "replicas" (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker
   processes); floor: how rounding was measured; tied: the steps only flipped max-pool ties explain; both: (step,
-  the float64 steps' largest difference) where the two-replica side's own float32 error was measured too."""
+  the float64 steps' largest difference) where the two-replica side's own float32 error was measured too;
+  unmeasured: why it could not be, where a step needed it."""
   one, two = SIDES[kind]
   measured = floor.described("one-device" if kind == "workers" else "one-replica", precision)
   lines = [f"each of {steps} steps from the same weights; the one-step updates' RMS difference per variable, "
@@ -474,6 +476,9 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
                  f"error was measured too (its step again in float64) and both sides' summed, "
                  f"x{rounding.BOTH_MARGIN:g}; their float64 steps differ by at most "
                  f"{max(value for _, value in both):.2e}")
+  if unmeasured:
+    lines.append(f"  the two-replica side's own float32 error could not be measured (its step does not run in "
+                 f"float64 on 2 replicas: {unmeasured}): judged against the one-replica side's alone")
   if tied:
     lines.append(f"  {_steps(tied)}: beyond the floor, but within what flipping the "
                  f"max pools' near ties explains (windows whose two largest are within "
@@ -573,7 +578,8 @@ def run(config, steps=None, out=print):
     comparison = compare(config, steps)
     cause = REDUCTION if comparison.verdict.passed else cause_of(config, steps, comparison)
   passed, lines = report(comparison.verdict, steps, cause=cause, floor=comparison.how,
-                         precision=config.mixed_precision, tied=comparison.tied, both=comparison.both)
+                         precision=config.mixed_precision, tied=comparison.tied, both=comparison.both,
+                         unmeasured=comparison.unmeasured)
   for line in lines:
     out(line)
   return passed

@@ -26,8 +26,8 @@ import numpy as np
 # 6 at the default 3 steps (ResNet-20 with synchronized BatchNorm at step 1: 5.0 for one variable, under 3.5
 # otherwise); every planted mistake of the replica matrix gives D/F above 100 where it starts. Longer checks of
 # synchronized BatchNorm exceed it (ResNet-8 at step 6: BatchNorm betas 2.7e-3 apart where 10x the one-replica floor
-# allowed 1e-4; ResNet-20 at step 241: D/F 33) where the two-replica side rounds more than the one-replica side:
-# hence BOTH_MARGIN.
+# allowed 1e-4; ResNet-20 from step 241, D/F up to 33 at step 277) where the two-replica side rounds more than the
+# one-replica side: hence BOTH_MARGIN.
 MARGIN = 10.0
 # When both sides' float64 steps agree, their float32 updates cannot differ by more than their own errors summed (the
 # triangle inequality of the RMS): measured with correct code up to 0.9 of the sum (ResNet-20, step 97, the 12

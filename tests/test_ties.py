@@ -55,7 +55,7 @@ class OtherRun:
   """A stand-in of the two-replica side's float64 step (replica_check.OtherFloor): its update is `update`."""
 
   def __init__(self, update):
-    self.update = update
+    self.update, self.why_not = update, ""
 
   def step(self, k, start):
     return start, {key: start[key] + self.update for key in start}
@@ -107,3 +107,11 @@ def test_a_step_beyond_the_one_replica_floor_is_rounding_where_both_sides_float3
   apart = judged(0.0, (), other=1.0 + 1e-3)
   assert apart.verdict.first_step == 2 and apart.both[0][1] == pytest.approx((1e-3 - 1e-7) / (1 + 1e-7))
   assert judged(0.0, ()).verdict.first_step == 2  # not measured (--check=workers): the one-replica floor alone
+
+
+def test_a_two_replica_side_that_does_not_run_in_float64_is_said_not_hidden():
+  agreeing = judged(0.0, (), other=1.0 + 1e-7)
+  assert agreeing.unmeasured == ""
+  _, lines = replica_check.report(agreeing.verdict, 2, both=agreeing.both, unmeasured="a float32 constant")
+  assert lines[-2] == ("  the two-replica side's own float32 error could not be measured (its step does not run in "
+                       "float64 on 2 replicas: a float32 constant): judged against the one-replica side's alone"), lines
