@@ -267,7 +267,7 @@ def floor_side(config, turn_off=(), float64=True):
   return Side(config, turn_off), rounding.NUDGE[config.mixed_precision]
 
 
-def _shortened(text, size=100):
+def shortened(text, size=100):
   return text if len(text) <= size else text[:size - 3] + "..."
 
 
@@ -285,7 +285,7 @@ class FloorRun:
       try:
         return self._step(k, start, float64=True)
       except Exception as e:  # pylint: disable=broad-except  # a step of float32 constants of its own: said, nudged
-        self.side, self.how = None, Floor("nudge", _shortened(first_line(e)))
+        self.side, self.how = None, Floor("nudge", shortened(first_line(e)))
     return self._step(k, start, float64=False)
 
   def _step(self, k, start, float64):
@@ -297,8 +297,8 @@ class FloorRun:
 
 class OtherFloor:
   """The two-replica side's own float32 error: its step again in float64 on 2 replicas from the same start, built
-  when a step of a float32 config first exceeds what the one-replica side's own error explains. Its gradients are
-  summed one tensor at a time (a float32 logits layer's and the float64 ones do not pack into one all-reduce)."""
+  when a step of a float32 config first exceeds what the one-replica side's own error explains (a float32 logits
+  layer's gradients are summed apart from the float64 ones: optimizers.summed_by_dtype)."""
 
   def __init__(self, config, turn_off=()):
     self.config, self.turn_off, self.side, self.why_not = config, turn_off, None, ""
@@ -311,10 +311,10 @@ class OtherFloor:
       if self.side is None:
         devices = strategy_lib.replica_devices(settings_lib.read(self.config).run)
         with float64_models():
-          self.side = Side(self.config, self.turn_off, strategy=strategy_lib.mirrored(devices, packed=False))
+          self.side = Side(self.config, self.turn_off, strategy=strategy_lib.mirrored(devices))
       return self.side.step_at(k, start)
     except Exception as e:  # pylint: disable=broad-except  # as the one-replica floor's: judged without it
-      self.why_not = _shortened(first_line(e))
+      self.why_not = shortened(first_line(e))
       return None
 
 
@@ -367,10 +367,10 @@ class Judge:
   differs, not the states: against the least difference judged, then, where a variable exceeds it, against the
   floor run from the same start."""
 
-  def __init__(self, floor_config, paths, turn_off=(), pools=(), other_config=None):
+  def __init__(self, floor_config, paths, turn_off=(), pools=(), other=None):
     self.floor, self.paths, self.precision = FloorRun(floor_config, turn_off), paths, floor_config.mixed_precision
     self.ties = TieRun(floor_config, turn_off) if pools else None
-    self.other = OtherFloor(other_config, turn_off) if other_config is not None else None
+    self.other = other  # the other side's float64 step (OtherFloor; worker_check.WorkersFloor), None: not measured
     self.rows, self.first, self.tied, self.both = [], None, [], []
 
   def step(self, k, start, final_one, final_two):
@@ -411,7 +411,8 @@ def compare(config, steps, turn_off=()):
   """The Comparison of 1 vs 2 replicas of this process, both sides taking each step from the one side's start."""
   one_config = variant(config, 1, steps)
   one, two = Side(one_config, turn_off), Side(variant(config, 2, steps), turn_off)
-  judge = Judge(one_config, one.paths, turn_off, ties.max_pools(one.parts.models), variant(config, 2, steps))
+  judge = Judge(one_config, one.paths, turn_off, ties.max_pools(one.parts.models),
+                OtherFloor(variant(config, 2, steps), turn_off))
   for k in range(steps):
     start, final = one.step()
     judge.step(k, start, final, two.step(start)[1])
@@ -463,22 +464,23 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
   """(passed, lines): the largest differences over what rounding explains, the verdict last (a FAIL with its
   first step and cause). kind: "replicas" (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker
   processes); floor: how rounding was measured; tied: the steps only flipped max-pool ties explain; both: (step,
-  the float64 steps' largest difference) where the two-replica side's own float32 error was measured too;
+  the float64 steps' largest difference) where the other side's own float32 error was measured too;
   unmeasured: why it could not be, where a step needed it."""
   one, two = SIDES[kind]
-  measured = floor.described("one-device" if kind == "workers" else "one-replica", precision)
+  own, other = ("one-replica", "two-replica side") if kind == "replicas" else ("one-device", "two workers' side")
+  measured = floor.described(own, precision)
   lines = [f"each of {steps} steps from the same weights; the one-step updates' RMS difference per variable, "
            f"against what rounding explains ({measured}; x{rounding.MARGIN:g}):"]
   lines += [f"  step {row.step:<3d} {row.difference:9.2e} of {row.explained:9.2e}  {row.path}"
             for row in verdict.worst(shown)]
   if both:
-    lines.append(f"  {_steps([step for step, _ in both])}: beyond that, so the two-replica side's own float32 "
+    lines.append(f"  {_steps([step for step, _ in both])}: beyond that, so the {other}'s own float32 "
                  f"error was measured too (its step again in float64) and both sides' summed, "
                  f"x{rounding.BOTH_MARGIN:g}; their float64 steps differ by at most "
                  f"{max(value for _, value in both):.2e}")
   if unmeasured:
-    lines.append(f"  the two-replica side's own float32 error could not be measured (its step does not run in "
-                 f"float64 on 2 replicas: {unmeasured}): judged against the one-replica side's alone")
+    lines.append(f"  the {other}'s own float32 error could not be measured (its step does not run in "
+                 f"float64 on {two}: {unmeasured}): judged against the {own} side's alone")
   if tied:
     lines.append(f"  {_steps(tied)}: beyond the floor, but within what flipping the "
                  f"max pools' near ties explains (windows whose two largest are within "

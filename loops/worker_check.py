@@ -11,9 +11,12 @@ worker's own input shard, a state kept per process.
 This process writes the workers' configs (the resolved variants themselves, pickled: the workers train exactly what
 was checked here, command-line overrides included) to a private temporary directory and runs the one-device side
 while they start and build; it writes the start of each of its steps there, the workers take each step from it, and
-the chief writes their finals there, read back once both workers have ended.
-The workers end within `timeout_seconds`, and with this process (their process group is stopped on every way out,
-SIGTERM included; a SIGKILL of this process reaches them through the kernel's parent-death signal on Linux).
+the chief writes their finals there, judged here as they come. A step beyond the one-device side's own float32
+error is asked of the workers once more in float64 (a request file; the chief writes that final too: their own
+float32 error, as --check=replicas measures the two replicas'); a marker tells them a config is judged.
+Each wait for the workers (a step's final, its float64 final, their end) is bounded by `timeout_seconds`; they end
+with this process (their process group is stopped on every way out, SIGTERM included; a SIGKILL of this process
+reaches them through the kernel's parent-death signal on Linux).
 
 Worker side (hidden): `python -m loops.worker_check DIRECTORY PARENT_PID`, with TF_CONFIG set.
 """
@@ -51,12 +54,14 @@ from loops.distribute import startup
 from loops.distribute import strategy as strategy_lib
 
 WORKERS = 2
-TIMEOUT_SECONDS = 600.0  # both workers, from their start to their end (TensorFlow's start, build, steps)
+TIMEOUT_SECONDS = 600.0  # each wait for both workers: a step's final (the first: TensorFlow's start and build), their end
 ATTEMPTS = 2  # a worker whose port was taken between choosing it and binding it (the free-port race): once more
 PORT_TAKEN = re.compile(r"is in use by another process|Address already in use|Could not start gRPC server")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = "configs.pkl"
 SHOWN_LINES = 20  # a failed worker's last output lines, printed to stderr
+POLL_SECONDS = 0.1
+ERROR = ("error", 0)  # the key of a float64 final that could not be taken: its error's first line
 
 
 def run(config, steps=None, out=print, timeout_seconds=TIMEOUT_SECONDS):
@@ -80,7 +85,7 @@ def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
   starts its multi-worker strategy once and trains them in turn on it (a second strategy in one process would
   re-enable its collective ops while its peer may already call on them: 'Socket closed' in CompleteGroup, measured
   under load). Every config is checked before any worker starts. steps: default replica_check.steps_for(config);
-  timeout_seconds: per config."""
+  timeout_seconds: per wait for the workers (Workers)."""
   for config in configs:
     refuse_asynchronous(config)
   counts = [steps or replica_check.steps_for(config) for config in configs]
@@ -98,38 +103,66 @@ def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
     directory = tempfile.mkdtemp(prefix="worker_check-")
     try:
       with build_lib.determinism_restored():
-        built = alongside_workers(directory, [twos[n] for n in pair],
-                                  functools.partial(train_each, ones, counts, pair), timeout_seconds * len(pair))
-        for i, n in enumerate(pair):
-          comparison = judged(directory, i, ones[n], counts[n], built[i])
+        comparisons = alongside_workers(directory, [twos[n] for n in pair],
+                                        functools.partial(check_each, ones, counts, pair), timeout_seconds)
+        for n, comparison in zip(pair, comparisons):
           reports[n] = _report(comparison, configs[n], counts[n])
     finally:
       shutil.rmtree(directory, ignore_errors=True)
   return reports
 
 
-def train_each(configs, counts, indices, directory):
-  """[replica_check.Built] of each indexed config, trained in turn in this process: the one-device side's state
-  before each step and after the last written to `directory` as it goes (the workers take each step from it)."""
-  built = []
+def check_each(configs, counts, indices, workers):
+  """[replica_check.Comparison] of each indexed config in turn: its one-device side trained in this process (each
+  state written to the workers' directory as it goes: they take each step from it), then judged against the
+  workers' finals as they come; then marked judged (the workers go on to the next)."""
+  comparisons = []
   for i, n in enumerate(indices):
     side = replica_check.Side(configs[n])
-    save_state(starts_path(directory, i, 0), side.state())
+    save_state(starts_path(workers.directory, i, 0), side.state())
     for k in range(counts[n]):
-      save_state(starts_path(directory, i, k + 1), side.step()[1])
-    built.append(side.built())
-  return built
+      save_state(starts_path(workers.directory, i, k + 1), side.step()[1])
+    comparisons.append(judged(workers.directory, i, configs[n], counts[n], side.built(), workers.waited_for))
+    save_state(judged_path(workers.directory, i), {})
+  return comparisons
 
 
-def judged(directory, i, one_config, steps, built):
-  """The replica_check.Comparison of the i-th config of `directory`, read one step at a time."""
-  judge = replica_check.Judge(one_config, built.paths, pools=built.pools)
+def from_the_files(path, doing):
+  """load_state(path): a file already written (judged's default)."""
+  del doing
+  return load_state(path)
+
+
+def judged(directory, i, one_config, steps, built, waited_for=from_the_files):
+  """The replica_check.Comparison of the i-th config of `directory`, one step at a time: the workers' finals as
+  waited_for(path, doing) gives them, their float64 finals asked of them where a step needs it (WorkersFloor)."""
+  judge = replica_check.Judge(one_config, built.paths, pools=built.pools,
+                              other=WorkersFloor(directory, i, waited_for))
   start = load_state(starts_path(directory, i, 0))
   for k in range(steps):
     final = load_state(starts_path(directory, i, k + 1))
-    judge.step(k, start, final, load_state(values_path(directory, i, k)))
+    judge.step(k, start, final, waited_for(values_path(directory, i, k), f"take step {k + 1}"))
     start = final
   return judge.comparison(built)
+
+
+class WorkersFloor:
+  """The two workers' own float32 error (replica_check.OtherFloor across processes): asked for a step, they take it
+  again in float64 from the same start and the chief writes that final; None where it does not run in float64."""
+
+  def __init__(self, directory, n, waited_for):
+    self.directory, self.n, self.waited_for, self.why_not = directory, n, waited_for, ""
+
+  def step(self, k, start):
+    """(start, final) of step k (0-based) from `start` in float64 on the workers, or None."""
+    if self.why_not:
+      return None
+    save_state(request_path(self.directory, self.n, k), {})
+    final = self.waited_for(float64_path(self.directory, self.n, k), f"take step {k + 1} again in float64")
+    if ERROR in final:
+      self.why_not = str(final[ERROR])
+      return None
+    return start, final
 
 
 def sharing_a_pair(twos):
@@ -152,7 +185,8 @@ def _report(comparison, config, steps):
     sides = replica_check.non_finite_at(comparison)
     cause = replica_check.non_finite_cause(sides, kind="workers") or located(comparison, config, steps)
   return replica_check.report(comparison.verdict, steps, kind="workers", cause=cause, floor=comparison.how,
-                              precision=config.mixed_precision, tied=comparison.tied)
+                              precision=config.mixed_precision, tied=comparison.tied, both=comparison.both,
+                              unmeasured=comparison.unmeasured)
 
 
 def located(comparison, config, steps):
@@ -194,16 +228,17 @@ def two_workers(config, steps):
 
 
 def alongside_workers(directory, configs, work, timeout_seconds=TIMEOUT_SECONDS):
-  """work(directory), while 2 worker processes train `configs` in turn on one strategy (each config resolved,
+  """work(Workers), while 2 worker processes train `configs` in turn on one strategy (each config resolved,
   multi_worker_mirrored, train.steps the steps; their strategy settings alike: see compare), each step from the start
-  `work` writes to `directory` (starts_path), the chief writing its finals there (values_path)."""
-  workers = Workers(directory)
+  `work` writes to `directory` (starts_path), the chief writing its finals there (values_path), then each step it
+  asks for (request_path) again in float64 (float64_path), until `work` marks the config judged (judged_path)."""
+  workers = Workers(directory, timeout_seconds)
   save_configs(directory, configs)
   with stopped_by_sigterm():
     workers.start()
     try:
-      result = work(directory)
-      workers.finish(time.monotonic() + timeout_seconds, timeout_seconds)
+      result = work(workers)
+      workers.finish()
     finally:
       workers.stop()
   return result
@@ -229,9 +264,9 @@ class Tail:
 class Workers:
   """The worker processes of one check, started by launch/local.py in their own process groups."""
 
-  def __init__(self, directory, count=WORKERS):
-    self.directory, self.count = directory, count
-    self.procs, self.pumps, self.output = {}, [], Tail()
+  def __init__(self, directory, timeout_seconds=TIMEOUT_SECONDS, count=WORKERS):
+    self.directory, self.timeout_seconds, self.count = directory, timeout_seconds, count
+    self.procs, self.pumps, self.output, self.attempts = {}, [], Tail(), 1
 
   def start(self):
     spec = local.cluster_spec(self.count)
@@ -239,20 +274,37 @@ class Workers:
     self.procs, self.pumps = local._start_processes(command, spec, local.processes_of(spec), worker_env(os.environ),
                                                 self.output, threading.Lock())
 
-  def finish(self, deadline, timeout_seconds):
-    """Waits for both to end with 0; starts them once more on a taken port; raises ConfigError otherwise."""
-    for attempt in range(ATTEMPTS):
-      failed, code = wait(self.procs, deadline)
-      if failed is None:
-        return
-      self.stop()
-      retry = code is not None and attempt + 1 < ATTEMPTS and PORT_TAKEN.search("\n".join(self.output.lines))
-      if not retry:
-        raise self.failure(failed, code, timeout_seconds)
-      self.output = Tail()
-      self.start()
+  def finish(self):
+    """Waits for both to end with 0 within the timeout (ConfigError otherwise: ended)."""
+    deadline = time.monotonic() + self.timeout_seconds
+    while not self.ended(deadline, "end"):
+      time.sleep(POLL_SECONDS)
 
-  def failure(self, name, code, timeout_seconds):
+  def waited_for(self, path, doing):
+    """load_state(path) once the chief has written it, within the timeout; ConfigError when a worker failed or the
+    time ran out (`doing`: what they did not do in time)."""
+    deadline = time.monotonic() + self.timeout_seconds
+    while not tf.io.gfile.exists(path):
+      if self.ended(deadline, doing):
+        raise ConfigError(f"--check=workers: the {self.count} workers ended without doing it: {doing}")
+      time.sleep(POLL_SECONDS)
+    return load_state(path)
+
+  def ended(self, deadline, doing):
+    """True once both ended with 0, False while they run; ConfigError when one failed (both started once more
+    first when a port was taken: they redo their work from the directory) or past the deadline."""
+    failed, code = polled(self.procs, deadline)
+    if failed is None:
+      return code == 0
+    self.stop()
+    if code is None or self.attempts >= ATTEMPTS or not PORT_TAKEN.search("\n".join(self.output.lines)):
+      raise self.failure(failed, code, doing)
+    self.attempts += 1
+    self.output = Tail()
+    self.start()
+    return False
+
+  def failure(self, name, code, doing):
     """ConfigError naming the worker and its last line; its last lines (every worker's past the timeout, or a
     failed one's that did not end with its one error line) go to stderr first."""
     lines = [line for line in self.output.of(name) if line.strip()]
@@ -261,8 +313,8 @@ class Workers:
       for line in [line for line in self.output.of(shown) if line.strip()][-SHOWN_LINES:]:
         print(f"[{shown}] {line}", file=sys.stderr)
     if code is None:
-      return ConfigError(f"--check=workers: the {self.count} workers did not end within {timeout_seconds:g} s "
-                         "(stopped); their last lines are above")
+      return ConfigError(f"--check=workers: the {self.count} workers did not {doing} within "
+                         f"{self.timeout_seconds:g} s (stopped); their last lines are above")
     last = lines[-1].strip().removeprefix("error: ") if lines else "no output"
     return ConfigError(f"--check=workers: {name.replace(':', ' ')} failed (exit code {code}): {last}")
 
@@ -273,20 +325,19 @@ class Workers:
       pump.join(timeout=5)
 
 
-def wait(procs, deadline, poll_seconds=0.2):
-  """(None, 0) once every process ended with 0; (name, code) of the first that did not; (name, None) at the
-  deadline (a process still running)."""
-  while True:
-    codes = {name: proc.poll() for name, proc in procs.items()}
-    failed = [name for name, code in codes.items() if code not in (None, 0)]
-    if failed:
-      first = next((name for name in failed if codes[name] < 0), failed[0])  # killed by a signal: the cause
-      return first, codes[first]
-    if all(code == 0 for code in codes.values()):
-      return None, 0
-    if time.monotonic() > deadline:
-      return next(name for name, code in codes.items() if code is None), None
-    time.sleep(poll_seconds)
+def polled(procs, deadline):
+  """(None, 0) once every process ended with 0, (None, None) while they run; (name, code) of the first that did
+  not; (name, None) past the deadline (a process still running)."""
+  codes = {name: proc.poll() for name, proc in procs.items()}
+  failed = [name for name, code in codes.items() if code not in (None, 0)]
+  if failed:
+    first = next((name for name in failed if codes[name] < 0), failed[0])  # killed by a signal: the cause
+    return first, codes[first]
+  if all(code == 0 for code in codes.values()):
+    return None, 0
+  if time.monotonic() > deadline:
+    return next(name for name, code in codes.items() if code is None), None
+  return None, None
 
 
 def worker_command(directory, parent_pid):
@@ -345,6 +396,21 @@ def starts_path(directory, n, step):
   return os.path.join(directory, f"starts-{n}-{step}.npz")
 
 
+def request_path(directory, n, step):
+  """Where this process asks the workers to take config n's step (0-based) again in float64."""
+  return os.path.join(directory, f"float64-request-{n}-{step}.npz")
+
+
+def float64_path(directory, n, step):
+  """Where the chief writes config n's final of that step in float64 (or the ERROR it met)."""
+  return os.path.join(directory, f"float64-values-{n}-{step}.npz")
+
+
+def judged_path(directory, n):
+  """Written once this process has judged config n: the workers go on to the next."""
+  return os.path.join(directory, f"judged-{n}.npz")
+
+
 def save_state(path, state):
   """{(owner, index): array} as one .npz (keys as JSON), written whole then renamed."""
   keys = sorted(state)
@@ -363,12 +429,26 @@ def load_state(path):
     return {tuple(key): arrays[str(n)] for n, key in enumerate(json.loads(str(arrays["keys"])))}
 
 
-def waited_for(path, poll_seconds=0.1):
+def waited_for(path):
   """load_state(path) once the checking process has written it (it bounds the wait: it stops the workers at its
   deadline, and they die with it)."""
   while not tf.io.gfile.exists(path):
-    time.sleep(poll_seconds)
+    time.sleep(POLL_SECONDS)
   return load_state(path)
+
+
+def next_request(directory, n, after):
+  """The first step after `after` that the checking process asks again in float64 (request_path), or None once it
+  has judged config n (it asks one step at a time and marks it judged only after the last answer)."""
+  pattern = re.compile(rf"float64-request-{n}-(\d+)\.npz$")
+  while True:
+    asked = sorted(int(m.group(1)) for m in map(pattern.match, tf.io.gfile.listdir(directory)) if m)
+    later = [k for k in asked if k > after]
+    if later:
+      return later[0]
+    if tf.io.gfile.exists(judged_path(directory, n)):
+      return None
+    time.sleep(POLL_SECONDS)
 
 
 def die_with_parent(parent_pid, directory):
@@ -398,6 +478,25 @@ def worker_main(argv):
       _, final = side.step(waited_for(starts_path(directory, n, k)))
       if role.is_chief:
         save_state(values_path(directory, n, k), final)
+    answer_in_float64(directory, n, config, role, strategy)
+
+
+def answer_in_float64(directory, n, config, role, strategy):
+  """Takes each step of config n the checking process asks for again in float64, from its start, on a float64
+  build of it (replica_check.OtherFloor's, on this strategy), until it has judged config n; the chief writes each
+  final, or the first line of what made the float64 step fail (then every later request gets it too)."""
+  side, why_not, k = None, "", -1
+  while (k := next_request(directory, n, k)) is not None:
+    if not why_not:
+      try:
+        if side is None:
+          with replica_check.float64_models():
+            side = replica_check.Side(config, role=role, strategy=strategy)
+        final = side.step_at(k, load_state(starts_path(directory, n, k)))[1]
+      except Exception as e:  # pylint: disable=broad-except  # a step of float32 constants: judged without it
+        why_not = replica_check.shortened(first_line(e))
+    if role.is_chief:
+      save_state(float64_path(directory, n, k), {ERROR: np.array(why_not)} if why_not else final)
 
 
 if __name__ == "__main__":

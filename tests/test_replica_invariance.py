@@ -54,6 +54,29 @@ def test_clipping_applies_to_the_gradient_summed_over_replicas(clip, gradients, 
   assert not np.allclose(keras_own, summed_then_clipped, rtol=1e-2), keras_own  # what it mends
 
 
+def test_variables_of_several_dtypes_are_summed_over_replicas_each_dtype_apart():
+  """TensorFlow's all-reduce packs the gradients into one tensor (ConcatV2 of float64 and float32 fails): the
+  framework sums each dtype apart, and the update is the sum's (replica r's gradient r + 1: 1 + 2 = 3, lr 0.1)."""
+  strategy = strategy_lib.mirrored(TWO)
+  with strategy.scope():
+    variables = [tf.Variable(tf.zeros([2], tf.float32)), tf.Variable(tf.zeros([3], tf.float64)),
+                 tf.Variable(tf.zeros([1], tf.float32))]
+    optimizer = keras.optimizers.SGD(learning_rate=0.1)
+    optimizers.take_over_the_sum(optimizer)
+    optimizer.build(variables)
+
+  @tf.function
+  def step():
+    def apply():
+      r = tf.distribute.get_replica_context().replica_id_in_sync_group + 1
+      optimizer.apply_gradients([(tf.cast(r, v.dtype) * tf.ones_like(v), v) for v in variables])
+    strategy.run(apply)
+
+  step()
+  for variable in variables:
+    np.testing.assert_allclose(variable.numpy(), -0.3, rtol=1e-6)
+
+
 def one_sgd_step(replicas):
   """{key: (initial, final, path)} after one SGD step (lr 0.1, no momentum) with global_clipnorm=0.01."""
   config = set_keys(load_config("digits_cnn"), {

@@ -102,22 +102,85 @@ def test_states_round_trip_and_keys_only_one_side_has_differ_without_bound(tmp_p
                                                                 (2, "optimizer model: adam/m (only on one side)")]
 
 
-def test_the_workers_state_files_are_judged_one_step_at_a_time(tmp_path, monkeypatch):
-  """worker_check.judged reads the one-device side's states and the workers' finals step by step; a difference
-  from step 2 on is the first step that differs."""
-  directory, paths = str(tmp_path), {("model model", 0): "model model: kernel"}
+def written_steps(directory, apart, float64_apart=None):
+  """Three steps' files of config 0: the one-device side's states (each step adds 1 to a kernel of 4), the workers'
+  finals `apart` from step 2 on, their float64 finals `float64_apart` (None: none written; "error": the float64
+  step failed); returns the starts."""
   starts = [{("model model", 0): np.full(4, float(k), np.float32)} for k in range(4)]
   for k, state in enumerate(starts):
     worker_check.save_state(worker_check.starts_path(directory, 0, k), state)
   for k in range(3):
-    final = starts[k + 1][("model model", 0)] + (0.5 if k >= 1 else 0.0)
+    final = starts[k + 1][("model model", 0)] + (apart if k >= 1 else 0.0)
     worker_check.save_state(worker_check.values_path(directory, 0, k), {("model model", 0): final})
-  built = replica_check.Built(paths, replica_check.Suspects(), {})
-  # the floor run (a real build) stands in as the one-device side itself: rounding explains nothing
-  monkeypatch.setattr(replica_check.FloorRun, "step", lambda self, k, start: (start, starts[k + 1]))
-  comparison = worker_check.judged(directory, 0, load_config("digits_cnn"), 3, built)
+    if float64_apart == "error":
+      answer = {worker_check.ERROR: np.array("TypeError: a float32 constant")}
+    else:
+      answer = {("model model", 0): starts[k + 1][("model model", 0)] + (float64_apart or 0.0)}
+    if float64_apart is not None:
+      worker_check.save_state(worker_check.float64_path(directory, 0, k), answer)
+  return starts
+
+
+def judged_files(directory, starts, monkeypatch):
+  """worker_check.judged of written_steps' files; the floor run (a real build) stands in as the one-device side
+  itself moved by 1e-6 of its update: rounding explains 1e-5 (the least difference judged)."""
+  built = replica_check.Built({("model model", 0): "model model: kernel"}, replica_check.Suspects(), {})
+  def floor_step(self, k, start):
+    self.how = replica_check.Floor("float64")
+    return start, {key: value * (1 + 1e-6) for key, value in starts[k + 1].items()}
+
+  monkeypatch.setattr(replica_check.FloorRun, "step", floor_step)
+  return worker_check.judged(directory, 0, load_config("digits_cnn"), 3, built)
+
+
+def test_the_workers_state_files_are_judged_one_step_at_a_time(tmp_path, monkeypatch):
+  """worker_check.judged reads the one-device side's states and the workers' finals step by step; a difference
+  from step 2 on, which the workers' float64 steps show too, is the first step that differs: asked of them at
+  each step beyond the one-device side's floor."""
+  starts = written_steps(str(tmp_path), 0.5, float64_apart=0.5)
+  comparison = judged_files(str(tmp_path), starts, monkeypatch)
   assert comparison.verdict.first_step == 2 and comparison.first[0] == 2
   assert [row.step for row in comparison.verdict.beyond] == [2, 3]
+  assert sorted(os.listdir(tmp_path)) == sorted(
+      [f"starts-0-{k}.npz" for k in range(4)] + [f"values-0-{k}.npz" for k in range(3)]
+      + [f"float64-values-0-{k}.npz" for k in range(3)] + ["float64-request-0-1.npz", "float64-request-0-2.npz"])
+  assert [step for step, _ in comparison.both] == [2, 3]
+  assert comparison.both[0][1] == pytest.approx(0.5, rel=1e-3)  # their float64 steps as far apart
+
+
+def test_a_step_only_the_workers_float32_error_explains_passes_and_is_said(tmp_path, monkeypatch):
+  """The workers' finals 2e-3 of the update apart from step 2 on, beyond 10x the one-device side's floor; their
+  float64 steps agree with the one device's: their own float32 error explains it (--check=replicas' rule)."""
+  starts = written_steps(str(tmp_path), 2e-3 * 1.5, float64_apart=0.0)
+  comparison = judged_files(str(tmp_path), starts, monkeypatch)
+  assert comparison.verdict.passed and [step for step, _ in comparison.both] == [2, 3], comparison.verdict.beyond
+  passed, lines = replica_check.report(comparison.verdict, 3, kind="workers", both=comparison.both)
+  assert passed and lines[-2].startswith("  steps 2, 3: beyond that, so the two workers' side's own float32 error "
+                                         "was measured too (its step again in float64) and both sides' summed, x2; "
+                                         "their float64 steps differ by at most "), lines
+  assert max(value for _, value in comparison.both) < 1e-5  # the floor's own 1e-6 moves
+
+
+def test_a_float64_step_the_workers_cannot_take_is_said_and_judged_on_the_one_device_floor(tmp_path, monkeypatch):
+  starts = written_steps(str(tmp_path), 2e-3 * 1.5, float64_apart="error")
+  comparison = judged_files(str(tmp_path), starts, monkeypatch)
+  assert comparison.verdict.first_step == 2 and comparison.unmeasured == "TypeError: a float32 constant"
+  assert "float64-request-0-2.npz" not in os.listdir(tmp_path)  # asked once
+  _, lines = replica_check.report(comparison.verdict, 3, kind="workers", unmeasured=comparison.unmeasured)
+  assert lines[-2] == ("  the two workers' side's own float32 error could not be measured (its step does not run "
+                       "in float64 on 2 workers: TypeError: a float32 constant): judged against the one-device "
+                       "side's alone"), lines
+
+
+def test_a_worker_answers_each_float64_request_in_order_until_the_config_is_judged(tmp_path):
+  directory = str(tmp_path)
+  for k in (1, 4):
+    worker_check.save_state(worker_check.request_path(directory, 0, k), {})
+  worker_check.save_state(worker_check.request_path(directory, 1, 0), {})  # another config's
+  assert worker_check.next_request(directory, 0, -1) == 1
+  assert worker_check.next_request(directory, 0, 1) == 4
+  worker_check.save_state(worker_check.judged_path(directory, 0), {})
+  assert worker_check.next_request(directory, 0, 4) is None
 
 
 def test_worker_env_keeps_the_users_and_sets_the_checks():
@@ -143,7 +206,7 @@ def test_a_failed_worker_is_named_with_its_last_line_and_the_other_is_stopped(mo
       time.sleep(60)""")
   started = time.monotonic()
   with pytest.raises(ConfigError, match=r"^--check=workers: worker 1 failed \(exit code 3\): ValueError: something"):
-    worker_check.alongside_workers(str(tmp_path), [], lambda directory: None, timeout_seconds=60)
+    worker_check.alongside_workers(str(tmp_path), [], lambda workers: None, timeout_seconds=60)
   assert time.monotonic() - started < 20
   assert "[worker:1] ValueError: something in the task" in capsys.readouterr().err
 
@@ -151,7 +214,14 @@ def test_a_failed_worker_is_named_with_its_last_line_and_the_other_is_stopped(mo
 def test_workers_past_the_timeout_are_stopped_with_one_line(monkeypatch, tmp_path):
   stand_in(monkeypatch, "import time; time.sleep(60)")
   with pytest.raises(ConfigError, match=r"^--check=workers: the 2 workers did not end within 1 s \(stopped\)"):
-    worker_check.alongside_workers(str(tmp_path), [], lambda directory: None, timeout_seconds=1)
+    worker_check.alongside_workers(str(tmp_path), [], lambda workers: None, timeout_seconds=1)
+
+
+def test_workers_that_do_not_write_a_final_in_time_are_stopped_with_one_line(monkeypatch, tmp_path):
+  stand_in(monkeypatch, "import time; time.sleep(60)")
+  wait = lambda workers: workers.waited_for(worker_check.values_path(workers.directory, 0, 2), "take step 3")
+  with pytest.raises(ConfigError, match=r"^--check=workers: the 2 workers did not take step 3 within 1 s \(stopped\)"):
+    worker_check.alongside_workers(str(tmp_path), [], wait, timeout_seconds=1)
 
 
 def test_a_taken_port_starts_the_workers_once_more(monkeypatch, tmp_path):
@@ -163,7 +233,7 @@ def test_a_taken_port_starts_the_workers_once_more(monkeypatch, tmp_path):
         if not os.path.exists(os.path.join({str(tmp_path)!r}, "failed")):
           open(os.path.join({str(tmp_path)!r}, "failed"), "w").close()
           sys.exit("error: port 1 of worker 0 (127.0.0.1:1) is in use by another process")""")
-  assert worker_check.alongside_workers(str(tmp_path), [], lambda directory: "done") == "done"
+  assert worker_check.alongside_workers(str(tmp_path), [], lambda workers: "done") == "done"
   assert open(tmp_path / "starts").read() == "xx"  # worker 0 started twice
 
 
@@ -174,7 +244,7 @@ def test_sigterm_of_the_checking_process_stops_its_workers(tmp_path):
       from loops import worker_check
       code = "import os, sys, time; open(os.path.join({str(tmp_path)!r}, str(os.getpid())), 'w'); time.sleep(120)"
       worker_check.worker_command = lambda directory, pid: [sys.executable, "-c", code]
-      worker_check.alongside_workers(tempfile.mkdtemp(), [], lambda directory: time.sleep(120))""")
+      worker_check.alongside_workers(tempfile.mkdtemp(), [], lambda workers: time.sleep(120))""")
   env = {k: v for k, v in os.environ.items() if k != "TF_CONFIG"}
   proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
   deadline = time.monotonic() + 60

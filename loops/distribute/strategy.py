@@ -24,13 +24,10 @@ COLLECTIVES = {
 _COLLECTIVE_KEY_BASES = itertools.count(start=0, step=10_000)
 
 
-def mirrored(devices, packed=True):
-  """A MirroredStrategy over `devices` whose collective keys no other strategy of this process uses; packed=False
-  sums one tensor at a time (tensors of several dtypes, which TensorFlow's packs cannot concatenate)."""
+def mirrored(devices):
+  """A MirroredStrategy over `devices` whose collective keys no other strategy of this process uses."""
   private_apis.next_collective_keys(tf.distribute.MirroredStrategy, next(_COLLECTIVE_KEY_BASES))
-  if packed:
-    return tf.distribute.MirroredStrategy(devices)
-  return tf.distribute.MirroredStrategy(devices, cross_device_ops=tf.distribute.ReductionToOneDevice())
+  return tf.distribute.MirroredStrategy(devices)
 
 
 def configure_devices(run):

@@ -160,7 +160,7 @@ def take_over_the_sum(optimizer, name="model"):
 
   def sum_then_clip(grads_and_vars):
     pairs = dense_gradients(grads_and_vars)
-    pairs = pairs if _SUMMED["depth"] else summed(pairs)
+    pairs = pairs if _SUMMED["depth"] else summed_by_dtype(summed, pairs)
     if setting is None:
       return pairs
     with tf.name_scope(CLIP_SCOPE):
@@ -172,6 +172,24 @@ def take_over_the_sum(optimizer, name="model"):
   if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
     skip_steps_together(optimizer)
   return (setting, float(value)) if setting else None
+
+
+def summed_by_dtype(summed, pairs):
+  """summed(pairs) (Keras' cross-replica sum of the gradients), once per gradient dtype: TensorFlow's all-reduce
+  concatenates the gradients into packs, which fails on variables of several dtypes (a float32 layer in a float64
+  model). One dtype, the common case, is one call as before."""
+  pairs = list(pairs)
+  groups = {}
+  for i, (g, _) in enumerate(pairs):
+    if g is not None:
+      groups.setdefault(g.dtype, []).append(i)
+  if len(groups) < 2:
+    return summed(pairs)
+  result = list(pairs)
+  for indices in groups.values():
+    for i, pair in zip(indices, summed([pairs[i] for i in indices])):
+      result[i] = pair
+  return result
 
 
 def skip_steps_together(optimizer):
