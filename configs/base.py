@@ -52,7 +52,7 @@ def get_config(arg=None):
 def _runtime(c):
   """Seed, determinism, mode, strategy, threads and the cluster."""
   c.seed = 0  # seeds every random draw: weights, data order, augmentation (with `deterministic`: bit-identical reruns)
-  c.deterministic = False  # tf.config.experimental.enable_op_determinism()
+  c.deterministic = False  # tf.config.experimental.enable_op_determinism(), and Grappler's constant folding off
 
   # train | evaluate: a sidecar evaluator that trains nothing; it evaluates each new checkpoint of the workdir once
   # (summaries in workdir/eval, best checkpoint in workdir/eval/best) and exits after the final one. A TF_CONFIG task of

@@ -129,13 +129,15 @@ def info_logging():
 
 
 def process_state():
-  """What a test may change for the whole process: op determinism, the Keras dtype policy, signal handlers, the
-  signal wakeup fd and the preemption module's globals."""
+  """What a test may change for the whole process: op determinism, Grappler's constant folding, the Keras dtype
+  policy, signal handlers, the signal wakeup fd and the preemption module's globals."""
   from loops import private_apis
   from loops.persist import preemption
   wakeup = signal.set_wakeup_fd(-1)
   signal.set_wakeup_fd(wakeup)
-  return {"determinism": private_apis.op_determinism_enabled(), "policy": keras.mixed_precision.dtype_policy().name,
+  return {"determinism": private_apis.op_determinism_enabled(),
+          "constant_folding": tf.config.optimizer.get_experimental_options().get("constant_folding", True),
+          "policy": keras.mixed_precision.dtype_policy().name,
           "handlers": {signal.Signals[name]: signal.getsignal(signal.Signals[name])
                        for name in preemption.CATCHABLE_SIGNALS}, "wakeup_fd": wakeup,
           "process_ends_after_run": preemption.PROCESS_ENDS_AFTER_RUN,
@@ -150,6 +152,7 @@ def restore_process_state(saved):
       tf.config.experimental.enable_op_determinism()
     else:
       private_apis.disable_op_determinism()
+  tf.config.optimizer.set_experimental_options({"constant_folding": saved["constant_folding"]})
   keras.mixed_precision.set_dtype_policy(saved["policy"])
   for number, handler in saved["handlers"].items():
     if handler is not None:  # None: set outside Python, cannot be set back from here

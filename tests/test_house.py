@@ -189,7 +189,8 @@ def config_readers():
   readers = {}
   for path in [p for folder in ("loops", "data", "models", "launch") for p in python_files(folder)] + ["main.py"]:
     text = code_only(path)
-    read = {key for key in re.findall(rf"\bconfig\.({NAME}(?:\.{NAME})*)", text) if key.split(".")[0] in groups}
+    read = {key for key in re.findall(rf"(?<!tf\.)\bconfig\.({NAME}(?:\.{NAME})*)", text)  # not tf.config.optimizer
+            if key.split(".")[0] in groups}
     read |= {key.removeprefix("run.") for key in re.findall(rf"\bsettings\.({NAME}\.{NAME})", text)
              if key.split(".")[0] in groups | {"run"}}
     if read:

@@ -158,6 +158,19 @@ def test_op_determinism_is_read_and_turned_off():
   assert not private_apis.op_determinism_enabled()
 
 
+def test_deterministic_execution_also_turns_off_constant_folding_and_a_run_puts_both_back():
+  """config.deterministic: Grappler's constant folding rewrote a ResNet-20 step differently from process to process
+  (loops/build.py: deterministic_execution); a run leaves both as it found them (determinism_restored)."""
+  from loops import build as build_lib  # pylint: disable=import-outside-toplevel
+  private_apis.disable_op_determinism()
+  with build_lib.determinism_restored():
+    build_lib.deterministic_execution()
+    assert private_apis.op_determinism_enabled()
+    assert tf.config.optimizer.get_experimental_options()["constant_folding"] is False
+  assert not private_apis.op_determinism_enabled()
+  assert tf.config.optimizer.get_experimental_options().get("constant_folding", True) is True
+
+
 @pytest.mark.parametrize("strategy_class", [tf.distribute.MirroredStrategy, tf.distribute.MultiWorkerMirroredStrategy])
 def test_next_collective_keys_sets_the_class_base(strategy_class, monkeypatch):
   monkeypatch.setattr(strategy_class, "_collective_key_base", strategy_class._collective_key_base)  # put back after

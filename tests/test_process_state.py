@@ -20,6 +20,8 @@ def change_everything():
     private_apis.disable_op_determinism()
   else:
     tf.config.experimental.enable_op_determinism()
+  folding = tf.config.optimizer.get_experimental_options().get("constant_folding", True)
+  tf.config.optimizer.set_experimental_options({"constant_folding": not folding})
   keras.mixed_precision.set_dtype_policy("mixed_float16")
   signal.signal(signal.SIGUSR1, lambda *_: None)
   read, write = os.pipe()
