@@ -43,8 +43,9 @@ class Finding:
 
 class Recorder:
   """Inside: every Keras layer called in a step being traced records its outputs' values when the step runs (the
-  last run's stay), by (name, replica). A layer's name is its place in the models (Keras numbers layer paths per
-  process: two builds' paths differ), '#2' on for its second call in the same step; `shown` maps names to paths.
+  last run's stay), by (name, replica, micro-batch). A layer's name is its place in the models (Keras numbers layer
+  paths per process: two builds' paths differ), '#2' on for its second call in the same step; `shown` maps names to
+  paths.
   models: {name: keras model} of the build."""
 
   def __init__(self, models=None):
@@ -101,13 +102,15 @@ class Recorder:
         self.unordered.add(f"{name}:{n}")  # not one batch's rows (views concatenated): matched row by row
       elif tensor.shape.rank:
         rows = ctx._rows_as_one_device_reads(tf.shape(tensor)[0])  # pylint: disable=protected-access
-      tf.py_function(self._store(name, n), [tensor, rows, ctx.replica_id], [])
+      micro = tf.cast(ctx.micro_batch[0], tf.int32)  # gradient accumulation runs a layer once per micro-batch
+      tf.py_function(self._store(name, n), [tensor, rows, ctx.replica_id, micro], [])
 
   def _store(self, name, n):
-    def store(value, rows, replica):
+    def store(value, rows, replica, micro):
       with self._lock:
         value = value.numpy()
-        self.values[(name, n, int(replica.numpy()))] = (rows.numpy(), value.astype(np.float32, copy=False))
+        self.values[(name, n, int(replica.numpy()), int(micro.numpy()))] = (
+            rows.numpy(), value.astype(np.float32, copy=False))
     return store
 
   def assembled(self, name, like=None):
@@ -126,20 +129,19 @@ class Recorder:
   def _arrays(self, name):
     """{output index: its values, rows first where they have rows}."""
     parts = {}
-    for (recorded, n, replica), (rows, value) in self.values.items():
+    for (recorded, n, replica, micro), (rows, value) in self.values.items():
       if recorded == name:
-        parts.setdefault(n, []).append((replica, rows, value))
+        parts.setdefault(n, []).append(((replica, micro), rows, value))
     arrays = {}
     for n in sorted(parts):
       pieces = [(rows, value) for _, rows, value in sorted(parts[n], key=lambda piece: piece[0])]
-      if all(value.ndim == 0 for _, value in pieces):  # a replica's share of a scalar: their sum is one device's
+      if all(value.ndim == 0 for _, value in pieces):  # shares of a scalar: their sum is one device's
         arrays[n] = np.array([sum(float(value) for _, value in pieces)])
       elif any(value.ndim == 0 or len(rows) != value.shape[0] for rows, value in pieces):
         arrays[n] = np.concatenate([value.reshape((-1,) + value.shape[1:]) for _, value in pieces])
-      else:
-        arrays[n] = np.zeros((sum(len(rows) for rows, _ in pieces),) + pieces[0][1].shape[1:], pieces[0][1].dtype)
-        for rows, value in pieces:
-          arrays[n][rows] = value
+      else:  # in one device's order (a layer called once per micro-batch holds that micro-batch's rows only)
+        rows = np.concatenate([rows for rows, _ in pieces])
+        arrays[n] = np.concatenate([value for _, value in pieces])[np.argsort(rows, kind="stable")]
     return arrays
 
 

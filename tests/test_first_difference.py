@@ -15,7 +15,7 @@ def recorder(values, layers=None):
   r = first_difference.Recorder()
   for name, value in values.items():
     value = np.asarray(value, np.float32)
-    r.values[(name, 0, 0)] = (np.arange(len(value)) if value.ndim else np.array([0]), value)
+    r.values[(name, 0, 0, 0)] = (np.arange(len(value)) if value.ndim else np.array([0]), value)
     r.order.append(name)
     r.layers[name] = (layers or {}).get(name)
     r.shown[name] = f"path of {name}"
@@ -24,14 +24,29 @@ def recorder(values, layers=None):
 
 def test_rows_come_back_in_one_devices_order_and_a_replicas_share_of_a_scalar_is_summed():
   r = first_difference.Recorder()
-  r.values[("m:1", 0, 1)] = (np.array([1, 3]), np.array([[2.0], [4.0]], np.float32))  # replica 1: strided rows
-  r.values[("m:1", 0, 0)] = (np.array([0, 2]), np.array([[1.0], [3.0]], np.float32))
-  r.values[("m:1", 1, 0)] = (np.array([0]), np.array([9.0], np.float32))  # a second output of the layer
-  r.values[(first_difference.STEP_LOSS, 0, 0)] = (np.array([0]), np.float32(1.5))
-  r.values[(first_difference.STEP_LOSS, 0, 1)] = (np.array([1]), np.float32(2.5))
+  r.values[("m:1", 0, 1, 0)] = (np.array([1, 3]), np.array([[2.0], [4.0]], np.float32))  # replica 1: strided rows
+  r.values[("m:1", 0, 0, 0)] = (np.array([0, 2]), np.array([[1.0], [3.0]], np.float32))
+  r.values[("m:1", 1, 0, 0)] = (np.array([0]), np.array([9.0], np.float32))  # a second output of the layer
+  r.values[(first_difference.STEP_LOSS, 0, 0, 0)] = (np.array([0]), np.float32(1.5))
+  r.values[(first_difference.STEP_LOSS, 0, 1, 0)] = (np.array([1]), np.float32(2.5))
   assert r.assembled("m:1").tolist() == [1.0, 2.0, 3.0, 4.0, 9.0]
   assert r.assembled(first_difference.STEP_LOSS).tolist() == [4.0]
   assert r.assembled("missing") is None
+
+
+def test_a_layer_run_once_per_micro_batch_comes_back_whole_and_one_called_per_micro_batch_holds_its_rows():
+  """Gradient accumulation: a layer traced once runs once per micro-batch (each micro-batch's rows kept), and a
+  layer traced once per micro-batch ('#2': the second) holds that micro-batch's rows only (it raised IndexError,
+  so a FAIL under train.grad_accum_steps ended in a traceback instead of its cause)."""
+  r = first_difference.Recorder()
+  for replica in (0, 1):
+    for micro in (0, 1):  # replica r's micro-batch i: rows ((r * 2 + j) * 2 + i) of one device's batch of 8
+      rows = (replica * 2 + np.arange(2)) * 2 + micro
+      r.values[("m:1", 0, replica, micro)] = (rows, rows.astype(np.float32)[:, None])
+      if micro == 1:
+        r.values[("m:1#2", 0, replica, 0)] = (rows, rows.astype(np.float32)[:, None])
+  assert r.assembled("m:1").tolist() == list(range(8))
+  assert r.assembled("m:1#2").tolist() == [1.0, 3.0, 5.0, 7.0]
 
 
 def test_the_first_layer_beyond_its_floor_is_named_with_what_it_is_else_the_loss_else_the_gradients():
@@ -70,13 +85,13 @@ def test_rows_of_concatenated_views_are_matched_one_to_one_to_the_other_sides():
   rng = np.random.default_rng(0)
   rows = rng.normal(size=(6, 3)).astype(np.float32)
   one, two = first_difference.Recorder(), first_difference.Recorder()
-  one.values[("m:1", 0, 0)] = (np.array([0]), rows)
-  two.values[("m:1", 0, 0)] = (np.array([0]), rows[[4, 0, 2]])
-  two.values[("m:1", 0, 1)] = (np.array([1]), rows[[5, 1, 3]])
+  one.values[("m:1", 0, 0, 0)] = (np.array([0]), rows)
+  two.values[("m:1", 0, 0, 0)] = (np.array([0]), rows[[4, 0, 2]])
+  two.values[("m:1", 0, 1, 0)] = (np.array([1]), rows[[5, 1, 3]])
   for r in (one, two):
     r.unordered.add("m:1:0")
   assert np.array_equal(two.assembled("m:1", like=one), rows.ravel())
-  two.values[("m:1", 0, 1)] = (np.array([1]), rows[[5, 1, 3]] + np.float32(1e-3) * np.eye(3, dtype=np.float32)[1])
+  two.values[("m:1", 0, 1, 0)] = (np.array([1]), rows[[5, 1, 3]] + np.float32(1e-3) * np.eye(3, dtype=np.float32)[1])
   assert np.abs(two.assembled("m:1", like=one) - rows.ravel()).max() > 9e-4
   too_many = np.zeros((int(np.sqrt(first_difference.MATCHED)) + 1, 1), np.float32)
   assert first_difference.matched(too_many, too_many) is None  # not judged rather than judged out of order
