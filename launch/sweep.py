@@ -142,8 +142,8 @@ def plan(args):
           "random": args.trials if args.search == "random" else None, "seed": args.seed, "trials": trials}, grid
 
 
-def report(sweep_dir, trials, out):
-  markdown = sweep_report.write(sweep_dir, trials)
+def report(sweep_dir, sweep, out):
+  markdown = sweep_report.write(sweep_dir, sweep["trials"], sweep.get("count"))
   out.write(markdown + f"[sweep] report: {os.path.join(sweep_dir, 'report.md')} (and report.csv); "
                        f"tensorboard --logdir {sweep_dir}\n")
   out.flush()
@@ -196,7 +196,7 @@ def _sweep(args, sweep, grid, trials_path, out):
                          more=more, on_end=on_end)
   sweep_tracking.close_parent(args.sweep_dir, code)
   _write_experiment(args.sweep_dir, sweep, grid)  # again: checkpoint.best_metric is known from the trials now
-  report(args.sweep_dir, sweep["trials"], out)
+  report(args.sweep_dir, sweep, out)
   return code
 
 
@@ -250,7 +250,7 @@ def _report_only(sweep_dir, trials_path, out):
   if sweep_study.uses_study(sweep.get("search", "grid"), sweep.get("prune", "none")):
     study = sweep_study.open_study(os.path.join(sweep_dir, sweep_study.STUDY_FILE), sweep_study.record_of(sweep))
     sweep["trials"] = _study_trials(study, sweep, sweep_dir)
-  report(sweep_dir, sweep["trials"], out)
+  report(sweep_dir, sweep, out)
   return 0
 
 

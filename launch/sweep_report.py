@@ -162,13 +162,15 @@ def rows(sweep_dir, trials):
   return table
 
 
-def steps_spent(table):
+def steps_spent(table, unasked=0):
   """(steps trained with the current settings: from each trial's first start with them to the step it reached,
-  the steps of every trial at its full length, 0 while no trial has started with them): what pruning saved.
-  A trial's length is its own (a batch size or epochs in the grid changes it); one not started yet counts as the
-  longest started."""
+  the steps every trial trains with them at its full length: from that start to its own length; 0 while no trial
+  has started with them): what pruning saved. A trial's length is its own (a batch size or epochs in the grid
+  changes it); one not started yet, or not asked yet of the study (`unasked` of them), counts as the longest
+  started, from step 0."""
   longest = max((row["_total_steps"] or 0 for row in table), default=0)
-  full = sum(row["_total_steps"] or longest for row in table) if longest else 0
+  full = sum(max(0, (row["_total_steps"] or longest) - row["_from_step"]) for row in table) if longest else 0
+  full += unasked * longest
   return sum(max(0, (row["step"] or 0) - row["_from_step"]) for row in table), full
 
 
@@ -204,12 +206,13 @@ def plot(path, curve, metric):
   os.replace(path + ".tmp.png", path)
 
 
-def write(sweep_dir, trials):
+def write(sweep_dir, trials, count=None):
   """Writes DIR/report.csv, DIR/report.md and DIR/best_by_trial.png; returns the Markdown table and its steps
-  line."""
+  line. count: the trials the sweep runs (a tpe sweep's study is asked them one by one; default: `trials`)."""
   table = rows(sweep_dir, trials)
   metric, mode = metric_of(sweep_dir, trials)
-  spent, full = steps_spent(table)
+  unasked = max(0, (count or len(table)) - len(table))
+  spent, full = steps_spent(table, unasked)
   plot(os.path.join(sweep_dir, "best_by_trial.png"), best_curve(table, mode), metric)
   for row in table:
     del row["_index"], row["_total_steps"], row["_from_step"]
@@ -221,8 +224,11 @@ def write(sweep_dir, trials):
   _write_text(os.path.join(sweep_dir, "report.csv"), text.getvalue())
   states = [row["status"] for row in table]
   counts = ", ".join(f"{states.count(s)} {s}" for s in STATUSES if s in states)  # one order, whatever ranks first
-  of = f" of {full} for {len(table)} full-length trials ({100 * spent / full:.0f} %)" if full else ""
-  markdown = _markdown(table, columns) + f"\n{len(table)} trials: {counts}; steps spent {spent}{of}\n"
+  if unasked:
+    counts += f", {unasked} not asked yet"
+  trials_line = f"{len(table) + unasked} trials: {counts}"
+  of = f" of {full} for {len(table) + unasked} full-length trials ({100 * spent / full:.0f} %)" if full else ""
+  markdown = _markdown(table, columns) + f"\n{trials_line}; steps spent {spent}{of}\n"
   _write_text(os.path.join(sweep_dir, "report.md"), markdown)
   return markdown
 

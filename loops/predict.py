@@ -22,6 +22,7 @@ from loops.core import console
 from loops.distribute import execution as execution_lib
 from loops.distribute import steps
 from loops.distribute import strategy as strategy_lib
+from loops.persist import checkpoints
 from loops.persist import predictions
 
 KEY = "predict.checkpoint"
@@ -45,7 +46,7 @@ def run(predict, data_settings, task_name, workdir, parts, selection):
   files = predictions.Files(posixpath.join(workdir, "predictions", f"{name}-{step}"), predict.rows_per_file,
                             {"checkpoint": path, "step": step, "input": described, "examples": source.eval_size})
   chief = parts.role.is_chief
-  done = _agreed(parts, files.start() if chief else 0)
+  done = _agreed(parts, files.start(checkpoints.same_values) if chief else 0)
   if done >= source.eval_size:
     logging.info("predictions of %s for %s are complete in %s", path, described, files.directory)
     return files.manifest() if chief else None

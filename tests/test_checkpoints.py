@@ -148,6 +148,20 @@ def test_an_evaluator_restores_a_readable_checkpoint_and_is_told_why_another_is_
   assert int(step.numpy()) == 0  # nothing restored
 
 
+def test_a_best_checkpoint_and_its_steps_periodic_one_hold_the_same_values(tmp_path):
+  """same_values: the weights alike though the series' save counters differ; one value changed is not alike."""
+  weights, step, checkpoints = series(tmp_path / "periodic")
+  checkpoint = tf.train.Checkpoint(w=weights, step=step)
+  best = checkpoints_lib.Series(str(tmp_path / "w"), checkpoint, step, keep=1, is_chief=True, subdir="best")
+  step.assign(20)
+  checkpoints.save(10)
+  periodic, kept = checkpoints.save(20), best.save(20)
+  assert checkpoints_lib.same_values(periodic, kept)
+  weights.assign_add(tf.one_hot(999, 1000))
+  assert not checkpoints_lib.same_values(periodic, checkpoints.save(30))
+  assert not checkpoints_lib.same_values(periodic, str(tmp_path / "none" / "ckpt-20"))
+
+
 def test_only_the_owner_makes_checkpoints_and_their_managers():
   import re
   from tests.conftest import REPO

@@ -53,6 +53,25 @@ def test_another_runs_directory_is_refused_in_one_line(tmp_path):
     predictions.Files(str(tmp_path), 10, {**ABOUT, "checkpoint": "best/ckpt-20"}).start()
 
 
+def test_another_checkpoint_of_the_same_weights_goes_on_in_the_directory(tmp_path):
+  """predict.checkpoint=20 after =best of step 20: refused as other predictions (the paths differ) before."""
+  write(tmp_path, batches=5)
+  asked = []
+
+  def same(there, now):
+    asked.append((there, now))
+    return True
+
+  best = {**ABOUT, "checkpoint": "w/best/ckpt-20"}
+  assert predictions.Files(str(tmp_path), 10, best).start(same) == 20  # after its last whole part
+  assert asked == [("w/checkpoints/ckpt-20", "w/best/ckpt-20")]
+  assert json.load(open(tmp_path / "run.json"))["checkpoint"] == "w/checkpoints/ckpt-20"  # the name it was made with
+  with pytest.raises(ConfigError, match=r"holds other predictions \(checkpoint 'w/checkpoints/ckpt-20' there, "):
+    predictions.Files(str(tmp_path), 10, best).start(lambda there, now: False)
+  with pytest.raises(ConfigError, match=r"holds other predictions \(checkpoint .*; step 20 there, 30 now\)"):
+    predictions.Files(str(tmp_path), 10, {**best, "step": 30}).start(same)  # the weights' question is not asked
+
+
 def test_rows_out_of_order_and_a_changing_shape_are_refused(tmp_path):
   files = predictions.Files(str(tmp_path), 10, ABOUT)
   files.start()

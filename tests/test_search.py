@@ -133,6 +133,9 @@ def test_an_interrupted_study_sweep_continues_without_repeating_trials(tpe):
   ended = {name for name, (summary, _) in before["files"].items()
            if summary and sweep_report.is_complete(os.path.join(tpe["dir"], name))}
   assert len(ended) >= 2 and len(before["states"]) < 8
+  # its report counts the trials the study has not asked yet (it said "N trials" of the asked ones, and their %)
+  assert "\n8 trials: " in output and f", {8 - len(before['states'])} not asked yet; steps " \
+      "spent " in output, output
   second = tpe["second"].stdout
   assert f"8 trials, {len(ended)} complete (skipped), {8 - len(ended)} to run" in second
   after = workdir_files(tpe["dir"])

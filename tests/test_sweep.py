@@ -274,8 +274,13 @@ def test_steps_spent_are_against_each_trials_own_length():
 
   assert sweep_report.steps_spent([row(2200, 2200), row(1100, 1100)]) == (3300, 3300)
   assert sweep_report.steps_spent([row(2200, 2200), row(300, 1100), row(None, None)]) == (2500, 5500)
-  assert sweep_report.steps_spent([row(500, 2000, from_step=200)]) == (300, 2000)
+  # a sweep extended from 200 to 2000 steps: 1800 to train with the current settings (it said 300 of 2000, and an
+  # extended sweep with every trial complete 33 %)
+  assert sweep_report.steps_spent([row(500, 2000, from_step=200)]) == (300, 1800)
+  assert sweep_report.steps_spent([row(300, 300, from_step=200), row(300, 300, from_step=200)]) == (200, 200)
   assert sweep_report.steps_spent([row(None, None), row(None, None)]) == (0, 0)
+  # a tpe sweep of 4 trials stopped after 2 were asked: the 2 its study has not asked yet count as the longest
+  assert sweep_report.steps_spent([row(300, 300), row(120, 300)], unasked=2) == (420, 1200)
 
 
 def test_grid_parsing_and_points():

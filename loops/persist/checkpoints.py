@@ -15,6 +15,7 @@ import tempfile
 from typing import Any, Optional
 
 from absl import logging
+import numpy as np
 import tensorflow as tf
 
 from errors import ConfigError, described, first_line
@@ -384,6 +385,23 @@ def saved_step(path):
     return int(tf.train.load_checkpoint(path).get_tensor("step" + _VALUE))
   except (tf.errors.OpError, ValueError):
     return None
+
+
+_BOOKKEEPING = ("save_counter/", "_CHECKPOINTABLE_OBJECT_GRAPH")
+
+
+def same_values(first, second):
+  """Whether the checkpoints at `first` and `second` hold the same variables with bit-identical values (a best
+  checkpoint and the periodic one of its step; their save counters and object graphs aside); False when either
+  cannot be read."""
+  try:
+    readers = [tf.train.load_checkpoint(path) for path in (first, second)]
+    names = [{name for name in reader.get_variable_to_dtype_map() if not name.startswith(_BOOKKEEPING)}
+             for reader in readers]
+    return names[0] == names[1] and all(
+        np.array_equal(readers[0].get_tensor(name), readers[1].get_tensor(name)) for name in names[0])
+  except (tf.errors.OpError, ValueError):
+    return False
 
 
 def unreadable(path):

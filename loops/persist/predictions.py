@@ -41,16 +41,21 @@ class Files:
   def complete(self):
     return tf.io.gfile.exists(self._path(MANIFEST))
 
-  def start(self):
+  def start(self, same_checkpoint=None):
     """The rows already written (0 for a new directory; every example when it is complete), after checking that
-    the directory holds predictions of the same checkpoint and input."""
+    the directory holds predictions of the same checkpoint and input. same_checkpoint(there, now): whether two
+    checkpoint paths hold the same weights (a best checkpoint and its step's periodic one); the directory keeps
+    the first one's name."""
     recorded = self._read(RUN)
     if recorded is None:
       tf.io.gfile.makedirs(self.directory)
       self._write(RUN, json.dumps(self.about, indent=2).encode())
       return 0
-    if recorded != self.about:
-      differ = sorted(k for k in set(recorded) | set(self.about) if recorded.get(k) != self.about.get(k))
+    differ = sorted(k for k in set(recorded) | set(self.about) if recorded.get(k) != self.about.get(k))
+    if differ == ["checkpoint"] and same_checkpoint and same_checkpoint(recorded["checkpoint"],
+                                                                        self.about["checkpoint"]):
+      self.about = recorded
+    elif differ:
       changes = "; ".join(f"{k} {recorded.get(k)!r} there, {self.about.get(k)!r} now" for k in differ)
       raise ConfigError(f"{self.directory} holds other predictions ({changes}); remove it to predict again")
     if self.complete:
