@@ -5,6 +5,8 @@
 Needs CIFAR-10 in tfds' data_dir. Expected: ~0.90 eval/accuracy after 100 epochs (He et al. report 91.3% with
 a longer schedule); about 1 h per epoch on 2 CPU cores — a GPU job. Not measured here (no CIFAR-10).
 Smoke run: `--config=configs/cifar_resnet20.py:synthetic --config.train.steps=2`.
+Its BatchNorm normalizes each replica's own rows, as Keras `fit` does: `--check=replicas` FAILs naming it (by
+design, not a bug); `--config.model.sync_batchnorm=True` makes N replicas compute what one device does.
 """
 
 from configs import base

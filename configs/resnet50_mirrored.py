@@ -8,6 +8,8 @@ study; `--config.train.global_batch_size=512` fixes the global batch instead (th
 Needs CIFAR-10 in tfds' data_dir. Expected (seeds, 4 GPUs): ~0.75-0.80 eval/accuracy after 30 epochs; on a
 CPU it is ~16x ResNet50V2@32px work, seconds per step: use it on GPUs. Not measured here (no GPU, no CIFAR-10).
 Smoke run: `--config=configs/resnet50_mirrored.py:synthetic --config.train.global_batch_size=4 --config.train.steps=2`.
+Its BatchNorm normalizes each replica's own rows, as Keras `fit` does: `--check=replicas` FAILs naming it (by
+design, not a bug); `--config.model.sync_batchnorm=True` makes N replicas compute what one device does.
 """
 
 from configs import base
