@@ -236,15 +236,30 @@ class Floor:
   float16/bfloat16 one), and why not float64."""
   how: str
   why_not: str = ""
+  kept: tuple = ()  # the float64 build's layers that its models pin to float32 (a logits layer)
 
   def described(self, side, precision):
     if self.how == "minimum":
       return (f"at least the least difference judged, {rounding.MINIMUM[precision]:g} of a variable's update: within "
               f"it, no floor run")
     if self.how == "float64":
-      return f"the {side} side's own float32 error: its step again in float64"
+      return f"the {side} side's own float32 error: its step again in float64{self.kept_said()}"
     text = f"the {side} side's step again with every weight moved by one rounding of {precision or 'float32'}"
     return text + (f" (it does not run in float64: {self.why_not})" if self.why_not else "")
+
+  def kept_said(self):
+    """What of the float64 step stayed float32, as the report says it ("" when nothing did)."""
+    if not self.kept:
+      return ""
+    listed = ", ".join(self.kept[:3]) + (f" and {len(self.kept) - 3} more" if len(self.kept) > 3 else "")
+    return f", but for {listed}, which the model keeps in float32"
+
+
+def float32_layers(side):
+  """The layers of a float64 build's models whose weights stay float32 (pinned by their model: a logits layer)."""
+  layers = [variable.path.rsplit("/", 1)[0] for key, variable in side.variables.items()
+            if key[0].startswith("model") and variable.dtype == tf.float32]
+  return tuple(dict.fromkeys(layers))
 
 
 @contextlib.contextmanager
@@ -291,7 +306,7 @@ class FloorRun:
   def _step(self, k, start, float64):
     if self.side is None:
       self.side, self.nudge = floor_side(self.config, self.turn_off, float64)
-      self.how = Floor("float64") if float64 else Floor("nudge", self.how.why_not)
+      self.how = Floor("float64", kept=float32_layers(self.side)) if float64 else Floor("nudge", self.how.why_not)
     return self.side.step_at(k, start, self.nudge)
 
 
@@ -475,7 +490,7 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
             for row in verdict.worst(shown)]
   if both:
     lines.append(f"  {_steps([step for step, _ in both])}: beyond that, so the {other}'s own float32 "
-                 f"error was measured too (its step again in float64) and both sides' summed, "
+                 f"error was measured too (its step again in float64{floor.kept_said()}) and both sides' summed, "
                  f"x{rounding.BOTH_MARGIN:g}; their float64 steps differ by at most "
                  f"{max(value for _, value in both):.2e}")
   if unmeasured:

@@ -14,7 +14,7 @@ def mnist_cnn(input_shape, num_classes):
       layers.MaxPooling2D(2),
       layers.Flatten(),
       layers.Dense(1024, activation="relu"),
-      layers.Dense(num_classes, dtype="float32"),
+      layers.Dense(num_classes, dtype="float32", name="logits"),
   ], name="mnist_cnn")
 
 

@@ -83,5 +83,5 @@ def cifar_resnet20(input_shape, num_classes, blocks_per_stage=3):
     for i in range(blocks_per_stage):
       x = block(x, filters, stride=2 if stage > 0 and i == 0 else 1)
   x = layers.GlobalAveragePooling2D()(x)
-  outputs = layers.Dense(num_classes, dtype="float32")(x)
+  outputs = layers.Dense(num_classes, dtype="float32", name="logits")(x)
   return keras.Model(inputs, outputs, name="cifar_resnet20")

@@ -104,6 +104,12 @@ def test_a_step_beyond_the_one_replica_floor_is_rounding_where_both_sides_float3
   assert lines[-2] == ("  step 2: beyond that, so the two-replica side's own float32 error was measured too (its "
                        "step again in float64) and both sides' summed, x2; their float64 steps differ by at most "
                        "0.00e+00"), lines
+  kept = replica_check.Floor("float64", kept=("model/logits", "model/head", "model/x", "model/y"))
+  _, lines = replica_check.report(agreeing.verdict, 2, both=agreeing.both, floor=kept)
+  assert "(the one-replica side's own float32 error: its step again in float64, but for model/logits, model/head, " \
+      "model/x and 1 more, which the model keeps in float32; x10)" in lines[0], lines[0]
+  assert "(its step again in float64, but for model/logits, model/head, model/x and 1 more, which the model keeps " \
+      "in float32) and both sides' summed" in lines[-2], lines[-2]
   apart = judged(0.0, (), other=1.0 + 1e-3)
   assert apart.verdict.first_step == 2 and apart.both[0][1] == pytest.approx((1e-3 - 1e-7) / (1 + 1e-7))
   assert judged(0.0, ()).verdict.first_step == 2  # not measured (--check=workers): the one-replica floor alone
