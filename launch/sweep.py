@@ -195,6 +195,8 @@ def _sweep(args, sweep, grid, trials_path, out):
   code = sweep_local.run(sweep["config"], sweep["trials"], sweep["extra_args"], args.parallel, out,
                          more=more, on_end=on_end)
   sweep_tracking.close_parent(args.sweep_dir, code)
+  if study is not None:  # every trial the study was asked, one asked as a Ctrl-C came before it started included
+    sweep["trials"] = _study_trials(study, sweep, args.sweep_dir)
   _write_experiment(args.sweep_dir, sweep, grid)  # again: checkpoint.best_metric is known from the trials now
   report(args.sweep_dir, sweep, out)
   return code
