@@ -3,6 +3,7 @@ the SLURM array script's tasks sharing one study, refusals of a changed space or
 only when its own summary proves the current settings (issue 35's sweep reruns)."""
 
 import csv
+import io
 import json
 import os
 import signal
@@ -331,3 +332,24 @@ def test_a_ctrl_c_while_a_trial_is_asked_acts_once_the_trial_is_recorded(tmp_pat
   # the run is given the value the study records (it trained 0.0157 where Optuna kept 0.015676677...)
   assert float(trial.user_attrs["overrides"]["lr"]) == trial.params["lr"]
   assert trial.user_attrs["name"] == f"lr={trial.params['lr']:.3g}"
+
+
+def test_a_study_sweeps_report_lists_a_trial_asked_but_not_started(tmp_path, monkeypatch):
+  """The study asked a 4th trial as a Ctrl-C came, before it started: the report listed the 3 started and said 5
+  not asked yet where the study held 4 (CI of c740759)."""
+  from launch import sweep as sweep_lib
+  from launch import sweep_local
+  monkeypatch.setattr(sweep_lib, "dry_run", lambda config, trial, extra: ("eval/accuracy", "max", {}))
+
+  def interrupted_run(config, trials, extra_args, parallel, out, more=None, on_end=None):
+    _, ask = more
+    trials.append(ask(0))  # started (it writes nothing here: pending too)
+    ask(1)  # asked as the Ctrl-C came, never started
+    return sweep_report.PREEMPTED
+
+  monkeypatch.setattr(sweep_local, "run", interrupted_run)
+  out = io.StringIO()
+  code = sweep_lib.main(["--config=configs/digits_cnn.py", f"--sweep_dir={tmp_path}", *SPACE, "--search=tpe",
+                         "--trials", "4", "--seed", "0"], out=out)
+  assert code == sweep_report.PREEMPTED and len(study_trials(str(tmp_path))) == 2
+  assert "\n4 trials: 2 pending, 2 not asked yet" in out.getvalue(), out.getvalue()
