@@ -5,8 +5,8 @@ logical CPUs), the same global batches, the same global batch size and learning 
 replica-scaled learning rate is fixed at the two-replica value on both sides). Each step starts both sides from the
 same weights and optimizer state (the one-replica side's), so rounding cannot grow from step to step, and compares
 every model and optimizer variable's one-step update against what rounding explains at that step
-(loops/rounding.py: the one-replica side once more with every weight moved by one rounding). Prints the largest
-differences and one last line with the verdict. Nothing is written.
+(loops/rounding.py: the one-replica side once more with every weight moved by one rounding), up to the first step
+that differs. Prints the largest differences and one last line with the verdict. Nothing is written.
 
 What it catches: a loss reduced over the replica's batch (tf.reduce_mean, batch statistics, local negatives), a
 gradient used before the all-reduce (SAM's epsilon, clipping in the step), randomness keyed on the replica, BatchNorm
@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import re
 
+from absl import logging
 import keras
 import numpy as np
 import tensorflow as tf
@@ -425,7 +426,8 @@ class Judge:
 
 
 def compare(config, steps, turn_off=()):
-  """The Comparison of 1 vs 2 replicas of this process, both sides taking each step from the one side's start."""
+  """The Comparison of 1 vs 2 replicas of this process, both sides taking each step from the one side's start, up
+  to the first step where a variable differs (the verdict and its cause are settled there)."""
   one_config = variant(config, 1, steps)
   one, two = Side(one_config, turn_off), Side(variant(config, 2, steps), turn_off)
   judge = Judge(one_config, one.paths, turn_off, ties.max_pools(one.parts.models),
@@ -433,6 +435,10 @@ def compare(config, steps, turn_off=()):
   for k in range(steps):
     start, final = one.step()
     judge.step(k, start, final, two.step(start)[1])
+    if judge.first:
+      break
+    if (k + 1) % max(1, steps // 10) == 0:
+      logging.info("check: %d of %d steps agree", k + 1, steps)
   return judge.comparison(one.built())
 
 
@@ -486,7 +492,11 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
   one, two = SIDES[kind]
   own, other = ("one-replica", "two-replica side") if kind == "replicas" else ("one-device", "two workers' side")
   measured = floor.described(own, precision)
-  lines = [f"each of {steps} steps from the same weights; the one-step updates' RMS difference per variable, "
+  taken = max((row.step for row in verdict.rows), default=steps)
+  each = f"each of {steps} steps" if taken >= steps else (
+      (f"step 1 of {steps}" if taken == 1 else f"each of the first {taken} of {steps} steps") +
+      " (the check stops at the first step that differs)")
+  lines = [f"{each} from the same weights; the one-step updates' RMS difference per variable, "
            f"against what rounding explains ({measured}; x{rounding.MARGIN:g}):"]
   lines += [f"  step {row.step:<3d} {row.difference:9.2e} of {row.explained:9.2e}  {row.path}"
             for row in verdict.worst(shown)]
@@ -611,6 +621,8 @@ def cause_of(config, steps, comparison):
   cause = non_finite_cause(non_finite_at(comparison))
   if cause:
     return cause
+  logging.info("check: the sides differ at step %d: finding where they part (both sides and the floor built again "
+               "without XLA, every layer's output recorded)", step)
   finding, task = locate(config, steps, comparison)
   sentence = first_difference.described(finding, task, config.loss.name, config.task.name, step,
                                         nudged=comparison.how.how == "nudge" and config.mixed_precision is None)
@@ -651,6 +663,8 @@ def named_cause(finding, where, suspects, agree_without):
   turning it off on both sides; clipping ops in the step name the likely cause of differing gradients."""
   kind = finding.kind
   if kind in ("batchnorm", "random") and getattr(suspects, kind):
+    logging.info("check: confirming the cause: both sides again with %s %s",
+                 {"batchnorm": "BatchNormalization", "random": "the random layers"}[kind], TURNED_OFF[kind])
     if agree_without(kind):
       return (f"cause: {_described(kind, suspects)} (confirmed: {TURNED_OFF[kind]}, the two agree); fix: "
               f"{FIXES[kind]}; {where}")

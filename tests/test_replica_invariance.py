@@ -198,6 +198,11 @@ def test_a_fail_names_its_cause_and_where_the_sides_part(task, overrides, cause,
   verdict = lines[-1]
   assert verdict.startswith("replicas: FAIL: "), verdict
   assert " variables differ on 2 replicas from step 1 (rounding explains up to " in verdict, verdict
+  # the sides differ at every step; the check stops at the first (its verdict and cause are settled there)
+  assert lines[1].startswith("step 1 of 3 (the check stops at the first step that differs) from the same weights; "
+                             ), lines[1]
+  rows = [re.match(r"  step (\d+) +\d", line) for line in lines]
+  assert {row[1] for row in rows if row} == {"1"}, "\n".join(lines)
   assert re.search(cause, verdict) and re.search(where, verdict), verdict
   assert replica_check.REDUCTION not in verdict, verdict
 
