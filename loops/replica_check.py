@@ -20,6 +20,7 @@ whose absence makes them agree named as confirmed; gradient clipping ops in the 
 import contextlib
 import dataclasses
 import re
+import time
 
 from absl import logging
 import keras
@@ -432,14 +433,27 @@ def compare(config, steps, turn_off=()):
   one, two = Side(one_config, turn_off), Side(variant(config, 2, steps), turn_off)
   judge = Judge(one_config, one.paths, turn_off, ties.max_pools(one.parts.models),
                 OtherFloor(variant(config, 2, steps), turn_off))
+  progress = Progress(steps)
   for k in range(steps):
     start, final = one.step()
     judge.step(k, start, final, two.step(start)[1])
     if judge.first:
       break
-    if (k + 1) % max(1, steps // 10) == 0:
-      logging.info("check: %d of %d steps agree", k + 1, steps)
+    progress.judged(k)
   return judge.comparison(one.built())
+
+
+class Progress:
+  """Logs `check: K of N steps judged` at most every `seconds` while a check runs."""
+
+  def __init__(self, steps, seconds=10.0):
+    self.steps, self.seconds, self.last = steps, seconds, time.monotonic()
+
+  def judged(self, k):
+    """Step k (0-based) is judged."""
+    if time.monotonic() - self.last >= self.seconds:
+      logging.info("check: %d of %d steps judged", k + 1, self.steps)
+      self.last = time.monotonic()
 
 
 def non_finite(one, two):

@@ -289,3 +289,14 @@ def test_transform_gradients_gets_the_sum_and_logs_it_as_one_device_does(tmp_pat
   with pytest.raises(ConfigError, match=r"^ReturnsTooFewGradients.transform_gradients \(.*\) must return \{model "
                                         r"name: \[one gradient per trainable variable\]\} for \['model'\]"):
     run.train_and_evaluate(config, str(tmp_path / "few"))
+
+
+def test_a_check_logs_how_many_steps_are_judged_at_most_every_period(monkeypatch):
+  clock, logged = [100.0], []
+  monkeypatch.setattr(replica_check.time, "monotonic", lambda: clock[0])
+  monkeypatch.setattr(replica_check.logging, "info", lambda text, *args: logged.append(text % args))
+  progress = replica_check.Progress(300, seconds=10.0)
+  for k, seconds in enumerate([4.0, 4.0, 4.0, 12.0, 1.0]):  # a step's time each
+    clock[0] += seconds
+    progress.judged(k)
+  assert logged == ["check: 3 of 300 steps judged", "check: 4 of 300 steps judged"]
