@@ -433,7 +433,7 @@ def compare(config, steps, turn_off=()):
   one, two = Side(one_config, turn_off), Side(variant(config, 2, steps), turn_off)
   judge = Judge(one_config, one.paths, turn_off, ties.max_pools(one.parts.models),
                 OtherFloor(variant(config, 2, steps), turn_off))
-  progress = Progress(steps)
+  progress = StepsJudged(steps)
   for k in range(steps):
     start, final = one.step()
     judge.step(k, start, final, two.step(start)[1])
@@ -443,7 +443,7 @@ def compare(config, steps, turn_off=()):
   return judge.comparison(one.built())
 
 
-class Progress:
+class StepsJudged:
   """Logs `check: K of N steps judged` at most every `seconds` while a check runs."""
 
   def __init__(self, steps, seconds=10.0):

@@ -139,7 +139,7 @@ def judged(directory, i, one_config, steps, built, waited_for=from_the_files):
   judge = replica_check.Judge(one_config, built.paths, pools=built.pools,
                               other=WorkersFloor(directory, i, waited_for))
   start = load_state(starts_path(directory, i, 0))
-  progress = replica_check.Progress(steps)
+  progress = replica_check.StepsJudged(steps)
   for k in range(steps):
     final = load_state(starts_path(directory, i, k + 1))
     judge.step(k, start, final, waited_for(values_path(directory, i, k), f"take step {k + 1}"))

@@ -295,7 +295,7 @@ def test_a_check_logs_how_many_steps_are_judged_at_most_every_period(monkeypatch
   clock, logged = [100.0], []
   monkeypatch.setattr(replica_check.time, "monotonic", lambda: clock[0])
   monkeypatch.setattr(replica_check.logging, "info", lambda text, *args: logged.append(text % args))
-  progress = replica_check.Progress(300, seconds=10.0)
+  progress = replica_check.StepsJudged(300, seconds=10.0)
   for k, seconds in enumerate([4.0, 4.0, 4.0, 12.0, 1.0]):  # a step's time each
     clock[0] += seconds
     progress.judged(k)
