@@ -257,7 +257,7 @@ def _train(c):
   c.train.freeze_batchnorm_stats = True
 
   # None | "bfloat16" | "float16" (with loss scaling; refused under central_storage on several replicas, where Keras
-  # cannot update the loss scale)
+  # cannot update the loss scale): every model computes in it, a task's own included (docs/tasks.md)
   c.mixed_precision = config_dict.placeholder(str)
   c.jit_compile = False  # XLA-compile the per-replica step.
 

@@ -284,7 +284,8 @@ def _build_trainables(settings, config, strategy, plan, task, element_spec, num_
                                                  _known(num_classes, model_settings.name, settings.data.name)),
         make_optimizer=lambda **overrides: _make_optimizer(settings.optimizer, run.mixed_precision, plan, made_rates,
                                                            overrides))
-    with remat_lib.scope(model_settings):  # Keras marks the layers built inside (model.remat)
+    # Keras marks the layers built inside (model.remat); every model a task builds takes the run's precision
+    with remat_lib.scope(model_settings), model_lib.precision_policy(run.mixed_precision):
       models = dict(task.build_models(context))
     rules.check_models(task, models)
     for name, model in models.items():

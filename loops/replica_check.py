@@ -275,6 +275,25 @@ def float64_models():
     keras.mixed_precision.set_dtype_policy(previous)
 
 
+# The precision above a run's, in which the check takes a step again where rounding alone cannot decide: float32's
+# own error is measured in float64; a bfloat16 step beyond its floor is judged again as a float32 check (AboveJudge).
+# Not float16: its loss scaling makes other optimizer variables than a float32 build's.
+HIGHER = {None: "float64", "bfloat16": "float32"}
+
+
+@contextlib.contextmanager
+def higher_precision(config):
+  """The config to build inside for its step in the precision above (HIGHER): float64 Keras models for a float32
+  config, the config without mixed precision for a bfloat16 one."""
+  if config.mixed_precision is None:
+    with float64_models():
+      yield config
+  else:
+    above = config.copy_and_resolve_references()
+    above.mixed_precision = None
+    yield above
+
+
 def floor_side(config, turn_off=(), float64=True):
   """(Side, nudge) of the floor run: built in float64 when float64 and the config is float32 (nudge 0), else the
   config's precision with the nudge of one rounding."""
@@ -313,26 +332,31 @@ class FloorRun:
 
 
 class OtherFloor:
-  """The two-replica side's own float32 error: its step again in float64 on 2 replicas from the same start, built
-  when a step of a float32 config first exceeds what the one-replica side's own error explains (a float32 logits
+  """The two-replica side's own rounding error: its step again in the precision above (HIGHER) on 2 replicas from
+  the same start, built when a step first exceeds what the one-replica side's own error explains (a float32 logits
   layer's gradients are summed apart from the float64 ones: optimizers.summed_by_dtype)."""
 
   def __init__(self, config, turn_off=()):
     self.config, self.turn_off, self.side, self.why_not = config, turn_off, None, ""
 
   def step(self, k, start):
-    """(start, final) of step k (0-based) from `start` in float64, or None when the step does not run in it."""
+    """(start, final) of step k (0-based) from `start` in the precision above, or None when it does not run in it."""
     if self.why_not:
       return None
     try:
       if self.side is None:
         devices = strategy_lib.replica_devices(settings_lib.read(self.config).run)
-        with float64_models():
-          self.side = Side(self.config, self.turn_off, strategy=strategy_lib.mirrored(devices))
+        with higher_precision(self.config) as above:
+          self.side = Side(above, self.turn_off, strategy=strategy_lib.mirrored(devices))
       return self.side.step_at(k, start)
     except Exception as e:  # pylint: disable=broad-except  # as the one-replica floor's: judged without it
       self.why_not = shortened(first_line(e))
       return None
+
+  def above(self):
+    """The OtherFloor of this side's config in the precision above (a bfloat16 check's float32 Judge's)."""
+    with higher_precision(self.config) as above:
+      return OtherFloor(above, self.turn_off)
 
 
 class TieRun:
@@ -359,8 +383,11 @@ class Comparison:
   how: Floor
   first: tuple = None
   tied: tuple = ()
-  both: tuple = ()  # (step, the float64 sides' largest difference) where both sides' float32 errors were measured
+  both: tuple = ()  # (step, the sides' largest difference in the precision above) where both sides' errors were measured
   unmeasured: str = ""  # why the two-replica side's own error could not be measured where a step needed it
+  in_float32: tuple = ()  # the steps of a bfloat16 check beyond the least difference, judged in float32 (AboveJudge)
+  float32_how: Floor = Floor("minimum")  # how that float32 judgement measured rounding
+  skipped: tuple = ()  # float16 steps one side's loss scaling skipped (an overflow there only): not compared
 
 
 def step_rows(step, start, final_one, final_two, floor, paths, precision=None, margin=rounding.MARGIN):
@@ -387,12 +414,21 @@ class Judge:
   def __init__(self, floor_config, paths, turn_off=(), pools=(), other=None):
     self.floor, self.paths, self.precision = FloorRun(floor_config, turn_off), paths, floor_config.mixed_precision
     self.ties = TieRun(floor_config, turn_off) if pools else None
-    self.other = other  # the other side's float64 step (OtherFloor; worker_check.WorkersFloor), None: not measured
-    self.rows, self.first, self.tied, self.both = [], None, [], []
+    self.other = other  # the other side's step above (OtherFloor; worker_check.WorkersFloor), None: not measured
+    self.above = (AboveJudge(floor_config, paths, turn_off, pools, other)
+                  if other and floor_config.mixed_precision == "bfloat16" else None)
+    self.rows, self.first, self.tied, self.both, self.in_float32, self.skipped = [], None, [], [], [], []
 
   def step(self, k, start, final_one, final_two):
+    if self.precision == "float16" and skipped(start, final_one) != skipped(start, final_two):
+      self.skipped.append(k + 1)  # float16 overflowed on one side only: that side's loss scaling skipped the step
+      return
     rows = step_rows(k + 1, start, final_one, final_two, (start, final_one), self.paths, self.precision)
-    if any(row.differs for row in rows):
+    in_float32 = self.above.rows(k, start) if self.above and any(row.differs for row in rows) else None
+    if in_float32 is not None:
+      rows = in_float32
+      self.in_float32.append(k + 1)
+    elif any(row.differs for row in rows):
       floor = self.floor.step(k, start)
       rows = step_rows(k + 1, start, final_one, final_two, floor, self.paths, self.precision)
       if self.other and self.floor.how.how == "float64" and any(row.differs for row in rows):
@@ -423,7 +459,37 @@ class Judge:
 
   def comparison(self, built):
     return Comparison(rounding.Verdict(tuple(self.rows)), built, self.floor.how, self.first, tuple(self.tied),
-                      tuple(self.both), self.other.why_not if self.other else "")
+                      tuple(self.both), self.other.why_not if self.other else "", tuple(self.in_float32),
+                      self.above.judge.floor.how if self.above else Floor("minimum"), tuple(self.skipped))
+
+
+def skipped(start, final):
+  """Whether no model weight moved in a step (float16's loss scaling skips a step whose gradients overflowed)."""
+  return all(np.array_equal(start[key], final[key]) for key in final if key[0].startswith("model") and key in start)
+
+
+class AboveJudge:
+  """A bfloat16 step beyond the least difference judged, taken again on both sides in float32 from the same start
+  (the one-device side built here, the other's from `other`: OtherFloor, worker_check.WorkersFloor) and judged by a
+  float32 Judge (its float64 floor, the other side's float64 step where `other` offers one). bfloat16's own
+  rounding is ~1 % of an update and moves with every weight (its nudged floor was 27 % of the regression example's):
+  no floor measures it closely enough, while a difference of the step itself shows in float32 too."""
+
+  def __init__(self, config, paths, turn_off, pools, other):
+    with higher_precision(config) as above:
+      self.config = above
+    self.turn_off, self.other, self.side = turn_off, other, None
+    self.judge = Judge(self.config, paths, turn_off, pools, other.above() if hasattr(other, "above") else None)
+
+  def rows(self, k, start):
+    """The float32 judgement's rows of step k (0-based), or None when a side's step does not run in float32."""
+    two = self.other.step(k, start)
+    if two is None:
+      return None
+    if self.side is None:
+      self.side = Side(self.config, self.turn_off)
+    self.judge.step(k, start, self.side.step_at(k, start)[1], two[1])
+    return [row for row in self.judge.rows if row.step == k + 1]
 
 
 def compare(config, steps, turn_off=()):
@@ -497,12 +563,13 @@ REDUCTION = ("the step reduces over the replica's own batch somewhere (see loops
 
 
 def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float64"), precision=None, shown=8,
-           tied=(), both=(), unmeasured=""):
+           tied=(), both=(), unmeasured="", in_float32=(), skipped=()):
   """(passed, lines): the largest differences over what rounding explains, the verdict last (a FAIL with its
   first step and cause). kind: "replicas" (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker
   processes); floor: how rounding was measured; tied: the steps only flipped max-pool ties explain; both: (step,
-  the float64 steps' largest difference) where the other side's own float32 error was measured too;
-  unmeasured: why it could not be, where a step needed it."""
+  the steps' largest difference in the precision above) where the other side's own error was measured too;
+  unmeasured: why it could not be, where a step needed it; in_float32: the steps of a bfloat16 check judged again in
+  float32; skipped: float16 steps skipped on one side only, not compared."""
   one, two = SIDES[kind]
   own, other = ("one-replica", "two-replica side") if kind == "replicas" else ("one-device", "two workers' side")
   measured = floor.described(own, precision)
@@ -514,14 +581,22 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
            f"against what rounding explains ({measured}; x{rounding.MARGIN:g}):"]
   lines += [f"  step {row.step:<3d} {row.difference:9.2e} of {row.explained:9.2e}  {row.path}"
             for row in verdict.worst(shown)]
+  compute, above = precision or "float32", HIGHER.get(precision, "float64")
   if both:
-    lines.append(f"  {_steps([step for step, _ in both])}: beyond that, so the {other}'s own float32 "
-                 f"error was measured too (its step again in float64{floor.kept_said()}) and both sides' summed, "
-                 f"x{rounding.BOTH_MARGIN:g}; their float64 steps differ by at most "
+    lines.append(f"  {_steps([step for step, _ in both])}: beyond that, so the {other}'s own {compute} "
+                 f"error was measured too (its step again in {above}{floor.kept_said()}) and both sides' summed, "
+                 f"x{rounding.BOTH_MARGIN:g}; their {above} steps differ by at most "
                  f"{max(value for _, value in both):.2e}")
   if unmeasured:
-    lines.append(f"  the {other}'s own float32 error could not be measured (its step does not run in "
-                 f"float64 on {two}: {unmeasured}): judged against the {own} side's alone")
+    lines.append(f"  the {other}'s own {compute} error could not be measured (its step does not run in "
+                 f"{above} on {two}: {unmeasured}): judged against the {own} side's alone")
+  if in_float32:
+    lines.append(f"  {_steps(list(in_float32))}: beyond that, so both sides took the step again in float32 from the "
+                 f"same weights, judged as a float32 check judges it (its rows shown): bfloat16's rounding is gone "
+                 f"there; a difference of the step itself stays")
+  if skipped:
+    lines.append(f"  {_steps(list(skipped))}: not compared: float16 overflowed on one side only (its partial sums "
+                 f"differ with the batch's split), whose loss scaling skipped the step and halved the scale")
   if tied:
     lines.append(f"  {_steps(tied)}: beyond the floor, but within what flipping the "
                  f"max pools' near ties explains (windows whose two largest are within "
@@ -532,7 +607,7 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
   if verdict.passed:
     where = f"in {worst.path} at step {worst.step}"
     measured = (f"rounding explains up to {worst.explained:.2e}; the sides differ by {worst.difference:.2e} {where}"
-                if floor.how != "minimum" else f"the sides differ by at most {worst.difference:.2e} {where}, within "
+                if floor.how != "minimum" or in_float32 else f"the sides differ by at most {worst.difference:.2e} {where}, within "
                 f"the least difference judged, {worst.explained:.2e}: no floor run needed")
     lines.append(f"{kind}: PASS: {one} and {two} agree on all {verdict.variables} variables at each of {steps} "
                  f"steps ({measured})")
@@ -622,7 +697,8 @@ def run(config, steps=None, out=print):
     cause = REDUCTION if comparison.verdict.passed else cause_of(config, steps, comparison)
   passed, lines = report(comparison.verdict, steps, cause=cause, floor=comparison.how,
                          precision=config.mixed_precision, tied=comparison.tied, both=comparison.both,
-                         unmeasured=comparison.unmeasured)
+                         unmeasured=comparison.unmeasured, in_float32=comparison.in_float32,
+                         skipped=comparison.skipped)
   for line in lines:
     out(line)
   return passed
@@ -649,10 +725,13 @@ def locate(config, steps, comparison):
   again without XLA (a recorded step cannot be compiled), each taking the steps before it on its own (their
   batches) and that step from the check's start."""
   step, start, _, _ = comparison.first
+  float64 = comparison.how.how == "float64"
+  if step in comparison.in_float32:  # a bfloat16 step judged in float32: located in float32 too
+    with higher_precision(config) as above:
+      config, float64 = above, comparison.float32_how.how == "float64"
   side_of = lambda replicas: lambda: Side(_probed(variant(config, replicas, steps)))
   one, task = first_difference.recorded(side_of(1), step, start)
   two, _ = first_difference.recorded(side_of(2), step, start)
-  float64 = comparison.how.how == "float64"
   floor_of = lambda: floor_side(_probed(variant(config, 1, steps)), float64=float64)[0]
   nudge = 0.0 if float64 else rounding.NUDGE[config.mixed_precision]
   floor, _ = first_difference.recorded(floor_of, step, start, nudge)

@@ -12,9 +12,10 @@ This process writes the workers' configs (the resolved variants themselves, pick
 was checked here, command-line overrides included) to a private temporary directory and runs the one-device side
 while they start and build; it writes the start of each of its steps there, the workers take each step from it, and
 the chief writes their finals there, judged here as they come. A step beyond the one-device side's own float32
-error is asked of the workers once more in float64 (a request file; the chief writes that final too: their own
-float32 error, as --check=replicas measures the two replicas'); a marker tells them a config is judged.
-Each wait for the workers (a step's final, its float64 final, their end) is bounded by `timeout_seconds`; they end
+error is asked of the workers once more in the precision above (float64; float32 for a bfloat16 config: a request
+file; the chief writes that final too: their own rounding error, as --check=replicas measures the two replicas'); a
+marker tells them a config is judged.
+Each wait for the workers (a step's final, its final in the precision above, their end) is bounded by `timeout_seconds`; they end
 with this process (their process group is stopped on every way out, SIGTERM included; a SIGKILL of this process
 reaches them through the kernel's parent-death signal on Linux).
 
@@ -61,7 +62,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = "configs.pkl"
 SHOWN_LINES = 20  # a failed worker's last output lines, printed to stderr
 POLL_SECONDS = 0.1
-ERROR = ("error", 0)  # the key of a float64 final that could not be taken: its error's first line
+ERROR = ("error", 0)  # the key of a final in the precision above that could not be taken: its error's first line
 
 
 def run(config, steps=None, out=print, timeout_seconds=TIMEOUT_SECONDS):
@@ -135,7 +136,8 @@ def from_the_files(path, doing):
 
 def judged(directory, i, one_config, steps, built, waited_for=from_the_files):
   """The replica_check.Comparison of the i-th config of `directory`, one step at a time: the workers' finals as
-  waited_for(path, doing) gives them, their float64 finals asked of them where a step needs it (WorkersFloor)."""
+  waited_for(path, doing) gives them, their finals in the precision above asked of them where a step needs it
+  (WorkersFloor)."""
   judge = replica_check.Judge(one_config, built.paths, pools=built.pools,
                               other=WorkersFloor(directory, i, waited_for))
   start = load_state(starts_path(directory, i, 0))
@@ -149,18 +151,19 @@ def judged(directory, i, one_config, steps, built, waited_for=from_the_files):
 
 
 class WorkersFloor:
-  """The two workers' own float32 error (replica_check.OtherFloor across processes): asked for a step, they take it
-  again in float64 from the same start and the chief writes that final; None where it does not run in float64."""
+  """The two workers' own rounding error (replica_check.OtherFloor across processes): asked for a step, they take it
+  again in the precision above (replica_check.HIGHER) from the same start and the chief writes that final; None where
+  it does not run in it."""
 
   def __init__(self, directory, n, waited_for):
     self.directory, self.n, self.waited_for, self.why_not = directory, n, waited_for, ""
 
   def step(self, k, start):
-    """(start, final) of step k (0-based) from `start` in float64 on the workers, or None."""
+    """(start, final) of step k (0-based) from `start` in the precision above on the workers, or None."""
     if self.why_not:
       return None
     save_state(request_path(self.directory, self.n, k), {})
-    final = self.waited_for(float64_path(self.directory, self.n, k), f"take step {k + 1} again in float64")
+    final = self.waited_for(above_path(self.directory, self.n, k), f"take step {k + 1} again in the precision above")
     if ERROR in final:
       self.why_not = str(final[ERROR])
       return None
@@ -188,7 +191,8 @@ def _report(comparison, config, steps):
     cause = replica_check.non_finite_cause(sides, kind="workers") or located(comparison, config, steps)
   return replica_check.report(comparison.verdict, steps, kind="workers", cause=cause, floor=comparison.how,
                               precision=config.mixed_precision, tied=comparison.tied, both=comparison.both,
-                              unmeasured=comparison.unmeasured)
+                              unmeasured=comparison.unmeasured, in_float32=comparison.in_float32,
+                              skipped=comparison.skipped)
 
 
 def located(comparison, config, steps):
@@ -233,7 +237,7 @@ def alongside_workers(directory, configs, work, timeout_seconds=TIMEOUT_SECONDS)
   """work(Workers), while 2 worker processes train `configs` in turn on one strategy (each config resolved,
   multi_worker_mirrored, train.steps the steps; their strategy settings alike: see compare), each step from the start
   `work` writes to `directory` (starts_path), the chief writing its finals there (values_path), then each step it
-  asks for (request_path) again in float64 (float64_path), until `work` marks the config judged (judged_path)."""
+  asks for (request_path) again in the precision above (above_path), until `work` marks the config judged (judged_path)."""
   workers = Workers(directory, timeout_seconds)
   save_configs(directory, configs)
   with stopped_by_sigterm():
@@ -399,13 +403,13 @@ def starts_path(directory, n, step):
 
 
 def request_path(directory, n, step):
-  """Where this process asks the workers to take config n's step (0-based) again in float64."""
-  return os.path.join(directory, f"float64-request-{n}-{step}.npz")
+  """Where this process asks the workers to take config n's step (0-based) again in the precision above."""
+  return os.path.join(directory, f"above-request-{n}-{step}.npz")
 
 
-def float64_path(directory, n, step):
-  """Where the chief writes config n's final of that step in float64 (or the ERROR it met)."""
-  return os.path.join(directory, f"float64-values-{n}-{step}.npz")
+def above_path(directory, n, step):
+  """Where the chief writes config n's final of that step in the precision above (or the ERROR it met)."""
+  return os.path.join(directory, f"above-values-{n}-{step}.npz")
 
 
 def judged_path(directory, n):
@@ -440,9 +444,9 @@ def waited_for(path):
 
 
 def next_request(directory, n, after):
-  """The first step after `after` that the checking process asks again in float64 (request_path), or None once it
-  has judged config n (it asks one step at a time and marks it judged only after the last answer)."""
-  pattern = re.compile(rf"float64-request-{n}-(\d+)\.npz$")
+  """The first step after `after` that the checking process asks again in the precision above (request_path), or
+  None once it has judged config n (it asks one step at a time and marks it judged only after the last answer)."""
+  pattern = re.compile(rf"above-request-{n}-(\d+)\.npz$")
   while True:
     asked = sorted(int(m.group(1)) for m in map(pattern.match, tf.io.gfile.listdir(directory)) if m)
     later = [k for k in asked if k > after]
@@ -480,25 +484,25 @@ def worker_main(argv):
       _, final = side.step(waited_for(starts_path(directory, n, k)))
       if role.is_chief:
         save_state(values_path(directory, n, k), final)
-    answer_in_float64(directory, n, config, role, strategy)
+    answer_above(directory, n, config, role, strategy)
 
 
-def answer_in_float64(directory, n, config, role, strategy):
-  """Takes each step of config n the checking process asks for again in float64, from its start, on a float64
-  build of it (replica_check.OtherFloor's, on this strategy), until it has judged config n; the chief writes each
-  final, or the first line of what made the float64 step fail (then every later request gets it too)."""
+def answer_above(directory, n, config, role, strategy):
+  """Takes each step of config n the checking process asks for again in the precision above, from its start, on
+  such a build of it (replica_check.OtherFloor's, on this strategy), until it has judged config n; the chief writes
+  each final, or the first line of what made that step fail (then every later request gets it too)."""
   side, why_not, k = None, "", -1
   while (k := next_request(directory, n, k)) is not None:
     if not why_not:
       try:
         if side is None:
-          with replica_check.float64_models():
-            side = replica_check.Side(config, role=role, strategy=strategy)
+          with replica_check.higher_precision(config) as above:
+            side = replica_check.Side(above, role=role, strategy=strategy)
         final = side.step_at(k, load_state(starts_path(directory, n, k)))[1]
       except Exception as e:  # pylint: disable=broad-except  # a step of float32 constants: judged without it
         why_not = replica_check.shortened(first_line(e))
     if role.is_chief:
-      save_state(float64_path(directory, n, k), {ERROR: np.array(why_not)} if why_not else final)
+      save_state(above_path(directory, n, k), {ERROR: np.array(why_not)} if why_not else final)
 
 
 if __name__ == "__main__":

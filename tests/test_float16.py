@@ -82,3 +82,30 @@ def test_an_overflowing_step_is_skipped_and_the_loss_scale_halves(strategy, repl
       assert changed and scale_after == scale_before, step
   assert record[0][2] == 2.0 ** 15  # Keras' initial scale
   assert int(optimizer.inner_optimizer.iterations.numpy()) == 4  # updates applied: 5 steps minus the skipped one
+
+
+@pytest.mark.parametrize("precision, task, expected", [
+    ("bfloat16", "contrastive", {"model": {"bfloat16"}, "projection": {"bfloat16"}, "probe": {"bfloat16"}}),
+    ("float16", "regression", {"model": {"float16"}})])  # float16 scales one optimizer's loss
+def test_every_model_a_task_builds_itself_computes_in_the_runs_precision(precision, task, expected):
+  """Not only the registry's (ctx.model()): a task's own keras.Sequential too (it stayed float32, unsaid)."""
+  from loops.finders import trial
+  config = set_keys(load_config("tasks", task), {"mixed_precision": precision})
+  parts = build_lib.build(config, trial.role_of(config))
+  computes = {name: {layer.compute_dtype for layer in model.layers} for name, model in parts.models.items()}
+  assert computes == expected, computes
+  assert all(v.dtype == tf.float32 for m in parts.models.values() for v in m.variables)  # float32 weights
+  import keras
+  assert keras.mixed_precision.dtype_policy().name == "float32"  # the global policy was restored
+
+
+def test_a_bfloat16_output_beside_float32_targets_is_one_line_saying_to_cast_it():
+  from errors import ConfigError
+  from loops.finders import trial
+  config = set_keys(load_config("tasks", "regression"), {
+      "mixed_precision": "bfloat16", "task.name": "tests.fixtures.float16_models:UncastOutput"})
+  with pytest.raises(ConfigError, match=r"^UncastOutput.eval_step failed on a zero batch of 2 .*bfloat16.*; under "
+                                        r"mixed_precision the models compute in bfloat16: cast a model's outputs to "
+                                        r"your targets' dtype before mixing them \(tf.cast\(model\(x\), "
+                                        r"targets.dtype\); docs/tasks.md\)$"):
+    build_lib.build(config, trial.role_of(config))

@@ -300,3 +300,21 @@ def test_a_check_logs_how_many_steps_are_judged_at_most_every_period(monkeypatch
     clock[0] += seconds
     progress.judged(k)
   assert logged == ["check: 3 of 300 steps judged", "check: 4 of 300 steps judged"]
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("example, task, verdict", [
+    # a conv bias' bfloat16 gradient (a sum over every pixel) differed by 82 % on 2 replicas, blamed on the step
+    ("segmentation", None, r"^replicas: PASS: 1 and 2 replicas agree on all 25 variables at each of 3 steps "),
+    # a nudge of one bfloat16 rounding moved this model's update by 27 %: the mistake passed within it
+    ("regression", "tests.fixtures.wrong_tasks:LocallyCentred",
+     r"^replicas: FAIL: .* from step 1 .*: cause: every layer's output agrees at step 1; the per-example loss "
+     r"differs: LocallyCentred.per_example_loss"),
+])
+def test_a_bfloat16_step_beyond_the_least_difference_is_judged_again_in_float32(example, task, verdict):
+  config = set_keys(load_config("tasks", example), {"mixed_precision": "bfloat16", **({"task.name": task} if task else {})})
+  lines = []
+  replica_check.run(config, out=lines.append)
+  assert re.search(verdict, lines[-1]), "\n".join(lines)
+  assert re.search(r"^  steps? 1\b.*: beyond that, so both sides took the step again in float32 from the same "
+                   r"weights, judged as a float32 check judges it", "\n".join(lines), re.M), "\n".join(lines)

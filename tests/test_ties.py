@@ -67,6 +67,7 @@ def judged(tie_moved, pools, other=None):
   paths = {("model m", 0): "model m: kernel"}
   judge = replica_check.Judge.__new__(replica_check.Judge)
   judge.paths, judge.precision, judge.rows, judge.first, judge.tied, judge.both = paths, None, [], None, [], []
+  judge.above, judge.in_float32, judge.skipped = None, [], []
   judge.floor, judge.ties = Run(1e-7), Run(tie_moved) if pools else None
   judge.other = OtherRun(other) if other is not None else None
   start = {("model m", 0): np.zeros(4)}
@@ -124,6 +125,7 @@ def test_where_both_sides_errors_were_measured_every_variable_of_the_step_is_jud
   judge.paths, judge.precision, judge.rows, judge.first, judge.tied, judge.both = (
       {kernel: "model m: kernel", bias: "model m: bias"}, None, [], None, [], [])
   judge.floor, judge.ties, judge.other = Run(1e-7), None, OtherRun(1.0 + 1e-7)
+  judge.above, judge.in_float32, judge.skipped = None, [], []
   start = {kernel: np.zeros(4), bias: np.zeros(4)}
   judge.step(1, start, {key: value + 1.0 for key, value in start.items()},
              {kernel: start[kernel] + 1.0 + 1e-3, bias: start[bias] + 1.0 + 9e-5})

@@ -139,7 +139,7 @@ def written_steps(directory, apart, float64_apart=None):
     else:
       answer = {("model model", 0): starts[k + 1][("model model", 0)] + (float64_apart or 0.0)}
     if float64_apart is not None:
-      worker_check.save_state(worker_check.float64_path(directory, 0, k), answer)
+      worker_check.save_state(worker_check.above_path(directory, 0, k), answer)
   return starts
 
 
@@ -165,7 +165,7 @@ def test_the_workers_state_files_are_judged_one_step_at_a_time(tmp_path, monkeyp
   assert [row.step for row in comparison.verdict.beyond] == [2, 3]
   assert sorted(os.listdir(tmp_path)) == sorted(
       [f"starts-0-{k}.npz" for k in range(4)] + [f"values-0-{k}.npz" for k in range(3)]
-      + [f"float64-values-0-{k}.npz" for k in range(3)] + ["float64-request-0-1.npz", "float64-request-0-2.npz"])
+      + [f"above-values-0-{k}.npz" for k in range(3)] + ["above-request-0-1.npz", "above-request-0-2.npz"])
   assert [step for step, _ in comparison.both] == [2, 3]
   assert comparison.both[0][1] == pytest.approx(0.5, rel=1e-3)  # their float64 steps as far apart
 
@@ -187,7 +187,7 @@ def test_a_float64_step_the_workers_cannot_take_is_said_and_judged_on_the_one_de
   starts = written_steps(str(tmp_path), 2e-3 * 1.5, float64_apart="error")
   comparison = judged_files(str(tmp_path), starts, monkeypatch)
   assert comparison.verdict.first_step == 2 and comparison.unmeasured == "TypeError: a float32 constant"
-  assert "float64-request-0-2.npz" not in os.listdir(tmp_path)  # asked once
+  assert "above-request-0-2.npz" not in os.listdir(tmp_path)  # asked once
   _, lines = replica_check.report(comparison.verdict, 3, kind="workers", unmeasured=comparison.unmeasured)
   assert lines[-2] == ("  the two workers' side's own float32 error could not be measured (its step does not run "
                        "in float64 on 2 workers: TypeError: a float32 constant): judged against the one-device "

@@ -46,7 +46,8 @@ class NtXent(Task):
   def per_example_loss(self, batch, models, ctx):
     images, labels = batch
     rows = tf.shape(images)[0]
-    embed = lambda x: tf.math.l2_normalize(models["projection"](models["model"](x, training=True)), -1)
+    embed = lambda x: tf.math.l2_normalize(  # in the images' dtype (float32 under mixed_precision)
+        tf.cast(models["projection"](models["model"](x, training=True)), images.dtype), -1)
     z_a, z_b = embed(self._view(images, ctx, 0)), embed(self._view(images, ctx, 1))
     all_a, all_b = ctx.all_gather(z_a), ctx.all_gather(z_b)  # [global batch, 32]: every replica's rows
     mine = ctx.global_rows(rows)  # each row's positive: the other view of the same global row
@@ -55,7 +56,7 @@ class NtXent(Task):
         mine, tf.concat([z @ tf.transpose(other), z @ tf.transpose(same) + self_mask], 1) / self.temperature)
     contrastive = (nt_xent(z_a, all_a, all_b) + nt_xent(z_b, all_b, all_a)) / 2
     features = tf.stop_gradient(models["model"](images, training=True))
-    probe_logits = models["probe"](features, training=True)
+    probe_logits = tf.cast(models["probe"](features, training=True), images.dtype)
     ctx.log("contrastive_loss", contrastive)
     ctx.log("probe_accuracy", correct(labels, probe_logits))
     return contrastive + tf.nn.sparse_softmax_cross_entropy_with_logits(labels, probe_logits)
@@ -66,7 +67,7 @@ class NtXent(Task):
   def eval_step(self, batch, models, ctx):
     images, labels = batch
     embedding = models["model"](images, training=False)
-    logits = models["probe"](embedding, training=False)
+    logits = tf.cast(models["probe"](embedding, training=False), images.dtype)
     return {"loss": tf.nn.sparse_softmax_cross_entropy_with_logits(labels, logits),
             "probe_accuracy": correct(labels, logits),
             "embedding": tf.math.l2_normalize(embedding, axis=-1), "label": labels}

@@ -43,15 +43,16 @@ class DigitsGan(Task):
     rows = tf.shape(images)[0]
     generator, discriminator = models["model"], models["discriminator"]
     bce = lambda logits, target: tf.nn.sigmoid_cross_entropy_with_logits(tf.fill(tf.shape(logits), target), logits)
+    score = lambda x: tf.cast(discriminator(x, training=True)[:, 0], images.dtype)  # float32 under mixed_precision
     with tf.GradientTape() as tape:
-      real = discriminator(images, training=True)[:, 0]
-      fake = discriminator(generator(ctx.normal(rows, [NOISE], salt=0), training=True), training=True)[:, 0]
+      real = score(images)
+      fake = score(generator(ctx.normal(rows, [NOISE], salt=0), training=True))
       d_loss = ctx.average(bce(real, 1.0) + bce(fake, 0.0))
       d_scaled = optimizers["discriminator"].scale_loss(d_loss)  # float16: the loss scale; else the loss itself
     d_vars = discriminator.trainable_variables
     optimizers["discriminator"].apply_gradients(zip(tape.gradient(d_scaled, d_vars), d_vars))
     with tf.GradientTape() as tape:
-      fake = discriminator(generator(ctx.normal(rows, [NOISE], salt=1), training=True), training=True)[:, 0]
+      fake = score(generator(ctx.normal(rows, [NOISE], salt=1), training=True))
       g_loss = ctx.average(bce(fake, 1.0))
       g_scaled = optimizers["model"].scale_loss(g_loss)
     g_vars = generator.trainable_variables
@@ -64,7 +65,8 @@ class DigitsGan(Task):
   def eval_step(self, batch, models, ctx):
     images, _ = batch
     rows = tf.shape(images)[0]
-    generated = models["model"](tf.random.stateless_normal([rows, NOISE], seed=[7, 7]), training=False)
+    generated = tf.cast(models["model"](tf.random.stateless_normal([rows, NOISE], seed=[7, 7]), training=False),
+                        images.dtype)
     gap = tf.abs(tf.reduce_mean(generated, [1, 2, 3]) - tf.reduce_mean(images, [1, 2, 3]))
-    fake = models["discriminator"](generated, training=False)[:, 0]
+    fake = tf.cast(models["discriminator"](generated, training=False)[:, 0], images.dtype)
     return {"mean_gap": gap, "fake_score": tf.sigmoid(fake)}

@@ -37,7 +37,8 @@ class DigitValue(Task):
 
   def per_example_loss(self, batch, models, ctx):
     images, values = batch
-    predicted = tf.squeeze(models["model"](images, training=ctx.training), -1)
+    # the model's outputs in the targets' dtype (bfloat16 under mixed_precision)
+    predicted = tf.cast(tf.squeeze(models["model"](images, training=ctx.training), -1), values.dtype)
     return tf.square(predicted - values)  # one loss per example: the framework averages over the GLOBAL batch
 
   def predict_step(self, batch, models, ctx):
@@ -46,5 +47,5 @@ class DigitValue(Task):
 
   def eval_step(self, batch, models, ctx):
     images, values = batch
-    error = tf.squeeze(models["model"](images, training=False), -1) - values
+    error = tf.cast(tf.squeeze(models["model"](images, training=False), -1), values.dtype) - values
     return {"loss": tf.square(error), "mse": tf.square(error), "mae": tf.abs(error)}

@@ -59,11 +59,11 @@ class DigitsWganGp(Task):
     images, _ = batch
     rows = tf.shape(images)[0]
     generator, critic = models["model"], models["critic"]
-    fake = generator(ctx.normal(rows, [NOISE], salt=0), training=True)
+    fake = tf.cast(generator(ctx.normal(rows, [NOISE], salt=0), training=True), images.dtype)  # mixed_precision
     epsilon = uniform(ctx, rows, [1, 1, 1], salt=1)
     mixed = epsilon * images + (1.0 - epsilon) * fake
     with tf.GradientTape() as tape:
-      real_score, fake_score = critic(images, training=True)[:, 0], critic(fake, training=True)[:, 0]
+      real_score, fake_score = (tf.cast(critic(x, training=True)[:, 0], images.dtype) for x in (images, fake))
       penalty = self._gradient_penalty(critic, mixed)
       critic_loss = ctx.average(fake_score - real_score + self.penalty_weight * penalty)
       scaled = optimizers["critic"].scale_loss(critic_loss)
@@ -79,14 +79,14 @@ class DigitsWganGp(Task):
     """(|d score / d mixed| - 1)^2 per example, differentiable (a nested tape inside the critic's)."""
     with tf.GradientTape() as inner:
       inner.watch(mixed)
-      score = critic(mixed, training=True)
+      score = tf.cast(critic(mixed, training=True), mixed.dtype)
     slopes = tf.norm(tf.reshape(inner.gradient(score, mixed), [tf.shape(mixed)[0], -1]), axis=1)
     return tf.square(slopes - 1.0)
 
   def _generator_update(self, generator, critic, optimizer, ctx, rows):
     with tf.GradientTape() as tape:
       fake = generator(ctx.normal(rows, [NOISE], salt=2), training=True)
-      loss = ctx.average(-critic(fake, training=True)[:, 0])
+      loss = ctx.average(-tf.cast(critic(fake, training=True)[:, 0], critic.variable_dtype))
       scaled = optimizer.scale_loss(loss)
     variables = generator.trainable_variables
     optimizer.apply_gradients(zip(tape.gradient(scaled, variables), variables))
@@ -94,8 +94,9 @@ class DigitsWganGp(Task):
   def eval_step(self, batch, models, ctx):
     images, _ = batch
     rows = tf.shape(images)[0]
-    generated = models["model"](tf.random.stateless_normal([rows, NOISE], seed=[7, 7]), training=False)
+    generated = tf.cast(models["model"](tf.random.stateless_normal([rows, NOISE], seed=[7, 7]), training=False),
+                        images.dtype)
     gap = tf.abs(tf.reduce_mean(generated, [1, 2, 3]) - tf.reduce_mean(images, [1, 2, 3]))
     critic = models["critic"]
-    wasserstein = critic(images, training=False)[:, 0] - critic(generated, training=False)[:, 0]
+    wasserstein = tf.cast(critic(images, training=False)[:, 0] - critic(generated, training=False)[:, 0], images.dtype)
     return {"mean_gap": gap, "wasserstein": wasserstein}

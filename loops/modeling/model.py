@@ -1,6 +1,8 @@
 """The model: resolved by name or import path, built under the precision policy, optionally with synchronized
 BatchNorm, and called through one function that gives (logits, outputs) whatever the model returns."""
 
+import contextlib
+
 from absl import logging
 import keras
 import tensorflow as tf
@@ -50,21 +52,29 @@ def model_function(name):
   return models.get(name)
 
 
+@contextlib.contextmanager
+def precision_policy(mixed_precision):
+  """Keras' dtype policy of `mixed_precision` for the models built inside (restored afterwards: it is global; None:
+  the policy as it is). Entering it where the CPU emulates that precision logs a warning once per build."""
+  previous = keras.mixed_precision.dtype_policy()
+  policy = MIXED_PRECISION_POLICIES.get(mixed_precision)
+  if policy and previous.name != policy:
+    if not tf.config.list_physical_devices("GPU") and emulated_on_cpu(mixed_precision, cpu_flags()):
+      logging.warning(CPU_MIXED_PRECISION_WARNING, mixed_precision, SLOW_ON_CPU[mixed_precision])
+    keras.mixed_precision.set_dtype_policy(policy)
+  try:
+    yield
+  finally:
+    keras.mixed_precision.set_dtype_policy(previous)
+
+
 def build_model(model_settings, mixed_precision, input_shape, num_classes):
   """The model of the `model` settings under the Keras dtype policy of `mixed_precision` (restored afterwards: it
   is global); its BatchNormalization layers synchronized over all replicas when model.sync_batchnorm, the others
   run through the fused kernel when model.fused_batchnorm (loops/modeling/fused_batchnorm.py). Call in
   strategy.scope()."""
-  if (mixed_precision and not tf.config.list_physical_devices("GPU")
-      and emulated_on_cpu(mixed_precision, cpu_flags())):
-    logging.warning(CPU_MIXED_PRECISION_WARNING, mixed_precision, SLOW_ON_CPU[mixed_precision])
-  previous = keras.mixed_precision.dtype_policy()
-  if mixed_precision:
-    keras.mixed_precision.set_dtype_policy(MIXED_PRECISION_POLICIES[mixed_precision])
-  try:
+  with precision_policy(mixed_precision):
     model = model_function(model_settings.name)(tuple(input_shape), int(num_classes), **dict(model_settings.kwargs))
-  finally:
-    keras.mixed_precision.set_dtype_policy(previous)
   if not isinstance(model, keras.Model):
     raise ConfigError(f"model '{model_settings.name}' returned {type(model).__name__}, not a keras.Model")
   configure_batchnorm(model, model_settings)

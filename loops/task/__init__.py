@@ -2,6 +2,7 @@
 
 import functools
 import inspect
+import re
 
 import keras
 import numpy as np
@@ -204,6 +205,15 @@ def zero_batch(element_spec, batch, length=1):
                       "give every feature a known rank (tf.ensure_shape in the input function)") from e
 
 
+def precision_hint(models, error):
+  """What to do when a step met a model's float16/bfloat16 values beside float32 ones (mixed_precision), else ""."""
+  mixed = sorted({model.compute_dtype for model in models.values()} & {"bfloat16", "float16"})
+  if not mixed or not re.search(r"bfloat16|half|float16", str(error)):
+    return ""
+  return (f"; under mixed_precision the models compute in {mixed[0]}: cast a model's outputs to your targets' dtype "
+          f"before mixing them (tf.cast(model(x), targets.dtype); docs/tasks.md)")
+
+
 def eval_names(task, models, element_spec, global_batch_size, metrics, batch=2):
   """The names the task's eval_step returns, by running it once eagerly on a zero batch (before anything is
   written; sequences of unknown length are 1 long); raises ConfigError unless it returns {name: per-example values
@@ -218,7 +228,7 @@ def eval_names(task, models, element_spec, global_batch_size, metrics, batch=2):
   except Exception as e:  # a user's code: one line naming where
     shapes = tf.nest.map_structure(lambda t: t.shape.as_list(), probe)
     raise ConfigError(f"{type(task).__name__}.eval_step failed on a zero batch of {batch} (shapes {shapes}): "
-                      f"{described(e)}") from e
+                      f"{described(e)}{precision_hint(models, e)}") from e
   if not isinstance(values, dict) or not values:
     raise ConfigError(f"{type(task).__name__}.eval_step must return {{name: per-example values}}, got "
                       f"{type(values).__name__}")
