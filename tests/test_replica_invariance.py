@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from loops import first_difference
 from loops import replica_check
+from loops import rounding
 from loops.distribute import strategy as strategy_lib
 from loops.modeling import optimizers
 from loops.modeling import random_layers
@@ -318,3 +319,11 @@ def test_a_bfloat16_step_beyond_the_least_difference_is_judged_again_in_float32(
   assert re.search(verdict, lines[-1]), "\n".join(lines)
   assert re.search(r"^  steps? 1\b.*: beyond that, so both sides took the step again in float32 from the same "
                    r"weights, judged as a float32 check judges it", "\n".join(lines), re.M), "\n".join(lines)
+
+
+def test_float16_steps_skipped_on_one_side_are_said_and_a_check_of_nothing_else_fails():
+  rows = (rounding.Row(2, "model m: kernel", 1e-6, 1e-4),)
+  passed, lines = replica_check.report(rounding.Verdict(rows), 3, precision="float16", skipped=(1, 3))
+  assert passed and "  steps 1, 3: not compared: float16 overflowed on one side only" in "\n".join(lines)
+  passed, lines = replica_check.report(rounding.Verdict(()), 3, precision="float16", skipped=(1, 2, 3))
+  assert not passed and lines[-1].startswith("replicas: FAIL: float16 overflowed on one side only at every step")
