@@ -602,12 +602,11 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
                  f"max pools' near ties explains (windows whose two largest are within "
                  f"{rounding.MINIMUM[precision]:g} of each other: rounding picks which takes the gradient)")
   worst, = verdict.worst(1) or [None]
-  if worst is None and skipped:
-    return False, lines + [f"{kind}: FAIL: float16 overflowed on one side only at every step, which its loss scaling "
-                           f"skipped: nothing was compared (an inf or NaN of one side's rows does this too); check "
-                           f"it in float32: --config.mixed_precision=None"]
-  if worst is None:
-    return True, lines + [f"{kind}: PASS: there are no variables to compare"]
+  if worst is None:  # nothing compared: no variables, or every step skipped on one side (float16)
+    return not skipped, lines + [f"{kind}: FAIL: float16 overflowed on one side only at every step, which its loss "
+                                 f"scaling skipped: nothing was compared (an inf or NaN of one side's rows does this "
+                                 f"too); check it in float32: --config.mixed_precision=None" if skipped else
+                                 f"{kind}: PASS: there are no variables to compare"]
   if verdict.passed:
     where = f"in {worst.path} at step {worst.step}"
     measured = (f"rounding explains up to {worst.explained:.2e}; the sides differ by {worst.difference:.2e} {where}"
