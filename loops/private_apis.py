@@ -7,6 +7,7 @@ code does; WORKSPACE.md's "Private APIs and their guards" lists why no public AP
 TensorFlow or Keras (loops/distribute/cluster.py and others stay light); each function imports what it touches.
 """
 
+import contextlib
 import importlib
 
 from absl import logging
@@ -70,6 +71,26 @@ def overrides_moments(layer):
   import keras  # pylint: disable=import-outside-toplevel
   method = lambda cls: private(cls, "_moments", "keras", "keras.layers.BatchNormalization._moments")
   return method(type(layer)) is not method(keras.layers.BatchNormalization)
+
+
+# --- Keras dtype policies: the check's float64 build of a model that pins a layer to float32.
+
+@contextlib.contextmanager
+def float32_pins_as(dtype):
+  """Keras layers built inside that pin their dtype to float32 (a logits layer, as Keras' mixed-precision guide
+  teaches) take `dtype` instead; every other policy, and the global one, as they are."""
+  policies = private_module("keras.src.dtype_policies", "keras")
+  get = private(policies, "get", "keras", "keras.src.dtype_policies.get")
+
+  def pinned_as_dtype(identifier):
+    policy = get(identifier)
+    return get(dtype) if identifier is not None and policy.name == "float32" else policy
+
+  policies.get = pinned_as_dtype
+  try:
+    yield
+  finally:
+    policies.get = get
 
 
 # --- Keras compile(): the arguments as given, and Keras' resolution of "crossentropy"/"accuracy" by shapes.

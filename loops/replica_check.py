@@ -258,7 +258,7 @@ class Floor:
 
 
 def float32_layers(side):
-  """The layers of a float64 build's models whose weights stay float32 (pinned by their model: a logits layer)."""
+  """The layers of a float64 build's models whose weights stay float32 (a weight added with dtype float32)."""
   layers = [variable.path.rsplit("/", 1)[0] for key, variable in side.variables.items()
             if key[0].startswith("model") and variable.dtype == tf.float32]
   return tuple(dict.fromkeys(layers))
@@ -266,11 +266,13 @@ def float32_layers(side):
 
 @contextlib.contextmanager
 def float64_models():
-  """Keras layers and optimizers built inside compute and keep float64 (the dtype policy is global)."""
+  """Keras layers and optimizers built inside compute and keep float64 (the dtype policy is global), layers that
+  their model pins to float32 (a logits layer) too: the step has no float32 rounding left to measure itself by."""
   previous = keras.mixed_precision.dtype_policy()
   keras.mixed_precision.set_dtype_policy("float64")
   try:
-    yield
+    with private_apis.float32_pins_as("float64"):
+      yield
   finally:
     keras.mixed_precision.set_dtype_policy(previous)
 

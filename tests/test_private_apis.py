@@ -67,6 +67,28 @@ def test_overrides_moments_tells_a_subclass_that_replaces_the_statistics():
   assert not private_apis.overrides_moments(keras.layers.BatchNormalization())
 
 
+def test_float32_pins_take_the_dtype_asked_and_nothing_else_changes():
+  def pinned():
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(4, name="body"),
+                             keras.layers.Dense(2, dtype="float32", name="logits"),
+                             keras.layers.Dense(2, dtype="mixed_bfloat16", name="mixed")])
+
+  def dtypes(model):
+    return {layer.name: (layer.kernel.dtype, layer.compute_dtype) for layer in model.layers}
+
+  previous = keras.mixed_precision.dtype_policy()
+  keras.mixed_precision.set_dtype_policy("float64")
+  try:
+    with private_apis.float32_pins_as("float64"):
+      inside = dtypes(pinned())
+    after = dtypes(pinned())
+  finally:
+    keras.mixed_precision.set_dtype_policy(previous)
+  assert inside == {"body": ("float64", "float64"), "logits": ("float64", "float64"),
+                    "mixed": ("float32", "bfloat16")}, inside
+  assert after["logits"] == ("float32", "float32") and after["body"] == ("float64", "float64"), after
+
+
 def test_compile_arguments_are_the_objects_given():
   model, auc = nested_model(), keras.metrics.AUC()
   model.compile(loss="mse", metrics=["accuracy", auc], weighted_metrics=["mae"], loss_weights=2.0)

@@ -321,6 +321,17 @@ def test_a_bfloat16_step_beyond_the_least_difference_is_judged_again_in_float32(
                    r"weights, judged as a float32 check judges it", "\n".join(lines), re.M), "\n".join(lines)
 
 
+def test_a_model_pinning_its_output_to_float32_is_floored_in_float64_and_its_mistake_named():
+  """Keras' mixed-precision guide pins the output layer to float32: the float64 build kept it float32, the float32
+  output met float64 targets and the floor fell back to a nudge; now the pinned layer is float64 there too."""
+  config = set_keys(load_config("tasks", "regression"), {"task.name": "tests.fixtures.wrong_tasks:PinnedOutputCentred"})
+  lines = []
+  replica_check.run(config, out=lines.append)
+  assert "(the one-replica side's own float32 error: its step again in float64; x10)" in "\n".join(lines), "\n".join(lines)
+  assert re.search(r"^replicas: FAIL: .* from step 1 .*: cause: every layer's output agrees at step 1; the "
+                   r"per-example loss differs: PinnedOutputCentred.per_example_loss", lines[-1]), "\n".join(lines)
+
+
 def test_float16_steps_skipped_on_one_side_are_said_and_a_check_of_nothing_else_fails():
   rows = (rounding.Row(2, "model m: kernel", 1e-6, 1e-4),)
   passed, lines = replica_check.report(rounding.Verdict(rows), 3, precision="float16", skipped=(1, 3))
