@@ -3,6 +3,7 @@ agree on it (the replica check), the classic cross-replica mistakes are caught, 
 after SIGTERM, trains under 2-worker MWMS like on one device and collects eval rows under parameter servers; the
 sidecar evaluator, --dry_run and a sweep (with its HParams) work on tasks."""
 
+import inspect
 import json
 import os
 import re
@@ -107,16 +108,16 @@ def test_the_replica_check_passes_the_distillation_example(teacher):
 @pytest.mark.parametrize("wrong, overrides, located", [
     ("LocallyCentred", {},  # a batch statistic of the replica's rows
      "every layer's output agrees at step 1; the per-example loss differs: LocallyCentred.per_example_loss "
-     "(tests/fixtures/wrong_tasks.py:12) reduces over the replica's own rows"),
+     "(tests/fixtures/wrong_tasks.py:{line}) reduces over the replica's own rows"),
     ("LocalNegatives", {},  # contrastive negatives from the replica only
      "every layer's output agrees at step 1; the per-example loss differs: LocalNegatives.per_example_loss "
-     "(tests/fixtures/wrong_tasks.py:22) reduces over the replica's own rows"),
+     "(tests/fixtures/wrong_tasks.py:{line}) reduces over the replica's own rows"),
     ("PartlyCentred", {"check.steps": 1},  # a tenth of LocallyCentred, through the regression model's max pool
      "every layer's output agrees at step 1; the per-example loss differs: PartlyCentred.per_example_loss "
-     "(tests/fixtures/wrong_tasks.py:53) reduces over the replica's own rows"),
+     "(tests/fixtures/wrong_tasks.py:{line}) reduces over the replica's own rows"),
     ("MeanOverLocalBatch", {"optimizer.name": "sgd", "optimizer.learning_rate": 0.01},  # tf.reduce_mean
      "every layer's output agrees at step 1; the loss the step returns differs: MeanOverLocalBatch.train_step "
-     "(tests/fixtures/wrong_tasks.py:39) reduces over the replica's own rows"),
+     "(tests/fixtures/wrong_tasks.py:{line}) reduces over the replica's own rows"),
 ])
 def test_the_replica_check_fails_a_step_that_reduces_over_the_replica_batch_and_names_its_loss(wrong, overrides,
                                                                                                  located):
@@ -137,7 +138,14 @@ def test_the_replica_check_fails_a_step_that_reduces_over_the_replica_batch_and_
       config[group][field] = value
     lines = []
     assert not replica_check.run(config, out=lines.append), "\n".join(lines)
+  located = located.format(line=defined_at(*re.search(r"(\w+)\.(\w+) \(tests/", located).groups()))
   assert lines[-1].startswith("replicas: FAIL: ") and ": cause: " + located in lines[-1], lines[-1]
+
+
+def defined_at(class_name, method):
+  """The line where tests/fixtures/wrong_tasks.py defines `class_name.method` (the line the check's cause names)."""
+  from tests.fixtures import wrong_tasks
+  return inspect.getsourcelines(getattr(getattr(wrong_tasks, class_name), method))[1]
 
 
 # the row checked as a user runs it, `main.py --check=replicas` (what
