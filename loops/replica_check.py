@@ -335,8 +335,8 @@ class FloorRun:
 
 class OtherFloor:
   """The two-replica side's own rounding error: its step again in the precision above (HIGHER) on 2 replicas from
-  the same start, built when a step first exceeds what the one-replica side's own error explains (a float32 logits
-  layer's gradients are summed apart from the float64 ones: optimizers.summed_by_dtype)."""
+  the same start, built when a step first exceeds what the one-replica side's own error explains (a weight added
+  with dtype="float32" has its gradients summed apart from the float64 ones: optimizers.summed_by_dtype)."""
 
   def __init__(self, config, turn_off=()):
     self.config, self.turn_off, self.side, self.why_not = config, turn_off, None, ""

@@ -41,7 +41,7 @@ class NtXent(Task):
     return {"model": _encoder(ctx.features_spec.shape), "projection": projection, "probe": probe}
 
   def _view(self, images, ctx, salt):
-    return images + self.noise * ctx.normal(tf.shape(images)[0], images.shape[1:], salt=salt)
+    return images + self.noise * tf.cast(ctx.normal(tf.shape(images)[0], images.shape[1:], salt=salt), images.dtype)
 
   def per_example_loss(self, batch, models, ctx):
     images, labels = batch
@@ -51,7 +51,7 @@ class NtXent(Task):
     z_a, z_b = embed(self._view(images, ctx, 0)), embed(self._view(images, ctx, 1))
     all_a, all_b = ctx.all_gather(z_a), ctx.all_gather(z_b)  # [global batch, 32]: every replica's rows
     mine = ctx.global_rows(rows)  # each row's positive: the other view of the same global row
-    self_mask = tf.one_hot(mine, tf.shape(all_a)[0]) * -1e9
+    self_mask = tf.one_hot(mine, tf.shape(all_a)[0], dtype=all_a.dtype) * -1e9
     nt_xent = lambda z, same, other: tf.nn.sparse_softmax_cross_entropy_with_logits(
         mine, tf.concat([z @ tf.transpose(other), z @ tf.transpose(same) + self_mask], 1) / self.temperature)
     contrastive = (nt_xent(z_a, all_a, all_b) + nt_xent(z_b, all_b, all_a)) / 2

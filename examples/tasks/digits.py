@@ -51,12 +51,12 @@ class Classifier(Task):
 
   def per_example_loss(self, batch, models, ctx):
     images, labels = batch
-    logits = tf.cast(models["model"](images, training=ctx.training), tf.float32)
+    logits = tf.cast(models["model"](images, training=ctx.training), images.dtype)
     ctx.log("accuracy", tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32))
     return keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True)  # the built-in's loss
 
   def eval_step(self, batch, models, ctx):
     images, labels = batch
-    logits = tf.cast(models["model"](images, training=False), tf.float32)
+    logits = tf.cast(models["model"](images, training=False), images.dtype)
     return {"loss": keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True),
             "accuracy": tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32)}

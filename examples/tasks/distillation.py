@@ -37,8 +37,8 @@ class Distill(Task):
 
   def per_example_loss(self, batch, models, ctx):
     images, labels = batch
-    student = tf.cast(models["model"](images, training=True), tf.float32)
-    teacher = tf.cast(models["teacher"](images, training=False), tf.float32)
+    student = tf.cast(models["model"](images, training=True), images.dtype)
+    teacher = tf.cast(models["teacher"](images, training=False), images.dtype)
     t = self.temperature
     hard = tf.nn.sparse_softmax_cross_entropy_with_logits(labels, student)
     soft = tf.nn.softmax_cross_entropy_with_logits(tf.nn.softmax(teacher / t), student / t) - \

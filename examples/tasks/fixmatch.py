@@ -70,14 +70,14 @@ def weak(images, ctx, salt):
 def strong(images, ctx, salt):
   """A shift by up to 2 pixels, a 3x3 cutout, contrast in [0.5, 1.5] and noise: all keyed per example."""
   rows = tf.shape(images)[0]
-  draws = ctx.keyed_draws(tf.random.stateless_uniform, [rows, 5], _seed(ctx, salt))
+  draws = tf.cast(ctx.keyed_draws(tf.random.stateless_uniform, [rows, 5], _seed(ctx, salt)), images.dtype)
   out = shifted(images, tf.cast(draws[:, :2] * 5, tf.int32), pad=2)
   corner = tf.cast(draws[:, 2:4] * 6, tf.int32)  # the cutout's top-left pixel
   covered = lambda start: tf.logical_and(tf.range(8)[None] >= start[:, None], tf.range(8)[None] < start[:, None] + 3)
   hole = tf.logical_and(covered(corner[:, 0])[:, :, None], covered(corner[:, 1])[:, None, :])
-  out = tf.where(hole[..., None], 0.0, out)
+  out = tf.where(hole[..., None], tf.zeros_like(out), out)
   out = (out - 0.5) * (0.5 + draws[:, 4:5, None, None]) + 0.5
-  noise = ctx.keyed_draws(tf.random.stateless_normal, tf.shape(images), _seed(ctx, salt + 1))
+  noise = tf.cast(ctx.keyed_draws(tf.random.stateless_normal, tf.shape(images), _seed(ctx, salt + 1)), images.dtype)
   return tf.clip_by_value(out + 0.1 * noise, 0.0, 1.0)
 
 
@@ -102,10 +102,10 @@ class FixMatch(Task):
   def per_example_loss(self, batch, models, ctx):
     (labeled, labels), (unlabeled, _) = batch["labeled"], batch["unlabeled"]
     views = [weak(labeled, ctx, 10), weak(unlabeled, ctx, 20), strong(unlabeled, ctx, 30)]
-    logits = tf.cast(models["model"](tf.concat(views, 0), training=True), tf.float32)  # one pass: BN-ready
+    logits = tf.cast(models["model"](tf.concat(views, 0), training=True), labeled.dtype)  # one pass: BN-ready
     logits_l, logits_weak, logits_strong = tf.split(logits, [tf.shape(v)[0] for v in views])
     probabilities = tf.nn.softmax(tf.stop_gradient(logits_weak))
-    mask = tf.cast(tf.reduce_max(probabilities, -1) >= self.threshold, tf.float32)
+    mask = tf.cast(tf.reduce_max(probabilities, -1) >= self.threshold, logits.dtype)
     pseudo = tf.argmax(probabilities, -1)
     ctx.log("mask_rate", mask)
     ctx.log("labeled_accuracy", tf.cast(tf.equal(tf.argmax(logits_l, -1), labels), tf.float32))
@@ -115,6 +115,6 @@ class FixMatch(Task):
 
   def eval_step(self, batch, models, ctx):
     images, labels = batch["labeled"]
-    logits = tf.cast(models["model"](images, training=False), tf.float32)
+    logits = tf.cast(models["model"](images, training=False), images.dtype)
     return {"loss": keras.losses.sparse_categorical_crossentropy(labels, logits, from_logits=True),
             "accuracy": tf.cast(tf.equal(tf.argmax(logits, -1), labels), tf.float32)}

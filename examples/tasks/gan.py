@@ -42,7 +42,8 @@ class DigitsGan(Task):
     images, _ = batch
     rows = tf.shape(images)[0]
     generator, discriminator = models["model"], models["discriminator"]
-    bce = lambda logits, target: tf.nn.sigmoid_cross_entropy_with_logits(tf.fill(tf.shape(logits), target), logits)
+    bce = lambda logits, target: tf.nn.sigmoid_cross_entropy_with_logits(
+        tf.fill(tf.shape(logits), tf.constant(target, logits.dtype)), logits)
     score = lambda x: tf.cast(discriminator(x, training=True)[:, 0], images.dtype)  # float32 under mixed_precision
     with tf.GradientTape() as tape:
       real = score(images)

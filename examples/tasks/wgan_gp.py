@@ -60,7 +60,7 @@ class DigitsWganGp(Task):
     rows = tf.shape(images)[0]
     generator, critic = models["model"], models["critic"]
     fake = tf.cast(generator(ctx.normal(rows, [NOISE], salt=0), training=True), images.dtype)  # mixed_precision
-    epsilon = uniform(ctx, rows, [1, 1, 1], salt=1)
+    epsilon = tf.cast(uniform(ctx, rows, [1, 1, 1], salt=1), images.dtype)  # float64 in the check's floor
     mixed = epsilon * images + (1.0 - epsilon) * fake
     with tf.GradientTape() as tape:
       real_score, fake_score = (tf.cast(critic(x, training=True)[:, 0], images.dtype) for x in (images, fake))

@@ -25,6 +25,12 @@ DEFAULT = "sparse_categorical_crossentropy"  # what loss.name="" trains for a mo
 
 
 @tf.autograph.experimental.do_not_convert
+def at_least_float32(x):
+  """x in float32, or as it is when float64 (the replica check's float64 floor must not round in float32)."""
+  return x if x.dtype == tf.float64 else tf.cast(x, tf.float32)
+
+
+@tf.autograph.experimental.do_not_convert
 def is_soft(labels):
   return labels.shape.rank == 2
 
@@ -92,7 +98,7 @@ def build(loss_config):
       given["step"] = tf.convert_to_tensor(step)
     losses = bound(labels, logits, **{k: given[k] for k in declared})
     check_per_example(name, losses, logits)
-    return tf.cast(losses, tf.float32)
+    return at_least_float32(losses)
 
   if not users:  # a built-in loss: nothing for AutoGraph to convert (loops/task's user_call converts a user's)
     per_example_loss = tf.autograph.experimental.do_not_convert(per_example_loss)

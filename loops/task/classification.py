@@ -15,7 +15,8 @@ _plain = tf.autograph.experimental.do_not_convert  # branches on Python values o
 
 @_plain
 def forward(model, images, training):
-  """(logits as float32, outputs): `outputs` is the model's dict, or {"logits": output} for a plain output."""
+  """(logits in float32 or wider, outputs): `outputs` is the model's dict, or {"logits": output} for a plain output.
+  A float64 model (the check's floor) keeps float64 logits: its loss has no float32 rounding."""
   outputs = model(images, training=training)
   if isinstance(outputs, dict):
     if "logits" not in outputs:
@@ -24,7 +25,7 @@ def forward(model, images, training):
     logits = outputs["logits"]
   else:
     logits, outputs = outputs, {"logits": outputs}
-  return tf.cast(logits, tf.float32), outputs
+  return losses.at_least_float32(logits), outputs
 
 
 @_plain
