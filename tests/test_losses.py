@@ -1,6 +1,7 @@
 import os
 import sys
 
+import keras
 import ml_collections
 import numpy as np
 import pytest
@@ -26,6 +27,18 @@ def test_cross_entropy_is_per_example():
   values = losses.build(loss_config("sparse_categorical_crossentropy"))(LABELS, LOGITS).numpy()
   expected = -np.log(tf.nn.softmax(LOGITS).numpy()[np.arange(3), LABELS.numpy()])
   np.testing.assert_allclose(values, expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype, expected", [(tf.float64, tf.float64), (tf.bfloat16, tf.float32),
+                                             (tf.float32, tf.float32)])
+def test_losses_are_float32_but_in_the_checks_float64_floor(dtype, expected):
+  """The replica check's float64 floor must not round the loss (nor the built-in's logits) in float32."""
+  from loops.task import classification
+  model = keras.Sequential([keras.Input([3], dtype=dtype), keras.layers.Dense(4, dtype=dtype)])
+  logits, _ = classification.forward(model, tf.ones([2, 3], dtype), training=False)
+  per_example = losses.build(ml_collections.ConfigDict({"name": "", "kwargs": {}, "label_smoothing": 0.1}))(
+      tf.constant([0, 3]), logits)
+  assert (logits.dtype, per_example.dtype) == (expected, expected)
 
 
 def test_label_smoothing_matches_the_formula():

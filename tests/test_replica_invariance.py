@@ -332,6 +332,17 @@ def test_a_model_pinning_its_output_to_float32_is_floored_in_float64_and_its_mis
                    r"per-example loss differs: PinnedOutputCentred.per_example_loss", lines[-1]), "\n".join(lines)
 
 
+@pytest.mark.e2e
+@pytest.mark.parametrize("example", ["gan", "fixmatch"])
+def test_the_examples_run_the_float64_floor_not_the_nudge(example, monkeypatch):
+  """Their float32 draws, constants and logits casts ran the floor's step in float32 beside float64 (an error, so
+  the coarser nudge judged); the floor forced at every step (least difference 0) must be float64."""
+  monkeypatch.setitem(rounding.MINIMUM, None, 0.0)
+  lines = []
+  assert replica_check.run(load_config("tasks", example), steps=1, out=lines.append), "\n".join(lines)
+  assert "(the one-replica side's own float32 error: its step again in float64; x10)" in "\n".join(lines), "\n".join(lines)
+
+
 def test_float16_steps_skipped_on_one_side_are_said_and_a_check_of_nothing_else_fails():
   rows = (rounding.Row(2, "model m: kernel", 1e-6, 1e-4),)
   passed, lines = replica_check.report(rounding.Verdict(rows), 3, precision="float16", skipped=(1, 3))
