@@ -387,7 +387,7 @@ class Comparison:
   tied: tuple = ()
   both: tuple = ()  # (step, the sides' largest difference in the precision above) where both sides' errors were measured
   unmeasured: str = ""  # why the two-replica side's own error could not be measured where a step needed it
-  in_float32: tuple = ()  # the steps of a bfloat16 check beyond the least difference, judged in float32 (AboveJudge)
+  in_float32: tuple = ()  # the steps of a bfloat16 check judged in float32 (AboveJudge): 1, any beyond the least
   float32_how: Floor = Floor("minimum")  # how that float32 judgement measured rounding
   skipped: tuple = ()  # float16 steps one side's loss scaling skipped (an overflow there only): not compared
 
@@ -426,7 +426,9 @@ class Judge:
       self.skipped.append(k + 1)  # float16 overflowed on one side only: that side's loss scaling skipped the step
       return
     rows = step_rows(k + 1, start, final_one, final_two, (start, final_one), self.paths, self.precision)
-    in_float32 = self.above.rows(k, start) if self.above and any(row.differs for row in rows) else None
+    # the first step always: a mistake smaller than bfloat16's rounding (PartlyCentred: 5.4e-2 where correct code
+    # differs by 4.0e-2) differs in float32
+    in_float32 = self.above.rows(k, start) if self.above and (k == 0 or any(row.differs for row in rows)) else None
     if in_float32 is not None:
       rows = in_float32
       self.in_float32.append(k + 1)
@@ -435,7 +437,8 @@ class Judge:
       rows = step_rows(k + 1, start, final_one, final_two, floor, self.paths, self.precision)
       if self.other and self.floor.how.how == "float64" and any(row.differs for row in rows):
         rows = self._both_sides(k, start, final_one, final_two, floor, rows)
-    if self.ties and any(row.differs for row in rows):  # the flips' move as measured, beside rounding's own
+    # the flips' move as measured, beside rounding's own (rows judged in float32 had their float32 flips there)
+    if self.ties and in_float32 is None and any(row.differs for row in rows):
       rows = rounding.summed(rows, step_rows(k + 1, start, final_one, final_two, self.ties.step(k, start),
                                              self.paths, self.precision, margin=1.0))
       self.tied += [k + 1] if not any(row.differs for row in rows) else []
@@ -471,11 +474,12 @@ def skipped(start, final):
 
 
 class AboveJudge:
-  """A bfloat16 step beyond the least difference judged, taken again on both sides in float32 from the same start
-  (the one-device side built here, the other's from `other`: OtherFloor, worker_check.WorkersFloor) and judged by a
-  float32 Judge (its float64 floor, the other side's float64 step where `other` offers one). bfloat16's own
-  rounding is ~1 % of an update and moves with every weight (its nudged floor was 27 % of the regression example's):
-  no floor measures it closely enough, while a difference of the step itself shows in float32 too."""
+  """A bfloat16 check's first step, and a step beyond the least difference judged, taken again on both sides in
+  float32 from the same start (the one-device side built here, the other's from `other`: OtherFloor,
+  worker_check.WorkersFloor) and judged by a float32 Judge (its float64 floor, the other side's float64 step where
+  `other` offers one). bfloat16's own rounding is ~1 % of an update and moves with every weight (its nudged floor was
+  27 % of the regression example's): no floor measures it closely enough, while a difference of the step itself
+  shows in float32 too."""
 
   def __init__(self, config, paths, turn_off, pools, other):
     with higher_precision(config) as above:
@@ -593,9 +597,9 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
     lines.append(f"  the {other}'s own {compute} error could not be measured (its step does not run in "
                  f"{above} on {two}: {unmeasured}): judged against the {own} side's alone")
   if in_float32:
-    lines.append(f"  {_steps(list(in_float32))}: beyond that, so both sides took the step again in float32 from the "
-                 f"same weights, judged as a float32 check judges it (its rows shown): bfloat16's rounding is gone "
-                 f"there; a difference of the step itself stays")
+    lines.append(f"  {_steps(list(in_float32))}: taken again on both sides in float32 from the same weights (the "
+                 f"first step always, a later one beyond that), judged as a float32 check judges it (its rows shown): "
+                 f"bfloat16's rounding is gone there; a difference of the step itself stays, however small")
   if skipped:
     lines.append(f"  {_steps(list(skipped))}: not compared: float16 overflowed on one side only (its partial sums "
                  f"differ with the batch's split), whose loss scaling skipped the step and halved the scale")
