@@ -219,13 +219,17 @@ def clipping_scopes(graph_def):
 
 def _named_variables(parts):
   """{(owner, index): variable} in creation order (Keras numbers repeated layer names per process, so the second
-  build's paths differ: the order does not); trainable variables of models, then optimizer slots."""
+  build's paths differ: the order does not); trainable variables of models, then optimizer slots. A float16
+  LossScaleOptimizer's slots are numbered as its inner optimizer's, its own (the loss scale) below 0: a float32
+  build of the same config (its step in the precision above) holds the same slots under the same keys."""
   named = {}
   for name, model in parts.models.items():
     for i, variable in enumerate(model.variables):
       named[(f"model {name}", i)] = variable
   for name, optimizer in parts.optimizers.items():
-    for i, variable in enumerate(optimizer.variables):
+    inner = getattr(optimizer, "inner_optimizer", optimizer)
+    own = [v for v in optimizer.variables if not any(v is w for w in inner.variables)]
+    for i, variable in [*enumerate(inner.variables), *((-1 - j, v) for j, v in enumerate(own))]:
       if "iteration" not in variable.path:
         named[(f"optimizer {name}", i)] = variable
   return named
@@ -278,15 +282,15 @@ def float64_models():
 
 
 # The precision above a run's, in which the check takes a step again where rounding alone cannot decide: float32's
-# own error is measured in float64; a bfloat16 step beyond its floor is judged again as a float32 check (AboveJudge).
-# Not float16: its loss scaling makes other optimizer variables than a float32 build's.
-HIGHER = {None: "float64", "bfloat16": "float32"}
+# own error is measured in float64; a float16 or bfloat16 check's first step, and any step beyond the least difference,
+# is judged again as a float32 check (AboveJudge; float16's loss scale aside: _named_variables).
+HIGHER = {None: "float64", "bfloat16": "float32", "float16": "float32"}
 
 
 @contextlib.contextmanager
 def higher_precision(config):
   """The config to build inside for its step in the precision above (HIGHER): float64 Keras models for a float32
-  config, the config without mixed precision for a bfloat16 one."""
+  config, the config without mixed precision for a float16 or bfloat16 one."""
   if config.mixed_precision is None:
     with float64_models():
       yield config
@@ -356,7 +360,7 @@ class OtherFloor:
       return None
 
   def above(self):
-    """The OtherFloor of this side's config in the precision above (a bfloat16 check's float32 Judge's)."""
+    """The OtherFloor of this side's config in the precision above (a float16 or bfloat16 check's float32 Judge's)."""
     with higher_precision(self.config) as above:
       return OtherFloor(above, self.turn_off)
 
@@ -387,7 +391,7 @@ class Comparison:
   tied: tuple = ()
   both: tuple = ()  # (step, the sides' largest difference in the precision above) where both sides' errors were measured
   unmeasured: str = ""  # why the two-replica side's own error could not be measured where a step needed it
-  in_float32: tuple = ()  # the steps of a bfloat16 check judged in float32 (AboveJudge): 1, any beyond the least
+  in_float32: tuple = ()  # a float16/bfloat16 check's steps judged in float32 (AboveJudge): 1, any beyond the least
   float32_how: Floor = Floor("minimum")  # how that float32 judgement measured rounding
   skipped: tuple = ()  # float16 steps one side's loss scaling skipped (an overflow there only): not compared
 
@@ -418,7 +422,7 @@ class Judge:
     self.ties = TieRun(floor_config, turn_off) if pools else None
     self.other = other  # the other side's step above (OtherFloor; worker_check.WorkersFloor), None: not measured
     self.above = (AboveJudge(floor_config, paths, turn_off, pools, other)
-                  if other and floor_config.mixed_precision == "bfloat16" else None)
+                  if other and floor_config.mixed_precision in ("bfloat16", "float16") else None)
     self.rows, self.first, self.tied, self.both, self.in_float32, self.skipped = [], None, [], [], [], []
 
   def step(self, k, start, final_one, final_two):
@@ -426,9 +430,10 @@ class Judge:
       self.skipped.append(k + 1)  # float16 overflowed on one side only: that side's loss scaling skipped the step
       return
     rows = step_rows(k + 1, start, final_one, final_two, (start, final_one), self.paths, self.precision)
-    # the first step always: a mistake smaller than bfloat16's rounding (PartlyCentred: 5.4e-2 where correct code
-    # differs by 4.0e-2) differs in float32
-    in_float32 = self.above.rows(k, start) if self.above and (k == 0 or any(row.differs for row in rows)) else None
+    # the first step compared always: a mistake smaller than bfloat16's rounding (PartlyCentred: 5.4e-2 where
+    # correct code differs by 4.0e-2) differs in float32
+    in_float32 = (self.above.rows(k, start) if self.above and (not self.in_float32 or any(row.differs for row in rows))
+                  else None)
     if in_float32 is not None:
       rows = in_float32
       self.in_float32.append(k + 1)
@@ -474,12 +479,12 @@ def skipped(start, final):
 
 
 class AboveJudge:
-  """A bfloat16 check's first step, and a step beyond the least difference judged, taken again on both sides in
-  float32 from the same start (the one-device side built here, the other's from `other`: OtherFloor,
+  """A float16 or bfloat16 check's first step, and a step beyond the least difference judged, taken again on both
+  sides in float32 from the same start (the one-device side built here, the other's from `other`: OtherFloor,
   worker_check.WorkersFloor) and judged by a float32 Judge (its float64 floor, the other side's float64 step where
   `other` offers one). bfloat16's own rounding is ~1 % of an update and moves with every weight (its nudged floor was
-  27 % of the regression example's): no floor measures it closely enough, while a difference of the step itself
-  shows in float32 too."""
+  27 % of the regression example's, float16's 82 %): no floor measures it closely enough, while a difference of the
+  step itself shows in float32 too."""
 
   def __init__(self, config, paths, turn_off, pools, other):
     with higher_precision(config) as above:
@@ -494,7 +499,9 @@ class AboveJudge:
       return None
     if self.side is None:
       self.side = Side(self.config, self.turn_off)
-    self.judge.step(k, start, self.side.step_at(k, start)[1], two[1])
+    final = self.side.step_at(k, start)[1]
+    start = {key: start[key] for key in final}  # without float16's loss scale: a float32 build has none
+    self.judge.step(k, start, final, two[1])
     return [row for row in self.judge.rows if row.step == k + 1]
 
 
@@ -574,7 +581,7 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
   first step and cause). kind: "replicas" (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker
   processes); floor: how rounding was measured; tied: the steps only flipped max-pool ties explain; both: (step,
   the steps' largest difference in the precision above) where the other side's own error was measured too;
-  unmeasured: why it could not be, where a step needed it; in_float32: the steps of a bfloat16 check judged again in
+  unmeasured: why it could not be, where a step needed it; in_float32: the steps of a float16/bfloat16 check judged again in
   float32; skipped: float16 steps skipped on one side only, not compared."""
   one, two = SIDES[kind]
   own, other = ("one-replica", "two-replica side") if kind == "replicas" else ("one-device", "two workers' side")
@@ -598,8 +605,8 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
                  f"{above} on {two}: {unmeasured}): judged against the {own} side's alone")
   if in_float32:
     lines.append(f"  {_steps(list(in_float32))}: taken again on both sides in float32 from the same weights (the "
-                 f"first step always, a later one beyond that), judged as a float32 check judges it (its rows shown): "
-                 f"bfloat16's rounding is gone there; a difference of the step itself stays, however small")
+                 f"first step compared always, a later one beyond that), judged as a float32 check judges it (its rows shown): "
+                 f"{precision}'s rounding is gone there; a difference of the step itself stays, however small")
   if skipped:
     lines.append(f"  {_steps(list(skipped))}: not compared: float16 overflowed on one side only (its partial sums "
                  f"differ with the batch's split), whose loss scaling skipped the step and halved the scale")
@@ -735,7 +742,7 @@ def locate(config, steps, comparison):
   batches) and that step from the check's start."""
   step, start, _, _ = comparison.first
   float64 = comparison.how.how == "float64"
-  if step in comparison.in_float32:  # a bfloat16 step judged in float32: located in float32 too
+  if step in comparison.in_float32:  # a float16/bfloat16 step judged in float32: located in float32 too
     with higher_precision(config) as above:
       config, float64 = above, comparison.float32_how.how == "float64"
   side_of = lambda replicas: lambda: Side(_probed(variant(config, replicas, steps)))
