@@ -282,8 +282,8 @@ def float64_models():
 
 
 # The precision above a run's, in which the check takes a step again where rounding alone cannot decide: float32's
-# own error is measured in float64; a float16 or bfloat16 check's first step, and any step beyond the least difference,
-# is judged again as a float32 check (AboveJudge; float16's loss scale aside: _named_variables).
+# own error is measured in float64; each step of a float16 or bfloat16 check is judged again as a float32 check
+# (AboveJudge; float16's loss scale aside: _named_variables).
 HIGHER = {None: "float64", "bfloat16": "float32", "float16": "float32"}
 
 
@@ -391,7 +391,7 @@ class Comparison:
   tied: tuple = ()
   both: tuple = ()  # (step, the sides' largest difference in the precision above) where both sides' errors were measured
   unmeasured: str = ""  # why the two-replica side's own error could not be measured where a step needed it
-  in_float32: tuple = ()  # a float16/bfloat16 check's steps judged in float32 (AboveJudge): 1, any beyond the least
+  in_float32: tuple = ()  # a float16/bfloat16 check's steps judged in float32 (AboveJudge): each that runs there
   float32_how: Floor = Floor("minimum")  # how that float32 judgement measured rounding
   skipped: tuple = ()  # float16 steps one side's loss scaling skipped (an overflow there only): not compared
 
@@ -430,10 +430,11 @@ class Judge:
       self.skipped.append(k + 1)  # float16 overflowed on one side only: that side's loss scaling skipped the step
       return
     rows = step_rows(k + 1, start, final_one, final_two, (start, final_one), self.paths, self.precision)
-    # the first step compared always: a mistake smaller than bfloat16's rounding (PartlyCentred: 5.4e-2 where
-    # correct code differs by 4.0e-2) differs in float32
-    in_float32 = (self.above.rows(k, start) if self.above and (not self.in_float32 or any(row.differs for row in rows))
-                  else None)
+    # every step: a mistake smaller than bfloat16's rounding (PartlyCentred: 5.4e-2 where correct code differs by
+    # 4.0e-2) differs in float32, at whichever step it first shows there (step 2 on 2 workers); not a float16 step
+    # both sides skipped (an overflow float32 would not have: the step float16 takes is no step)
+    both_skipped = self.precision == "float16" and skipped(start, final_one)
+    in_float32 = self.above.rows(k, start) if self.above and not both_skipped else None
     if in_float32 is not None:
       rows = in_float32
       self.in_float32.append(k + 1)
@@ -468,8 +469,12 @@ class Judge:
     return [row if row.explained >= wider.explained else wider for row, wider in zip(rows, both)]
 
   def comparison(self, built):
-    return Comparison(rounding.Verdict(tuple(self.rows)), built, self.floor.how, self.first, tuple(self.tied),
-                      tuple(self.both), self.other.why_not if self.other else "", tuple(self.in_float32),
+    """The Comparison; where steps were judged in float32, how that judgement measured rounding is the check's."""
+    inner = self.above.judge if self.in_float32 else self
+    return Comparison(rounding.Verdict(tuple(self.rows)), built, inner.floor.how, self.first,
+                      tuple(self.tied + (inner.tied if inner is not self else [])),
+                      tuple(self.both + (inner.both if inner is not self else [])),
+                      inner.other.why_not if inner.other else "", tuple(self.in_float32),
                       self.above.judge.floor.how if self.above else Floor("minimum"), tuple(self.skipped))
 
 
@@ -479,12 +484,11 @@ def skipped(start, final):
 
 
 class AboveJudge:
-  """A float16 or bfloat16 check's first step, and a step beyond the least difference judged, taken again on both
-  sides in float32 from the same start (the one-device side built here, the other's from `other`: OtherFloor,
-  worker_check.WorkersFloor) and judged by a float32 Judge (its float64 floor, the other side's float64 step where
-  `other` offers one). bfloat16's own rounding is ~1 % of an update and moves with every weight (its nudged floor was
-  27 % of the regression example's, float16's 82 %): no floor measures it closely enough, while a difference of the
-  step itself shows in float32 too."""
+  """Each step of a float16 or bfloat16 check taken again on both sides in float32 from the same start (the
+  one-device side built here, the other's from `other`: OtherFloor, worker_check.WorkersFloor) and judged by a float32
+  Judge (its float64 floor, the other side's float64 step where `other` offers one). bfloat16's own rounding is ~1 %
+  of an update and moves with every weight (its nudged floor was 27 % of the regression example's, float16's 82 %):
+  no floor measures it closely enough, while a difference of the step itself shows in float32 too."""
 
   def __init__(self, config, paths, turn_off, pools, other):
     with higher_precision(config) as above:
@@ -581,10 +585,11 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
   first step and cause). kind: "replicas" (1 vs 2 replicas of one process) or "workers" (one device vs 2 worker
   processes); floor: how rounding was measured; tied: the steps only flipped max-pool ties explain; both: (step,
   the steps' largest difference in the precision above) where the other side's own error was measured too;
-  unmeasured: why it could not be, where a step needed it; in_float32: the steps of a float16/bfloat16 check judged again in
-  float32; skipped: float16 steps skipped on one side only, not compared."""
+  unmeasured: why it could not be, where a step needed it; in_float32: a float16/bfloat16 check's steps judged in
+  float32 (then said as a float32 check's); skipped: float16 steps skipped on one side only, not compared."""
   one, two = SIDES[kind]
   own, other = ("one-replica", "two-replica side") if kind == "replicas" else ("one-device", "two workers' side")
+  half, precision = (precision, None) if in_float32 else (None, precision)
   measured = floor.described(own, precision)
   taken = max((row.step for row in verdict.rows), default=steps)
   each = f"each of {steps} steps" if taken >= steps else (
@@ -604,9 +609,8 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
     lines.append(f"  the {other}'s own {compute} error could not be measured (its step does not run in "
                  f"{above} on {two}: {unmeasured}): judged against the {own} side's alone")
   if in_float32:
-    lines.append(f"  {_steps(list(in_float32))}: taken again on both sides in float32 from the same weights (the "
-                 f"first step compared always, a later one beyond that), judged as a float32 check judges it (its rows shown): "
-                 f"{precision}'s rounding is gone there; a difference of the step itself stays, however small")
+    lines.append(f"  {_steps(list(in_float32))}: taken again on both sides in float32 from the same weights, judged "
+                 f"as a float32 check judges it: {half}'s rounding is gone there, a difference of the step stays")
   if skipped:
     lines.append(f"  {_steps(list(skipped))}: not compared: float16 overflowed on one side only (its partial sums "
                  f"differ with the batch's split), whose loss scaling skipped the step and halved the scale")
@@ -623,7 +627,7 @@ def report(verdict, steps, kind="replicas", cause=REDUCTION, floor=Floor("float6
   if verdict.passed:
     where = f"in {worst.path} at step {worst.step}"
     measured = (f"rounding explains up to {worst.explained:.2e}; the sides differ by {worst.difference:.2e} {where}"
-                if floor.how != "minimum" or in_float32 else f"the sides differ by at most {worst.difference:.2e} {where}, within "
+                if floor.how != "minimum" else f"the sides differ by at most {worst.difference:.2e} {where}, within "
                 f"the least difference judged, {worst.explained:.2e}: no floor run needed")
     lines.append(f"{kind}: PASS: {one} and {two} agree on all {verdict.variables} variables at each of {steps} "
                  f"steps ({measured})")
