@@ -392,7 +392,6 @@ class Comparison:
   both: tuple = ()  # (step, the sides' largest difference in the precision above) where both sides' errors were measured
   unmeasured: str = ""  # why the two-replica side's own error could not be measured where a step needed it
   in_float32: tuple = ()  # a float16/bfloat16 check's steps judged in float32 (AboveJudge): each that runs there
-  float32_how: Floor = Floor("minimum")  # how that float32 judgement measured rounding
   skipped: tuple = ()  # float16 steps one side's loss scaling skipped (an overflow there only): not compared
 
 
@@ -474,8 +473,7 @@ class Judge:
     return Comparison(rounding.Verdict(tuple(self.rows)), built, inner.floor.how, self.first,
                       tuple(self.tied + (inner.tied if inner is not self else [])),
                       tuple(self.both + (inner.both if inner is not self else [])),
-                      inner.other.why_not if inner.other else "", tuple(self.in_float32),
-                      self.above.judge.floor.how if self.above else Floor("minimum"), tuple(self.skipped))
+                      inner.other.why_not if inner.other else "", tuple(self.in_float32), tuple(self.skipped))
 
 
 def skipped(start, final):
@@ -748,7 +746,7 @@ def locate(config, steps, comparison):
   float64 = comparison.how.how == "float64"
   if step in comparison.in_float32:  # a float16/bfloat16 step judged in float32: located in float32 too
     with higher_precision(config) as above:
-      config, float64 = above, comparison.float32_how.how == "float64"
+      config = above  # comparison.how is then the float32 judgement's
   side_of = lambda replicas: lambda: Side(_probed(variant(config, replicas, steps)))
   one, task = first_difference.recorded(side_of(1), step, start)
   two, _ = first_difference.recorded(side_of(2), step, start)

@@ -329,8 +329,9 @@ def test_each_step_of_a_half_precision_check_is_judged_in_float32(
   lines = []
   replica_check.run(config, out=lines.append)
   assert re.search(verdict, lines[-1]), "\n".join(lines)
-  assert re.search(r"^  steps? \d.*: taken again on both sides in float32 from the same weights, judged as a float32 "
-                   r"check judges it", "\n".join(lines), re.M), "\n".join(lines)
+  first = "1" if precision == "bfloat16" else r"\d"  # float16's first steps may be its loss scale's search: skipped
+  assert re.search(rf"^  steps? {first}\b.*: taken again on both sides in float32 from the same weights, judged as "
+                   r"a float32 check judges it", "\n".join(lines), re.M), "\n".join(lines)
 
 
 def test_a_model_pinning_its_output_to_float32_is_floored_in_float64_and_its_mistake_named():
