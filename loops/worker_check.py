@@ -137,7 +137,7 @@ def from_the_files(path, doing):
 def judged(directory, i, one_config, steps, built, waited_for=from_the_files):
   """The replica_check.Comparison of the i-th config of `directory`, one step at a time: the workers' finals as
   waited_for(path, doing) gives them, their finals in the precision above asked of them where a step needs it
-  (WorkersFloor)."""
+  (WorkersFloor); up to the first step where a variable differs, as --check=replicas (nothing later is asked)."""
   judge = replica_check.Judge(one_config, built.paths, pools=built.pools,
                               other=WorkersFloor(directory, i, waited_for))
   start = load_state(starts_path(directory, i, 0))
@@ -145,6 +145,8 @@ def judged(directory, i, one_config, steps, built, waited_for=from_the_files):
   for k in range(steps):
     final = load_state(starts_path(directory, i, k + 1))
     judge.step(k, start, final, waited_for(values_path(directory, i, k), f"take step {k + 1}"))
+    if judge.first:
+      break
     progress.judged(k)
     start = final
   return judge.comparison(built)
@@ -481,6 +483,8 @@ def worker_main(argv):
       strategy = build_lib.start_strategy(first.run, first.cluster, role)
     side = replica_check.Side(config, role=role, strategy=strategy)
     for k in range(config.train.steps):
+      if k and side.execution.agree_on_stop("judged" if tf.io.gfile.exists(judged_path(directory, n)) else None):
+        break  # judged at a differing step: no later one is compared (all workers agree where they stop)
       _, final = side.step(waited_for(starts_path(directory, n, k)))
       if role.is_chief:
         save_state(values_path(directory, n, k), final)

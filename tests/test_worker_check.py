@@ -157,16 +157,18 @@ def judged_files(directory, starts, monkeypatch):
 
 def test_the_workers_state_files_are_judged_one_step_at_a_time(tmp_path, monkeypatch):
   """worker_check.judged reads the one-device side's states and the workers' finals step by step; a difference
-  from step 2 on, which the workers' float64 steps show too, is the first step that differs: asked of them at
-  each step beyond the one-device side's floor."""
+  from step 2 on, which the workers' float64 steps show too, is the first step that differs: asked of them there,
+  beyond the one-device side's floor, and the judging stops (step 3 is neither read nor asked, as --check=replicas
+  stops at its first differing step)."""
   starts = written_steps(str(tmp_path), 0.5, float64_apart=0.5)
+  os.remove(worker_check.values_path(str(tmp_path), 0, 2))  # step 3's final: not needed
   comparison = judged_files(str(tmp_path), starts, monkeypatch)
   assert comparison.verdict.first_step == 2 and comparison.first[0] == 2
-  assert [row.step for row in comparison.verdict.beyond] == [2, 3]
+  assert [row.step for row in comparison.verdict.beyond] == [2]
   assert sorted(os.listdir(tmp_path)) == sorted(
-      [f"starts-0-{k}.npz" for k in range(4)] + [f"values-0-{k}.npz" for k in range(3)]
-      + [f"above-values-0-{k}.npz" for k in range(3)] + ["above-request-0-1.npz", "above-request-0-2.npz"])
-  assert [step for step, _ in comparison.both] == [2, 3]
+      [f"starts-0-{k}.npz" for k in range(4)] + [f"values-0-{k}.npz" for k in range(2)]
+      + [f"above-values-0-{k}.npz" for k in range(3)] + ["above-request-0-1.npz"])
+  assert [step for step, _ in comparison.both] == [2]
   assert comparison.both[0][1] == pytest.approx(0.5, rel=1e-3)  # their float64 steps as far apart
 
 
