@@ -49,7 +49,9 @@ class Row:
 
   @property
   def ratio(self):
-    return self.difference / self.explained if self.explained else math.inf
+    if self.explained:
+      return self.difference / self.explained
+    return math.inf if self.difference else 0.0  # sides equal where nothing is explained: agreement, not the worst
 
   @property
   def differs(self):

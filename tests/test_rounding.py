@@ -68,3 +68,8 @@ def test_the_verdict_names_the_first_step_and_its_worst_variable():
   assert [row.path for row in verdict.variables_beyond(3)] == ["b", "a"]
   assert verdict.worst(1, 3)[0].difference == 0.9 and verdict.worst(1)[0].step == 4
   assert rounding.Verdict(tuple(ok)).passed and rounding.Verdict(tuple(ok)).first_step is None
+  # a variable equal on both sides where rounding explains nothing (the least difference forced to 0) is not the
+  # worst row: the closest one is
+  exact = rounding.Verdict((rounding.Row(1, "frozen", 0.0, 0.0), *ok))
+  assert exact.passed and [(row.path, row.step) for row in exact.worst(1)] == [("a", 2)]
+  assert rounding.Row(1, "moved", 1e-9, 0.0).ratio == math.inf
