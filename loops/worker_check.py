@@ -14,7 +14,8 @@ while they start and build; it writes the start of each of its steps there, the 
 the chief writes their finals there, judged here as they come. A step beyond the one-device side's own float32
 error (every step of a float16 or bfloat16 config) is asked of the workers once more in the precision above
 (float64; float32 for a float16 or bfloat16 config: a request file; the chief writes that final too: their own
-rounding error, as --check=replicas measures the two replicas'); a marker tells them a config is judged.
+rounding error, as --check=replicas measures the two replicas'); a marker tells them a config is judged
+(judged at its first differing step: they stop its steps there, agreeing before each step whether to).
 Each wait for the workers (a step's final, its final in the precision above, their end) is bounded by `timeout_seconds`; they end
 with this process (their process group is stopped on every way out, SIGTERM included; a SIGKILL of this process
 reaches them through the kernel's parent-death signal on Linux).
