@@ -15,7 +15,7 @@ the chief writes their finals there, judged here as they come. A step beyond the
 error (every step of a float16 or bfloat16 config) is asked of the workers once more in the precision above
 (float64; float32 for a float16 or bfloat16 config: a request file; the chief writes that final too: their own
 rounding error, as --check=replicas measures the two replicas'); a marker tells them a config is judged
-(judged at its first differing step: they stop its steps there, agreeing before each step whether to).
+(at its first differing step: nothing later is asked of them).
 Each wait for the workers (a step's final, its final in the precision above, their end) is bounded by `timeout_seconds`; they end
 with this process (their process group is stopped on every way out, SIGTERM included; a SIGKILL of this process
 reaches them through the kernel's parent-death signal on Linux).
@@ -484,8 +484,6 @@ def worker_main(argv):
       strategy = build_lib.start_strategy(first.run, first.cluster, role)
     side = replica_check.Side(config, role=role, strategy=strategy)
     for k in range(config.train.steps):
-      if k and side.execution.agree_on_stop("judged" if tf.io.gfile.exists(judged_path(directory, n)) else None):
-        break  # judged at a differing step: no later one is compared (all workers agree where they stop)
       _, final = side.step(waited_for(starts_path(directory, n, k)))
       if role.is_chief:
         save_state(values_path(directory, n, k), final)
