@@ -11,11 +11,12 @@ worker's own input shard, a state kept per process.
 This process writes the workers' configs (the resolved variants themselves, pickled: the workers train exactly what
 was checked here, command-line overrides included) to a private temporary directory and runs the one-device side
 while they start and build; it writes the start of each of its steps there, the workers take each step from it, and
-the chief writes their finals there, judged here as they come. A step beyond the one-device side's own float32
-error (every step of a float16 or bfloat16 config) is asked of the workers once more in the precision above
-(float64; float32 for a float16 or bfloat16 config: a request file; the chief writes that final too: their own
-rounding error, as --check=replicas measures the two replicas'); a marker tells them a config is judged
-(at its first differing step: nothing later is asked of them).
+the chief writes their finals there, judged here as they come (the one-device side at most LEAD steps ahead of the
+judging). A step beyond the one-device side's own float32 error (every step of a float16 or bfloat16 config) is
+asked of the workers once more in the precision above (float64; float32 for a float16 or bfloat16 config: a request
+file, answered before their next step; the chief writes that final too: their own rounding error, as
+--check=replicas measures the two replicas'); a marker tells them a config is judged. At its first differing step
+both sides stop: nothing later is taken, compared or asked (the workers agree before each step on what they do).
 Each wait for the workers (a step's final, its final in the precision above, their end) is bounded by `timeout_seconds`; they end
 with this process (their process group is stopped on every way out, SIGTERM included; a SIGKILL of this process
 reaches them through the kernel's parent-death signal on Linux).
@@ -40,6 +41,7 @@ import threading
 import time
 import traceback
 
+from absl import logging
 import numpy as np
 import tensorflow as tf
 
@@ -63,6 +65,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = "configs.pkl"
 SHOWN_LINES = 20  # a failed worker's last output lines, printed to stderr
 POLL_SECONDS = 0.1
+LEAD = 2  # steps the one-device side takes ahead of the judging: both sides stop within it of a differing step
+JUDGED, ABOVE = "judged", "above "  # what the workers agree to do before a step, besides taking it
 ERROR = ("error", 0)  # the key of a final in the precision above that could not be taken: its error's first line
 
 
@@ -107,7 +111,10 @@ def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
       with build_lib.determinism_restored():
         comparisons = alongside_workers(directory, [twos[n] for n in pair],
                                         functools.partial(check_each, ones, counts, pair), timeout_seconds)
-        for n, comparison in zip(pair, comparisons):
+        for i, (n, comparison) in enumerate(zip(pair, comparisons)):
+          if not comparison.verdict.passed:
+            logging.info("check: judged up to step %d of %d: 1 device took %d steps, the %d workers %d",
+                         comparison.verdict.first_step, counts[n], *steps_taken(directory, i))
           reports[n] = _report(comparison, configs[n], counts[n])
     finally:
       shutil.rmtree(directory, ignore_errors=True)
@@ -116,17 +123,28 @@ def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
 
 def check_each(configs, counts, indices, workers):
   """[replica_check.Comparison] of each indexed config in turn: its one-device side trained in this process (each
-  state written to the workers' directory as it goes: they take each step from it), then judged against the
-  workers' finals as they come; then marked judged (the workers go on to the next)."""
+  state written to the workers' directory as it goes: they take each step from it), at most LEAD steps ahead of
+  the judging of the workers' finals as they come; up to the first step that differs, then marked judged (the
+  workers stop there and go on to the next)."""
   comparisons = []
   for i, n in enumerate(indices):
     side = replica_check.Side(configs[n])
     save_state(starts_path(workers.directory, i, 0), side.state())
+    judging = None
     for k in range(counts[n]):
       save_state(starts_path(workers.directory, i, k + 1), side.step()[1])
-    comparisons.append(judged(workers.directory, i, configs[n], counts[n], side.built(), workers.waited_for))
+      judging = judging or Judging(workers.directory, i, configs[n], counts[n], side.built(), workers.waited_for)
+      if judging.up_to(k + 1 - LEAD):
+        break
+    comparisons.append(judging.comparison())
     save_state(judged_path(workers.directory, i), {})
   return comparisons
+
+
+def steps_taken(directory, i):
+  """(steps the one-device side took, WORKERS, steps the workers took) of the i-th config of `directory`."""
+  taken = lambda path: len(tf.io.gfile.glob(path))
+  return taken(starts_path(directory, i, "*")) - 1, WORKERS, taken(values_path(directory, i, "*"))
 
 
 def from_the_files(path, doing):
@@ -136,21 +154,38 @@ def from_the_files(path, doing):
 
 
 def judged(directory, i, one_config, steps, built, waited_for=from_the_files):
-  """The replica_check.Comparison of the i-th config of `directory`, one step at a time: the workers' finals as
-  waited_for(path, doing) gives them, their finals in the precision above asked of them where a step needs it
+  """The replica_check.Comparison of the i-th config of `directory` (Judging), every step's files written."""
+  return Judging(directory, i, one_config, steps, built, waited_for).comparison()
+
+
+class Judging:
+  """The i-th config of `directory` judged one step at a time: the one-device side's states and the workers' finals
+  as waited_for(path, doing) gives them, their finals in the precision above asked of them where a step needs it
   (WorkersFloor); up to the first step where a variable differs, as --check=replicas (nothing later is asked)."""
-  judge = replica_check.Judge(one_config, built.paths, pools=built.pools,
-                              other=WorkersFloor(directory, i, waited_for))
-  start = load_state(starts_path(directory, i, 0))
-  progress = replica_check.StepsJudged(steps)
-  for k in range(steps):
-    final = load_state(starts_path(directory, i, k + 1))
-    judge.step(k, start, final, waited_for(values_path(directory, i, k), f"take step {k + 1}"))
-    if judge.first:
-      break
-    progress.judged(k)
-    start = final
-  return judge.comparison(built)
+
+  def __init__(self, directory, i, one_config, steps, built, waited_for=from_the_files):
+    self.directory, self.i, self.steps, self.built, self.waited_for = directory, i, steps, built, waited_for
+    self.judge = replica_check.Judge(one_config, built.paths, pools=built.pools,
+                                     other=WorkersFloor(directory, i, waited_for))
+    self.progress = replica_check.StepsJudged(steps)
+    self.k, self.start = 0, None  # the next step to judge, its start
+
+  def up_to(self, count):
+    """Judges the steps before step `count` (0-based) not judged yet; True once one differs (none later is)."""
+    while self.k < min(count, self.steps) and not self.judge.first:
+      k = self.k
+      start = self.start if k else load_state(starts_path(self.directory, self.i, 0))
+      final = load_state(starts_path(self.directory, self.i, k + 1))
+      self.judge.step(k, start, final, self.waited_for(values_path(self.directory, self.i, k), f"take step {k + 1}"))
+      if not self.judge.first:
+        self.progress.judged(k)
+      self.k, self.start = k + 1, final
+    return bool(self.judge.first)
+
+  def comparison(self):
+    """The replica_check.Comparison, every step judged up to the first that differs."""
+    self.up_to(self.steps)
+    return self.judge.comparison(self.built)
 
 
 class WorkersFloor:
@@ -239,8 +274,9 @@ def two_workers(config, steps):
 def alongside_workers(directory, configs, work, timeout_seconds=TIMEOUT_SECONDS):
   """work(Workers), while 2 worker processes train `configs` in turn on one strategy (each config resolved,
   multi_worker_mirrored, train.steps the steps; their strategy settings alike: see compare), each step from the start
-  `work` writes to `directory` (starts_path), the chief writing its finals there (values_path), then each step it
-  asks for (request_path) again in the precision above (above_path), until `work` marks the config judged (judged_path)."""
+  `work` writes to `directory` (starts_path), the chief writing its finals there (values_path) and those of each
+  step it asks for (request_path) again in the precision above (above_path), until `work` marks the config judged
+  (judged_path)."""
   workers = Workers(directory, timeout_seconds)
   save_configs(directory, configs)
   with stopped_by_sigterm():
@@ -446,15 +482,21 @@ def waited_for(path):
   return load_state(path)
 
 
-def next_request(directory, n, after):
+def first_request(directory, n, after):
   """The first step after `after` that the checking process asks again in the precision above (request_path), or
-  None once it has judged config n (it asks one step at a time and marks it judged only after the last answer)."""
+  None."""
   pattern = re.compile(rf"above-request-{n}-(\d+)\.npz$")
+  later = [int(m.group(1)) for m in map(pattern.match, tf.io.gfile.listdir(directory)) if m and int(m.group(1)) > after]
+  return min(later, default=None)
+
+
+def next_request(directory, n, after):
+  """first_request once there is one, or None once the checking process has judged config n (it asks one step at a
+  time and marks it judged only after the last answer)."""
   while True:
-    asked = sorted(int(m.group(1)) for m in map(pattern.match, tf.io.gfile.listdir(directory)) if m)
-    later = [k for k in asked if k > after]
-    if later:
-      return later[0]
+    asked = first_request(directory, n, after)
+    if asked is not None:
+      return asked
     if tf.io.gfile.exists(judged_path(directory, n)):
       return None
     time.sleep(POLL_SECONDS)
@@ -470,7 +512,8 @@ def die_with_parent(parent_pid, directory):
 
 def worker_main(argv):
   """The worker side: trains each config of DIRECTORY in turn on the strategy started for the first, each step
-  from the start the checking process wrote; the chief writes each one's finals there."""
+  from the start the checking process wrote (the chief writes each final there), answering its requests for a step
+  in the precision above as they come, until it has judged the config (at a differing step: they stop there)."""
   directory, parent_pid = argv[1], int(argv[2])
   die_with_parent(parent_pid, directory)
   role = cluster.from_environment(source="tf_config")
@@ -483,29 +526,61 @@ def worker_main(argv):
       strategy_lib.configure_devices(first.run)
       strategy = build_lib.start_strategy(first.run, first.cluster, role)
     side = replica_check.Side(config, role=role, strategy=strategy)
-    for k in range(config.train.steps):
+    above = Above(directory, n, config, role, strategy)
+    k = 0
+    while k < config.train.steps:
+      # every worker does the same next: the step, a step asked in the precision above, or stop (one all-reduce)
+      event = side.execution.agree_on_stop(next_event(directory, n, k, above.answered)) if k else ""
+      if event == JUDGED:
+        break
+      if event:
+        above.answer(int(event.removeprefix(ABOVE)))
+        continue
       _, final = side.step(waited_for(starts_path(directory, n, k)))
       if role.is_chief:
         save_state(values_path(directory, n, k), final)
-    answer_above(directory, n, config, role, strategy)
+      k += 1
+    while (asked := next_request(directory, n, above.answered)) is not None:
+      above.answer(asked)
 
 
-def answer_above(directory, n, config, role, strategy):
-  """Takes each step of config n the checking process asks for again in the precision above, from its start, on
-  such a build of it (replica_check.OtherFloor's, on this strategy), until it has judged config n; the chief writes
-  each final, or the first line of what made that step fail (then every later request gets it too)."""
-  side, why_not, k = None, "", -1
-  while (k := next_request(directory, n, k)) is not None:
-    if not why_not:
+def next_event(directory, n, k, answered):
+  """What this worker sees before config n's step k (0-based), once it sees one: JUDGED (the checking process has
+  judged the config), ABOVE + the first step after `answered` it asks again in the precision above, or "" (step
+  k's start is written). The checking process writes one at a time (a request, then nothing until it is answered):
+  the workers, each agreeing to the first that one saw, do the same."""
+  while True:
+    if tf.io.gfile.exists(judged_path(directory, n)):
+      return JUDGED
+    asked = first_request(directory, n, answered)
+    if asked is not None:
+      return f"{ABOVE}{asked}"
+    if tf.io.gfile.exists(starts_path(directory, n, k)):
+      return ""
+    time.sleep(POLL_SECONDS)
+
+
+class Above:
+  """Config n's steps the checking process asks again in the precision above, each taken from its start on such a
+  build of it (replica_check.OtherFloor's, on this strategy; made at the first); the chief writes each final, or
+  the first line of what made that step fail (then every later request gets it too)."""
+
+  def __init__(self, directory, n, config, role, strategy):
+    self.directory, self.n, self.config, self.role, self.strategy = directory, n, config, role, strategy
+    self.side, self.why_not, self.answered = None, "", -1
+
+  def answer(self, k):
+    if not self.why_not:
       try:
-        if side is None:
-          with replica_check.higher_precision(config) as above:
-            side = replica_check.Side(above, role=role, strategy=strategy)
-        final = side.step_at(k, load_state(starts_path(directory, n, k)))[1]
+        if self.side is None:
+          with replica_check.higher_precision(self.config) as above:
+            self.side = replica_check.Side(above, role=self.role, strategy=self.strategy)
+        final = self.side.step_at(k, load_state(starts_path(self.directory, self.n, k)))[1]
       except Exception as e:  # pylint: disable=broad-except  # a step of float32 constants: judged without it
-        why_not = replica_check.shortened(first_line(e))
-    if role.is_chief:
-      save_state(above_path(directory, n, k), {ERROR: np.array(why_not)} if why_not else final)
+        self.why_not = replica_check.shortened(first_line(e))
+    if self.role.is_chief:
+      save_state(above_path(self.directory, self.n, k), {ERROR: np.array(self.why_not)} if self.why_not else final)
+    self.answered = k
 
 
 if __name__ == "__main__":

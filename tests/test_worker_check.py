@@ -28,11 +28,18 @@ def test_check_workers_from_the_command_line_passes_a_correct_task():
 
 
 @pytest.mark.e2e
-def test_check_workers_from_the_command_line_fails_a_replica_local_statistic():
-  result = run_main("--config=configs/tasks.py:regression", "--check=workers",
+def test_check_workers_from_the_command_line_fails_a_replica_local_statistic_and_both_sides_stop_there():
+  """A mistake at step 1 of a 20-step check: the one-device side stops LEAD steps after it, the workers before
+  the step after that (their steps were 20 before)."""
+  result = run_main("--config=configs/tasks.py:regression", "--check=workers", "--config.check.steps=20",
                     "--config.task.name=tests.fixtures.wrong_tasks:LocallyCentred")
   assert result.returncode == 1, (result.stdout + result.stderr)[-3000:]
   assert result.stdout.strip().splitlines()[-1].startswith("workers: FAIL: "), result.stdout[-2000:]
+  taken = re.search(r"check: judged up to step (\d+) of 20: 1 device took (\d+) steps, the 2 workers (\d+)$",
+                    result.stderr, re.M)
+  assert taken, result.stderr[-3000:]
+  first, one, workers = map(int, taken.groups())
+  assert first == 1 and one == first + worker_check.LEAD and first <= workers <= one + 1, taken.group(0)
 
 
 @pytest.mark.e2e
@@ -203,8 +210,12 @@ def test_a_worker_answers_each_float64_request_in_order_until_the_config_is_judg
   worker_check.save_state(worker_check.request_path(directory, 1, 0), {})  # another config's
   assert worker_check.next_request(directory, 0, -1) == 1
   assert worker_check.next_request(directory, 0, 1) == 4
+  worker_check.save_state(worker_check.starts_path(directory, 0, 2), {})
+  assert worker_check.next_event(directory, 0, 2, -1) == "above 1"  # a request before the step
+  assert worker_check.next_event(directory, 0, 2, 4) == ""  # answered: step 2's start is written
   worker_check.save_state(worker_check.judged_path(directory, 0), {})
   assert worker_check.next_request(directory, 0, 4) is None
+  assert worker_check.next_event(directory, 0, 2, 4) == worker_check.JUDGED
 
 
 def test_worker_env_keeps_the_users_and_sets_the_checks():
