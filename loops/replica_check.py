@@ -507,15 +507,16 @@ class AboveJudge:
     return [row for row in self.judge.rows if row.step == k + 1]
 
 
-def compare(config, steps, turn_off=()):
+def compare(config, steps, turn_off=(), through=None):
   """The Comparison of 1 vs 2 replicas of this process, both sides taking each step from the one side's start, up
-  to the first step where a variable differs (the verdict and its cause are settled there)."""
+  to the first step where a variable differs (the verdict and its cause are settled there), or step `through`
+  (1-based; the config still runs `steps`: its schedules are the check's)."""
   one_config = variant(config, 1, steps)
   one, two = Side(one_config, turn_off), Side(variant(config, 2, steps), turn_off)
   judge = Judge(one_config, one.paths, turn_off, ties.max_pools(one.parts.models),
                 OtherFloor(variant(config, 2, steps), turn_off))
   progress = StepsJudged(steps)
-  for k in range(steps):
+  for k in range(through or steps):
     start, final = one.step()
     judge.step(k, start, final, two.step(start)[1])
     if judge.first:
@@ -734,8 +735,7 @@ def cause_of(config, steps, comparison):
   finding, task = locate(config, steps, comparison)
   sentence = first_difference.described(finding, task, config.loss.name, config.task.name, step,
                                         nudged=comparison.how.how == "nudge" and config.mixed_precision is None)
-  return named_cause(finding, sentence, comparison.built.suspects,
-                     lambda kind: compare(config, steps, (kind,)).verdict.passed)
+  return named_cause(finding, sentence, comparison.built.suspects, confirmed_without(config, steps, step))
 
 
 def locate(config, steps, comparison):
@@ -767,6 +767,12 @@ def locate(config, steps, comparison):
 def _probed(config):
   config.jit_compile, config.deterministic = False, True
   return config
+
+
+def confirmed_without(config, steps, step):
+  """agree_without(kind) of named_cause: whether both sides agree with that suspect turned off on both, through the
+  step where they parted (1-based; later steps were not judged either)."""
+  return lambda kind: compare(config, steps, (kind,), through=step).verdict.passed
 
 
 def named_cause(finding, where, suspects, agree_without):

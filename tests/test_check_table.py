@@ -69,9 +69,18 @@ def test_what_rounding_explains_is_not_called_a_difference(name):
 
 
 @pytest.mark.e2e
-def test_batchnorm_with_each_replicas_statistics_fails_named_by_design_where_the_sides_part():
+def test_batchnorm_with_each_replicas_statistics_fails_named_by_design_where_the_sides_part(monkeypatch):
+  compared, compare = [], replica_check.compare
+
+  def recorded(config, steps, turn_off=(), through=None):
+    compared.append((steps, turn_off, through))
+    return compare(config, steps, turn_off, through)
+
+  monkeypatch.setattr(replica_check, "compare", recorded)
   passed, lines = passes(config_of(RESNET8))
   assert not passed
+  # the cause confirmed through the step where the sides part (step 1), not over the check's 3 steps again
+  assert compared == [(3, (), None), (3, ("batchnorm",), 1)], compared
   assert lines[-1].startswith("replicas: FAIL: ") and " on 2 replicas from step 1 (" in lines[-1], lines[-1]
   # Keras numbers layer paths per process (batch_normalization, batch_normalization_1, ...; _N after other builds)
   assert re.search(r": cause: BatchNormalization with each replica's own batch statistics \(batch_normalization"
