@@ -735,7 +735,7 @@ def cause_of(config, steps, comparison):
   finding, task = locate(config, steps, comparison)
   sentence = first_difference.described(finding, task, config.loss.name, config.task.name, step,
                                         nudged=comparison.how.how == "nudge" and config.mixed_precision is None)
-  return named_cause(finding, sentence, comparison.built.suspects, confirmed_without(config, steps, step))
+  return named_cause(finding, sentence, comparison.built.suspects, confirmed_without(config, steps, step), step)
 
 
 def locate(config, steps, comparison):
@@ -775,15 +775,17 @@ def confirmed_without(config, steps, step):
   return lambda kind: compare(config, steps, (kind,), through=step).verdict.passed
 
 
-def named_cause(finding, where, suspects, agree_without):
-  """The cause of a FAIL from where the sides part: a suspect of the build found there is confirmed (or not) by
-  turning it off on both sides; clipping ops in the step name the likely cause of differing gradients."""
+def named_cause(finding, where, suspects, agree_without, step):
+  """The cause of a FAIL from where the sides part (at `step`, 1-based): a suspect of the build found there is
+  confirmed (or not) by turning it off on both sides through that step (agree_without(kind)); clipping ops in the
+  step name the likely cause of differing gradients."""
   kind = finding.kind
   if kind in ("batchnorm", "random") and getattr(suspects, kind):
     logging.info("check: confirming the cause: both sides again with %s %s",
                  {"batchnorm": "BatchNormalization", "random": "the random layers"}[kind], TURNED_OFF[kind])
     if agree_without(kind):
-      return (f"cause: {_described(kind, suspects)} (confirmed: {TURNED_OFF[kind]}, the two agree); fix: "
+      return (f"cause: {_described(kind, suspects)} (confirmed: {TURNED_OFF[kind]}, the two agree through step "
+              f"{step}); fix: "
               f"{FIXES[kind]}; {where}")
     return (f"cause: {where} ({_described(kind, suspects)} {TURNED_OFF[kind]}: the sides still differ beyond "
             f"rounding, so not the only cause)")

@@ -245,8 +245,8 @@ def located(comparison, config, steps):
   return "on 2 replicas of this process: " + replica_check.named_cause(
       finding, first_difference.described(finding, task, config.loss.name, config.task.name,
                                            comparison.verdict.first_step),
-      comparison.built.suspects,
-      replica_check.confirmed_without(config, steps, comparison.verdict.first_step))
+      comparison.built.suspects, replica_check.confirmed_without(config, steps, comparison.verdict.first_step),
+      comparison.verdict.first_step)
 
 
 def refuse_asynchronous(config):

@@ -85,7 +85,8 @@ def test_batchnorm_with_each_replicas_statistics_fails_named_by_design_where_the
   # Keras numbers layer paths per process (batch_normalization, batch_normalization_1, ...; _N after other builds)
   assert re.search(r": cause: BatchNormalization with each replica's own batch statistics \(batch_normalization"
                    r"(_\d+)?, batch_normalization_\d+, batch_normalization_\d+ and 6 more\) \(confirmed: "
-                   r"synchronized, the two agree\); fix: --config.model.sync_batchnorm=True", lines[-1]), lines[-1]
+                   r"synchronized, the two agree through step 1\); fix: --config.model.sync_batchnorm=True",
+                   lines[-1]), lines[-1]
   assert re.search(r"; the sides part first at batch_normalization(_\d+)? at step 1: BatchNormalization normalizing "
                    r"with each replica's own batch statistics \(a difference by design, not a bug\)$", lines[-1])
   assert "learning rate" not in lines[-1] and replica_check.REDUCTION not in lines[-1]

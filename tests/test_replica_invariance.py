@@ -173,12 +173,13 @@ TASKS = "tests.fixtures.split_sensitive_tasks:"
 @pytest.mark.e2e
 @pytest.mark.parametrize("task, overrides, cause, where", [
     ("TwoInputsWithBatchNorm", {}, r"cause: BatchNormalization with each replica's own batch statistics "
-                                   r"\(batch_normalization(_\d+)?\) \(confirmed: synchronized, the two agree\)",
+                                   r"\(batch_normalization(_\d+)?\) \(confirmed: synchronized, the two agree through "
+                                   r"step 1\)",
      r"; the sides part first at batch_normalization(_\d+)? at step 1: BatchNormalization normalizing with each "
      r"replica's own batch statistics \(a difference by design, not a bug\)$"),
     ("WithUnkeyedNoise", {"model.sync_batchnorm": True},
      r"cause: random layers drawing the same values on every replica \(Keras' seed state\) "
-     r"\(random_translation(_\d+)?\) \(confirmed: in inference mode, the two agree\)",
+     r"\(random_translation(_\d+)?\) \(confirmed: in inference mode, the two agree through step 1\)",
      r"; the sides part first at random_translation(_\d+)? at step 1: it draws random values that are not keyed per "
      r"example"),
     # keras.io's VAE Sampling layer: keras.random.normal in a user's layer; under gradient accumulation (each layer
@@ -212,18 +213,19 @@ def test_a_suspect_found_where_the_sides_part_is_confirmed_by_turning_it_off_and
   Finding = first_difference.Finding
   suspects = replica_check.Suspects(batchnorm=("bn",), random=("flip",), clipping=("while/clip_by_global_norm",))
   bn = Finding("batchnorm", "model/bn")
-  confirmed = replica_check.named_cause(bn, "WHERE", suspects, lambda kind: kind == "batchnorm")
+  confirmed = replica_check.named_cause(bn, "WHERE", suspects, lambda kind: kind == "batchnorm", 2)
   assert confirmed.startswith("cause: BatchNormalization with each replica's own batch statistics (bn) (confirmed: "
-                              "synchronized, the two agree); fix: --config.model.sync_batchnorm=True"), confirmed
+                              "synchronized, the two agree through step 2); fix: --config.model.sync_batchnorm=True"), (
+                                  confirmed)
   assert confirmed.endswith("; WHERE")
-  assert replica_check.named_cause(bn, "WHERE", suspects, lambda kind: False) == (
+  assert replica_check.named_cause(bn, "WHERE", suspects, lambda kind: False, 2) == (
       "cause: WHERE (BatchNormalization with each replica's own batch statistics (bn) synchronized: the sides still "
       "differ beyond rounding, so not the only cause)")
-  gradients = replica_check.named_cause(Finding("gradients", ""), "WHERE", suspects, None)
+  gradients = replica_check.named_cause(Finding("gradients", ""), "WHERE", suspects, None, 2)
   assert gradients.startswith("likely cause: the step clips gradients before the cross-replica sum "
                               "(while/clip_by_global_norm); fix: ") and gradients.endswith("; WHERE")
-  assert replica_check.named_cause(Finding("loss", "x"), "WHERE", suspects, None) == "cause: WHERE"
-  assert replica_check.named_cause(Finding("random", "m/sampling"), "WHERE", replica_check.Suspects(), None) == (
+  assert replica_check.named_cause(Finding("loss", "x"), "WHERE", suspects, None, 2) == "cause: WHERE"
+  assert replica_check.named_cause(Finding("random", "m/sampling"), "WHERE", replica_check.Suspects(), None, 2) == (
       "cause: WHERE")  # a user's layer drawing tf.random: not a Keras seed-state suspect, named where it is
   # without reruns (--check=workers) the suspects are named as likely
   assert replica_check.diagnose(suspects).startswith("likely cause: the step clips gradients")
