@@ -515,7 +515,7 @@ def compare(config, steps, turn_off=(), through=None):
   one, two = Side(one_config, turn_off), Side(variant(config, 2, steps), turn_off)
   judge = Judge(one_config, one.paths, turn_off, ties.max_pools(one.parts.models),
                 OtherFloor(variant(config, 2, steps), turn_off))
-  progress = StepsJudged(steps)
+  progress = StepsJudged(through or steps)
   for k in range(through or steps):
     start, final = one.step()
     judge.step(k, start, final, two.step(start)[1])
@@ -785,8 +785,7 @@ def named_cause(finding, where, suspects, agree_without, step):
                  {"batchnorm": "BatchNormalization", "random": "the random layers"}[kind], TURNED_OFF[kind])
     if agree_without(kind):
       return (f"cause: {_described(kind, suspects)} (confirmed: {TURNED_OFF[kind]}, the two agree through step "
-              f"{step}); fix: "
-              f"{FIXES[kind]}; {where}")
+              f"{step}); fix: {FIXES[kind]}; {where}")
     return (f"cause: {where} ({_described(kind, suspects)} {TURNED_OFF[kind]}: the sides still differ beyond "
             f"rounding, so not the only cause)")
   if kind == "gradients" and suspects.clipping:
