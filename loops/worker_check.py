@@ -114,7 +114,8 @@ def compare(configs, steps=None, timeout_seconds=TIMEOUT_SECONDS):
         for i, (n, comparison) in enumerate(zip(pair, comparisons)):
           if not comparison.verdict.passed:
             logging.info("check: judged up to step %d of %d: 1 device took %d steps, the %d workers %d",
-                         comparison.verdict.first_step, counts[n], *steps_taken(directory, i))
+                         comparison.verdict.first_step, counts[n], steps_taken(starts_path, directory, i) - 1,
+                         WORKERS, steps_taken(values_path, directory, i))
           reports[n] = _report(comparison, configs[n], counts[n])
     finally:
       shutil.rmtree(directory, ignore_errors=True)
@@ -141,10 +142,10 @@ def check_each(configs, counts, indices, workers):
   return comparisons
 
 
-def steps_taken(directory, i):
-  """(steps the one-device side took, WORKERS, steps the workers took) of the i-th config of `directory`."""
-  taken = lambda path: len(tf.io.gfile.glob(path))
-  return taken(starts_path(directory, i, "*")) - 1, WORKERS, taken(values_path(directory, i, "*"))
+def steps_taken(path_of, directory, i):
+  """How many files path_of (starts_path: one more than the one-device side's steps; values_path: the workers'
+  steps) names for the i-th config of `directory`."""
+  return len(tf.io.gfile.glob(path_of(directory, i, "*")))
 
 
 def from_the_files(path, doing):
